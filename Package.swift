@@ -1,0 +1,97 @@
+// swift-tools-version:6.0
+// datamode-proxy: an HTTP forward proxy on libevent that enforces data modes (Low Data Mode on the network).
+//
+// Module map (each module has one job; only DatamodeEngine touches C):
+//   DatamodeHTTP    strict HTTP/1.1 wire parsing and head writing (RFC 9112), pure Swift
+//   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
+//   DatamodeConfig  YAML -> typed, validated configuration sections
+//   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
+//   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
+//   DatamodeProxyCommand  the `datamode-proxy` command line
+import PackageDescription
+
+let package = Package(
+    name: "datamode-proxy",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "datamode-proxy", targets: ["DatamodeProxyCommand"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CLibevent",
+            pkgConfig: "libevent",
+            providers: [.apt(["libevent-dev"])]
+        ),
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "openssl",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .target(
+            name: "CDatamodeShims",
+            dependencies: ["CLibevent", "COpenSSL"]
+        ),
+        .target(name: "DatamodeHTTP"),
+        .target(name: "DatamodePolicy"),
+        .target(
+            name: "DatamodeConfig",
+            dependencies: [
+                "DatamodePolicy",
+                "DatamodeHTTP",
+                .product(name: "Yams", package: "Yams"),
+            ]
+        ),
+        .target(
+            name: "DatamodeEngine",
+            dependencies: [
+                "CLibevent", "COpenSSL", "CDatamodeShims",
+                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "DatamodeAdmin",
+            dependencies: [
+                "DatamodeEngine", "DatamodePolicy", "DatamodeConfig",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "DatamodeProxyCommand",
+            dependencies: [
+                "DatamodeEngine", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "DatamodeTestSupport",
+            dependencies: ["DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP"]
+        ),
+
+        .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP"]),
+        .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy"]),
+        .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
+        .testTarget(
+            name: "DatamodeEngineTests",
+            dependencies: ["DatamodeEngine", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP"]
+        ),
+        .testTarget(
+            name: "DatamodeEndToEndTests",
+            dependencies: ["DatamodeTestSupport"]
+        ),
+    ]
+)
+
+// The libFuzzer target has no `main` of its own (libFuzzer provides it), so it only links in a fuzzer build.
+// It is added only when asked for; see README "Fuzzing":
+//   DATAMODE_FUZZ=1 swift build -c release --sanitize fuzzer --sanitize address --product DatamodeFuzz --scratch-path .build-fuzz
+if Context.environment["DATAMODE_FUZZ"] != nil {
+    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP"]))
+    package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
+}

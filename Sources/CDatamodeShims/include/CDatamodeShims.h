@@ -1,0 +1,36 @@
+#ifndef DATAMODE_SHIMS_H
+#define DATAMODE_SHIMS_H
+/* One-line C wrappers for what Swift cannot import: function-like macros of libevent and OpenSSL,
+   and a few socket options. Nothing here holds state or logic. */
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/time.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <event2/event.h>
+#include <event2/bufferevent.h>
+#include <openssl/ssl.h>
+
+/** evtimer_new(base, cb, arg) */
+struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg);
+/** evsignal_new(base, signum, cb, arg) with EV_PERSIST */
+struct event *dm_signal_new(struct event_base *base, int signum, event_callback_fn cb, void *arg);
+/** A persistent read event on a file descriptor (used for the worker wake-up pipe). */
+struct event *dm_read_event_new(struct event_base *base, int fd, event_callback_fn cb, void *arg);
+/** evtimer_add / event_add with a millisecond timeout (negative: no timeout). */
+int dm_event_add_ms(struct event *ev, int64_t milliseconds);
+/** Sets TCP_NODELAY: libevent never does, and Nagle + delayed ACK costs ~10 ms per exchange. */
+int dm_set_nodelay(int fd);
+/** SSL_set_tlsext_host_name(ssl, name): SNI. */
+long dm_ssl_set_sni(SSL *ssl, const char *name);
+/** SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION). */
+long dm_ssl_ctx_min_tls12(SSL_CTX *ctx);
+/** bufferevent_set_timeouts with millisecond values (0: none). */
+int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int64_t write_ms);
+/** Ignores SIGPIPE for the whole process: a peer closing mid-write must be an error, not a death. */
+void dm_ignore_sigpipe(void);
+/** Blocks SIGHUP, SIGTERM and SIGINT in the calling thread (workers), so only the main loop gets them. */
+void dm_block_process_signals(void);
+
+#endif

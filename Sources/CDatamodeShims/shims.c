@@ -1,0 +1,54 @@
+#include "CDatamodeShims.h"
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <pthread.h>
+
+struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg) {
+    return evtimer_new(base, cb, arg);
+}
+
+struct event *dm_signal_new(struct event_base *base, int signum, event_callback_fn cb, void *arg) {
+    return event_new(base, signum, EV_SIGNAL | EV_PERSIST, cb, arg);
+}
+
+struct event *dm_read_event_new(struct event_base *base, int fd, event_callback_fn cb, void *arg) {
+    return event_new(base, fd, EV_READ | EV_PERSIST, cb, arg);
+}
+
+int dm_event_add_ms(struct event *ev, int64_t milliseconds) {
+    if (milliseconds < 0) return event_add(ev, NULL);
+    struct timeval tv = { .tv_sec = milliseconds / 1000, .tv_usec = (milliseconds % 1000) * 1000 };
+    return event_add(ev, &tv);
+}
+
+int dm_set_nodelay(int fd) {
+    int one = 1;
+    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+long dm_ssl_set_sni(SSL *ssl, const char *name) {
+    return SSL_set_tlsext_host_name(ssl, name);
+}
+
+long dm_ssl_ctx_min_tls12(SSL_CTX *ctx) {
+    return SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+}
+
+int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int64_t write_ms) {
+    struct timeval r = { .tv_sec = read_ms / 1000, .tv_usec = (read_ms % 1000) * 1000 };
+    struct timeval w = { .tv_sec = write_ms / 1000, .tv_usec = (write_ms % 1000) * 1000 };
+    return bufferevent_set_timeouts(bev, read_ms > 0 ? &r : NULL, write_ms > 0 ? &w : NULL);
+}
+
+void dm_ignore_sigpipe(void) {
+    signal(SIGPIPE, SIG_IGN);
+}
+
+void dm_block_process_signals(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}

@@ -1,0 +1,6 @@
+#ifndef DATAMODE_COPENSSL_SHIM_H
+#define DATAMODE_COPENSSL_SHIM_H
+#include <openssl/ssl.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+#endif
