@@ -1,0 +1,401 @@
+import DatamodeHTTP
+import DatamodePolicy
+import Foundation
+import Yams
+
+/// YAML text -> validated `ProxyConfiguration`, one function per section of SPEC §8.
+///
+/// Every key is known here: anything else at any level is an error naming it. Values are checked where
+/// they are read, so each error carries the key path and line of the value itself. Rules and variants are
+/// finally compiled by `PolicySnapshot` (patterns, targets, capture references), and its verdict is
+/// mapped back to the rule's or variant's key and line.
+struct ConfigParser {
+    let source: String
+    let baseDirectory: String
+    private var provenance: Provenance
+    /// Lines of each rule and variant and of their fields, to place policy errors.
+    private var itemLines: [String: Int] = [:]
+
+    init(source: String, baseDirectory: String) {
+        self.source = source
+        self.baseDirectory = baseDirectory
+        self.provenance = Provenance(source: source)
+    }
+
+    static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log"]
+
+    mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
+        var configuration = ProxyConfiguration.defaults
+        guard let root = try YAMLCompose.compose(yaml, source: source) else {
+            configuration.provenance = provenance
+            return configuration
+        }
+        let top = ConfigNode(node: root, path: "", source: source)
+        if top.isNull {
+            configuration.provenance = provenance
+            return configuration
+        }
+        guard case .mapping = root else {
+            throw ConfigError(source: source, key: "", line: top.line,
+                              message: "expected a mapping of settings (listen:, mode:, …) at the top level, got \(top.describe)")
+        }
+        let section = try top.section(known: Self.topLevelKeys)
+        for (key, entry) in section.entries { record(key, entry.value) }
+
+        if let node = section["listen"] { configuration.listen = try node.listenAddress() }
+        if let node = section["admin"] { configuration.admin = try admin(node) }
+        if let node = section["mode"] {
+            let text = try node.string()
+            guard let mode = ConfigValue.mode(text) else { throw node.expected(ConfigValue.modeExpectation) }
+            configuration.mode = mode
+        }
+        if let node = section["state-dir"] { configuration.stateDirectory = try node.nonEmptyString("a directory path") }
+        if let node = section["threads"] {
+            configuration.threads = try node.integer(in: 0...ConfigValue.maximumThreads,
+                                                     what: "a number of worker threads (0 = one per core)")
+        }
+        if let node = section["tags"] { configuration.tags = try tags(node) }
+        if let node = section["rules"] { configuration.rules = try rules(node) }
+        if let node = section["variants"] { configuration.variants = try variants(node) }
+        if let node = section["connect"] { configuration.connect = try connect(node) }
+        if let node = section["access"] { configuration.access = try access(node) }
+        if let node = section["limits"] { configuration.limits = try limits(node) }
+        if let node = section["timeouts"] { configuration.timeouts = try timeouts(node) }
+        if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
+        if let node = section["log"] { configuration.log = try log(node) }
+
+        try compilePolicy(configuration)
+        configuration.provenance = provenance
+        return configuration
+    }
+
+    private mutating func record(_ path: String, _ node: ConfigNode) {
+        if let line = node.line { provenance.lines[path] = line }
+    }
+
+    // MARK: Sections
+
+    private mutating func admin(_ node: ConfigNode) throws(ConfigError) -> AdminSection {
+        let section = try node.section(known: ["listen", "token"])
+        var admin = AdminSection()
+        if let value = section["listen"] {
+            record("admin.listen", value)
+            admin.listen = try value.listenAddress()
+        }
+        if let value = section["token"], !value.isNull {
+            let token = try value.string()
+            guard ConfigValue.isValidToken(token) else {
+                throw value.expected("a token of visible ASCII characters without spaces, or null")
+            }
+            admin.token = token
+        }
+        return admin
+    }
+
+    private func tags(_ node: ConfigNode) throws(ConfigError) -> TagSettings {
+        let section = try node.section(known: ["forward", "save-data", "prefetch-is-discretionary", "defaults"])
+        var tags = TagSettings()
+        if let value = section["forward"] { tags.forward = try value.bool() }
+        if let value = section["save-data"] { tags.saveData = try value.bool() }
+        if let value = section["prefetch-is-discretionary"] { tags.prefetchIsDiscretionary = try value.bool() }
+        if let value = section["defaults"] {
+            let defaults = try value.section(known: ["allow-constrained", "allow-expensive"])
+            if let flag = defaults["allow-constrained"] { tags.defaults.allowConstrained = try flag.bool() }
+            if let flag = defaults["allow-expensive"] { tags.defaults.allowExpensive = try flag.bool() }
+        }
+        return tags
+    }
+
+    private mutating func rules(_ node: ConfigNode) throws(ConfigError) -> [Rule] {
+        var rules: [Rule] = []
+        var firstLineOfName: [String: Int] = [:]
+        for item in try node.sequence("a list of rules") {
+            let section = try item.section(known: ["name", "match", "tags", "override"], what: "a rule (a mapping with name, match, tags)")
+            itemLines[item.path] = item.line
+            for (key, entry) in section.entries where entry.value.line != nil {
+                itemLines["\(item.path).\(key)"] = entry.value.line
+            }
+            let nameNode = try section.required("name", "the rule's name")
+            let name = try nameNode.nonEmptyString("a rule name")
+            if let first = firstLineOfName[name] {
+                throw nameNode.error("duplicate rule name \(quoted(name)) (first at line \(first))")
+            }
+            firstLineOfName[name] = nameNode.line ?? 0
+
+            var match = RuleMatch()
+            if let matchNode = section["match"] {
+                let criteria = try matchNode.section(known: ["host", "path", "method", "header", "client"])
+                for (key, entry) in criteria.entries where entry.value.line != nil {
+                    itemLines["\(item.path).match.\(key)"] = entry.value.line
+                }
+                if let value = criteria["host"] { match.host = try value.nonEmptyString("a host glob such as *.video.example") }
+                if let value = criteria["path"] { match.path = try value.nonEmptyString("a path glob such as *.mp4") }
+                if let value = criteria["method"] {
+                    let method = try value.string()
+                    guard ConfigValue.isToken(method) else { throw value.expected("an HTTP method such as GET") }
+                    match.method = method
+                }
+                if let value = criteria["header"] {
+                    for (key, glob) in try value.freeMapping("a mapping of header name to value glob") {
+                        let name = key.node.scalar?.string ?? ""
+                        guard ConfigValue.isToken(name) else { throw key.expected("a header field name") }
+                        if match.header.keys.contains(where: { $0.caseInsensitiveCompare(name) == .orderedSame }) {
+                            throw key.error("header \(quoted(name)) is given twice (header names are case-insensitive)")
+                        }
+                        match.header[name] = try glob.string()
+                    }
+                }
+                if let value = criteria["client"] { match.client = try value.cidr() }
+            }
+
+            let tagsNode = try section.required("tags", "the tags the rule sets (allow-constrained, allow-expensive)")
+            let tagSection = try tagsNode.section(known: ["allow-constrained", "allow-expensive"])
+            var assignment = TagAssignment()
+            if let value = tagSection["allow-constrained"] { assignment.allowConstrained = try value.bool() }
+            if let value = tagSection["allow-expensive"] { assignment.allowExpensive = try value.bool() }
+            guard assignment.allowConstrained != nil || assignment.allowExpensive != nil else {
+                throw tagsNode.error("a rule must set allow-constrained, allow-expensive or both")
+            }
+            var override = false
+            if let value = section["override"] { override = try value.bool() }
+            rules.append(Rule(name: name, match: match, tags: assignment, override: override))
+        }
+        return rules
+    }
+
+    private static let variantKeys = ["id", "match", "target", "file", "content-type", "when", "action"]
+
+    private mutating func variants(_ node: ConfigNode) throws(ConfigError) -> [Variant] {
+        var variants: [Variant] = []
+        var firstLineOfID: [String: Int] = [:]
+        for item in try node.sequence("a list of variants") {
+            let section = try item.section(known: Self.variantKeys, what: "a variant (a mapping with id, match, target or file)")
+            itemLines[item.path] = item.line
+            for (key, entry) in section.entries where entry.value.line != nil {
+                itemLines["\(item.path).\(key)"] = entry.value.line
+            }
+            let idNode = try section.required("id", "the variant's id")
+            let id = try idNode.nonEmptyString("a variant id")
+            guard Self.isValidVariantID(id) else {
+                throw idNode.expected("an id of letters, digits, '-', '_' and '.' (it appears in /variants/{id})")
+            }
+            if let first = firstLineOfID[id] {
+                throw idNode.error("duplicate variant id \(quoted(id)) (first at line \(first))")
+            }
+            firstLineOfID[id] = idNode.line ?? 0
+            let match = try section.required("match", "an absolute URL pattern such as http://cdn.example/img/*.jpg")
+                .nonEmptyString("an absolute URL pattern such as http://cdn.example/img/*.jpg")
+
+            let resource: VariantResource
+            switch (section["target"], section["file"]) {
+            case (nil, nil):
+                throw ConfigError(source: source, key: "\(item.path).target", line: item.line,
+                                  message: "variant \(quoted(id)) needs a target URL or a file (exactly one)")
+            case (.some, .some(let file)):
+                throw ConfigError(source: source, key: "\(item.path).file", line: file.line,
+                                  message: "variant \(quoted(id)) has both target and file; give exactly one")
+            case (.some(let target), nil):
+                if let contentType = section["content-type"] {
+                    throw contentType.error("content-type applies only to a file variant (a target's response keeps its own)")
+                }
+                var redirect = false
+                if let action = section["action"] {
+                    switch try action.string() {
+                    case "forward": redirect = false
+                    case "redirect": redirect = true
+                    default: throw action.expected("forward or redirect")
+                    }
+                }
+                resource = .target(try target.nonEmptyString("a target URL"), redirect: redirect)
+            case (nil, .some(let file)):
+                if let action = section["action"] {
+                    throw action.error("action applies only to a target variant (a file is always served by the proxy)")
+                }
+                var contentType: String?
+                if let value = section["content-type"] {
+                    let text = try value.string()
+                    guard Self.isMediaType(text) else { throw value.expected("a media type such as image/jpeg") }
+                    contentType = text
+                }
+                let path = try self.variantFile(file, id: id)
+                resource = .file(path: path, contentType: contentType)
+            }
+
+            var when = VariantCondition.disallowed
+            if let value = section["when"] {
+                guard let condition = VariantCondition(rawValue: try value.string()) else {
+                    throw value.expected(VariantCondition.allCases.map(\.rawValue).joined(separator: ", ").replacingLastComma(with: " or "))
+                }
+                when = condition
+            }
+            variants.append(Variant(id: id, match: match, resource: resource, when: when, source: .config))
+        }
+        return variants
+    }
+
+    /// The absolute path of a variant's file, which must be a readable regular file now: a variant that
+    /// would fail on its first request is refused at load time instead.
+    private func variantFile(_ node: ConfigNode, id: String) throws(ConfigError) -> String {
+        let written = try node.nonEmptyString("a file path")
+        let path = ProxyConfiguration.absolutePath(written.hasPrefix("/") ? written : baseDirectory + "/" + written)
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw node.error("variant \(quoted(id)): file \(quoted(path)) does not exist")
+        }
+        guard !isDirectory.boolValue,
+              let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+              attributes[.type] as? FileAttributeType == .typeRegular else {
+            throw node.error("variant \(quoted(id)): \(quoted(path)) is not a regular file")
+        }
+        guard FileManager.default.isReadableFile(atPath: path) else {
+            throw node.error("variant \(quoted(id)): file \(quoted(path)) is not readable")
+        }
+        return path
+    }
+
+    static func isValidVariantID(_ id: String) -> Bool {
+        id.count <= 128 && id.unicodeScalars.allSatisfy { scalar in
+            switch scalar {
+            case "a"..."z", "A"..."Z", "0"..."9", "-", "_", ".": return true
+            default: return false
+            }
+        } && id != "." && id != ".."
+    }
+
+    /// `type/subtype` with optional parameters, both tokens (RFC 9110 §8.3.1).
+    static func isMediaType(_ text: String) -> Bool {
+        let essence = text.split(separator: ";", maxSplits: 1).first.map(String.init) ?? ""
+        let parts = essence.trimmingCharacters(in: " ").split(separator: "/", omittingEmptySubsequences: false)
+        return parts.count == 2 && parts.allSatisfy { ConfigValue.isToken(String($0)) }
+    }
+
+    private func connect(_ node: ConfigNode) throws(ConfigError) -> ConnectSection {
+        let section = try node.section(known: ["ports"])
+        var connect = ConnectSection()
+        if let value = section["ports"] {
+            var ports: [UInt16] = []
+            for item in try value.sequence("a list of ports such as [443]") {
+                let port = UInt16(try item.integer(in: 1...65535, what: "a port number"))
+                if !ports.contains(port) { ports.append(port) }
+            }
+            connect.ports = ports
+        }
+        return connect
+    }
+
+    private func access(_ node: ConfigNode) throws(ConfigError) -> AccessSection {
+        let section = try node.section(known: ["allow", "users"])
+        var access = AccessSection()
+        if let value = section["allow"] {
+            var allow: [CIDR] = []
+            for item in try value.sequence("a list of CIDR blocks such as [127.0.0.0/8, \"::1/128\"]") {
+                allow.append(try item.cidr())
+            }
+            access.allow = allow
+        }
+        if let value = section["users"] {
+            var users: [String: String] = [:]
+            for (key, password) in try value.freeMapping("a mapping of user name to password") {
+                let name = key.node.scalar?.string ?? ""
+                // RFC 7617 §2: the user-id of Basic credentials cannot contain a colon.
+                guard !name.isEmpty, !name.contains(":"),
+                      name.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F }) else {
+                    throw key.expected("a user name without ':' or control characters")
+                }
+                let text = try password.string()
+                guard !text.isEmpty, text.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F }) else {
+                    throw password.expected("a non-empty password without control characters")
+                }
+                users[name] = text
+            }
+            access.users = users
+        }
+        return access
+    }
+
+    private func limits(_ node: ConfigNode) throws(ConfigError) -> HTTPLimits {
+        let section = try node.section(known: ["request-line", "header-section", "header-count"])
+        var limits = HTTPLimits()
+        if let value = section["request-line"] { limits.requestLine = try value.size(in: 64...(1 << 20)) }
+        if let value = section["header-section"] { limits.headerSection = try value.size(in: 64...(16 << 20)) }
+        if let value = section["header-count"] {
+            limits.headerCount = try value.integer(in: 1...10_000, what: "a number of header fields")
+        }
+        return limits
+    }
+
+    private func timeouts(_ node: ConfigNode) throws(ConfigError) -> TimeoutsSection {
+        let section = try node.section(known: ["client-header", "client-idle", "upstream-connect", "upstream-response"])
+        var timeouts = TimeoutsSection()
+        if let value = section["client-header"] { timeouts.clientHeader = try value.duration() }
+        if let value = section["client-idle"] { timeouts.clientIdle = try value.duration() }
+        if let value = section["upstream-connect"] { timeouts.upstreamConnect = try value.duration() }
+        if let value = section["upstream-response"] { timeouts.upstreamResponse = try value.duration() }
+        return timeouts
+    }
+
+    private func log(_ node: ConfigNode) throws(ConfigError) -> LogSection {
+        let section = try node.section(known: ["access"])
+        var log = LogSection()
+        if let value = section["access"] {
+            switch try value.nonEmptyString("stdout, off or a file path") {
+            case "stdout": log.access = .stdout
+            case "off": log.access = .off
+            case let path: log.access = .file(path)
+            }
+        }
+        return log
+    }
+
+    // MARK: Policy
+
+    /// Compiles rules and variants exactly as the engine will, so a pattern, target or capture reference
+    /// the policy refuses is reported here, at load time, with the item's key and line.
+    private func compilePolicy(_ configuration: ProxyConfiguration) throws(ConfigError) {
+        do {
+            _ = try PolicySnapshot(tags: configuration.tags, rules: configuration.rules, variants: configuration.variants)
+        } catch {
+            throw PolicyErrorPlacement(source: source, lines: itemLines)
+                .place(error, rules: configuration.rules, variants: configuration.variants)
+        }
+    }
+}
+
+/// Maps a `PolicyError` back to the rule or variant it is about.
+struct PolicyErrorPlacement {
+    let source: String
+    /// `variants[1]`, `variants[1].target`, `rules[0]` … to line.
+    let lines: [String: Int]
+
+    func place(_ error: PolicyError, rules: [Rule], variants: [Variant]) -> ConfigError {
+        let item: String?
+        if let index = variants.firstIndex(where: { error.subject == "variant \(quoted($0.id))" || error.subject == "variant \($0.id)" }) {
+            item = "variants[\(index)]"
+        } else if let index = rules.firstIndex(where: { error.subject == "rule \(quoted($0.name))" || error.subject == "rule \($0.name)" }) {
+            item = "rules[\(index)]"
+        } else {
+            item = nil
+        }
+        guard let item else {
+            return ConfigError(source: source, key: "", message: error.description)
+        }
+        // Policy messages start with the field they are about: `target "…" refers to $3 …`, `match.host …`.
+        var key = item
+        let field = error.message.prefix { $0 != " " }
+        if lines["\(item).\(field)"] != nil {
+            key = "\(item).\(field)"
+        } else if item.hasPrefix("variants"), error.message.contains("$"), lines["\(item).target"] != nil {
+            key = "\(item).target"
+        }
+        return ConfigError(source: source, key: key, line: lines[key] ?? lines[item], message: error.description)
+    }
+}
+
+private extension String {
+    /// `a, b, c` -> `a, b or c`.
+    func replacingLastComma(with separator: String) -> String {
+        guard let range = range(of: ", ", options: .backwards) else { return self }
+        return replacingCharacters(in: range, with: separator)
+    }
+}
