@@ -1,0 +1,767 @@
+#!/usr/bin/env python3
+"""bench runner: starts the origin and the proxies on loopback, runs the measurements interleaved,
+stops exactly what it started, and writes bench/results/<stamp>.{md,json,png}.
+
+Run through bench/run (which installs the Debian packages and builds datamode-proxy); see bench/README.md.
+"""
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+REPO = os.path.dirname(BENCH)
+sys.path.insert(0, HERE)
+
+import policy  # noqa: E402
+import procs  # noqa: E402
+from procs import Procs, cpu_seconds, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
+
+SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
+PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
+DM = "datamode-proxy"
+NO_PROXY_ENV = {k: v for k, v in os.environ.items()
+                if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def fd_limits():
+    """Values for the configs from the file-descriptor limit we run under (inherited by every server)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return {"nofile": nofile, "worker_connections": max(1024, min(30000, nofile - 200)),
+            "maxconn": max(1024, min(30000, (nofile - 200) // 2))}
+
+
+def render(template, **values):
+    values = dict(fd_limits(), **values)
+    with open(os.path.join(BENCH, "conf", template)) as f:
+        text = f.read()
+    for k, v in values.items():
+        text = text.replace(f"@{k.upper()}@", str(v))
+    return text
+
+
+# ---------------------------------------------------------------- targets
+
+class Target:
+    """direct (the origin itself) or one proxy process we started."""
+
+    def __init__(self, name, label, connect=True, connect_note=""):
+        self.name, self.label = name, label
+        self.port = None
+        self.proc = None
+        self.available = False
+        self.reason = ""
+        self.connect = connect          # can it CONNECT?
+        self.connect_note = connect_note
+        self.is_direct = name == "direct"
+
+    def pids(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return tree(self.proc.pid)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.work = a.workdir
+        self.procs = Procs(os.path.join(self.work, "logs"))
+        self.targets = {}
+        self.origin = None
+        self.origin_port = None
+        self.results = {"measurements": {}}
+        self.t_start = time.time()
+        self.client_pids = set()
+
+    # ------------------------------------------------------------ setup
+
+    def prepare(self):
+        if os.path.isdir(self.work):
+            shutil.rmtree(self.work)
+        for d in ("logs", "docroot", "origin-tmp", "nginx-proxy-tmp", "squid", "tinyproxy", "lua"):
+            os.makedirs(os.path.join(self.work, d), exist_ok=True)
+        # squid and tinyproxy drop privileges: their dirs must be writable by them
+        for d in ("squid", "tinyproxy"):
+            os.chmod(os.path.join(self.work, d), 0o777)
+        os.chmod(self.work, 0o755)
+        doc = os.path.join(self.work, "docroot")
+        with open(os.path.join(doc, "1k.bin"), "wb") as f:
+            f.write(os.urandom(SIZES["1k"]))
+        with open(os.path.join(doc, "100k.bin"), "wb") as f:
+            f.write(os.urandom(SIZES["100k"]))
+        block = os.urandom(1024 * 1024)
+        with open(os.path.join(doc, "100m.bin"), "wb") as f:
+            for _ in range(100):
+                f.write(block)
+        # wrk needs the Lua helpers in one dir
+        for fn in os.listdir(os.path.join(BENCH, "lua")):
+            shutil.copy(os.path.join(BENCH, "lua", fn), os.path.join(self.work, "lua", fn))
+
+    def write(self, name, text):
+        path = os.path.join(self.work, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def start_origin(self):
+        self.origin_port = free_port()
+        conf = self.write("origin-nginx.conf", render("origin-nginx.conf.tmpl", port=self.origin_port,
+                                                      work=self.work, docroot=os.path.join(self.work, "docroot")))
+        self.origin = self.procs.start("origin-nginx", ["nginx", "-c", conf, "-e", os.path.join(self.work, "logs/origin-nginx.err")],
+                                       cpu=self.a.client_cpu)
+        if not wait_listening(self.origin_port, proc=self.origin):
+            raise SystemExit("origin nginx did not start: see " + os.path.join(self.work, "logs"))
+        ok, why = self.probe("127.0.0.1", self.origin_port, "/1k.bin")
+        if not ok:
+            raise SystemExit("origin nginx does not serve /1k.bin: " + why)
+        d = Target("direct", "direct (no proxy)", connect=True)
+        d.port, d.proc, d.available = self.origin_port, self.origin, True
+        self.targets["direct"] = d
+        log(f"origin nginx pid {self.origin.pid} on 127.0.0.1:{self.origin_port}")
+
+    def origin_hostport(self):
+        return f"127.0.0.1:{self.origin_port}"
+
+    def http_get(self, port, target, timeout=5):
+        """One GET on a fresh connection: (status, status line, {header: value} lowercased, body).
+        Reads by Content-Length (or to EOF without one), so a server that ignores Connection: close is fine."""
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: {self.origin_hostport()}\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1", "replace").split("\r\n")
+            headers = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                headers[k.strip().lower()] = v.strip()
+            length = int(headers["content-length"]) if headers.get("content-length", "").isdigit() else None
+            while length is None or len(body) < length:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+        try:
+            status = int(lines[0].split()[1])
+        except (IndexError, ValueError):
+            status = 0
+        return status, lines[0], headers, body
+
+    def probe(self, host, port, target, expect=200, size=1024, timeout=5):
+        """One GET through/to port; (ok, reason)."""
+        try:
+            status, status_line, _, body = self.http_get(port, target, timeout)
+        except OSError as e:
+            return False, f"{type(e).__name__}: {e}"
+        if status != expect:
+            return False, f"status {status} ({status_line[:80]!r})"
+        if size is not None and len(body) < size:
+            return False, f"short body {len(body)} < {size}"
+        return True, status_line
+
+    def start_proxy(self, name, label, argv, port, cwd=None, connect=True, connect_note="", env=None):
+        t = Target(name, label, connect=connect, connect_note=connect_note)
+        t.port = port
+        self.targets[name] = t
+        try:
+            t.proc = self.procs.start(name, argv, cpu=self.a.proxy_cpu, cwd=cwd, env=env)
+        except OSError as e:
+            t.reason = f"could not start: {e}"
+            log(f"{name}: {t.reason}")
+            return t
+        if not wait_listening(port, timeout=20, proc=t.proc):
+            t.reason = "did not start listening" + (f" (exited {t.proc.returncode})" if t.proc.poll() is not None else "")
+            last = self.log_tail(name)
+            if last:
+                t.reason += f": {last}"
+            log(f"{name}: {t.reason}")
+            self.procs.stop(t.proc)
+            return t
+        ok, why = self.probe("127.0.0.1", port, f"http://{self.origin_hostport()}/1k.bin")
+        if not ok:
+            t.reason = f"probe through it failed: {why}"
+            log(f"{name}: {t.reason}")
+            self.procs.stop(t.proc)
+            return t
+        t.available = True
+        log(f"{name} pid {t.proc.pid} on 127.0.0.1:{port} ({why})")
+        return t
+
+    def log_tail(self, name):
+        """The last non-empty line of a started process's log (for a 'not available' reason)."""
+        try:
+            with open(os.path.join(self.work, "logs", name + ".log"), "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 4096))
+                lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+            return lines[-1][:200] if lines else ""
+        except OSError:
+            return ""
+
+    def start_peers(self):
+        o = self.origin_port
+        w = self.work
+        want = [p for p in PEERS if p in self.a.targets]
+        if "haproxy" in want:
+            port = free_port()
+            conf = self.write("haproxy.cfg", render("haproxy.cfg.tmpl", port=port, origin_port=o, work=w))
+            self.start_proxy("haproxy", "HAProxy (reverse proxy, abs-form)", ["haproxy", "-db", "-f", conf], port,
+                             connect=False, connect_note="n/a: not a forward proxy")
+        if "nginx" in want:
+            port = free_port()
+            conf = self.write("nginx-proxy.conf", render("nginx-proxy.conf.tmpl", port=port, origin_port=o, work=w))
+            self.start_proxy("nginx", "nginx (upstream keep-alive)",
+                             ["nginx", "-c", conf, "-e", os.path.join(w, "logs/nginx-proxy.err")], port,
+                             connect=False, connect_note="n/a: nginx cannot CONNECT")
+        if "squid" in want:
+            port = free_port()
+            conf = self.write("squid.conf", render("squid.conf.tmpl", port=port, origin_port=o, work=w))
+            self.start_proxy("squid", "Squid (cache off)", ["squid", "-N", "-f", conf], port, cwd=os.path.join(w, "squid"))
+        if "tinyproxy" in want:
+            port = free_port()
+            conf = self.write("tinyproxy.conf", render("tinyproxy.conf.tmpl", port=port, origin_port=o, work=w))
+            self.start_proxy("tinyproxy", "tinyproxy", ["tinyproxy", "-d", "-c", conf], port)
+
+    def datamode_argv(self, name, conf, port, admin, mode=None):
+        argv = [self.a.proxy_bin, "run", "--config", conf, "--listen", f"127.0.0.1:{port}",
+                "--admin-listen", f"127.0.0.1:{admin}", "--threads", "1",
+                "--state-dir", os.path.join(self.work, f"{name}-state")]
+        if mode:
+            argv += ["--mode", mode]
+        return argv
+
+    def start_datamode(self, name, label, extra_yaml=None, mode=None):
+        port, admin = free_port(), free_port()
+        base = render("datamode.yaml.tmpl", port=port, admin_port=admin, origin_port=self.origin_port,
+                      work=self.work, name=name)
+        text = base if extra_yaml is None else extra_yaml(base)
+        conf = self.write(f"{name}.yaml", text)
+        os.makedirs(os.path.join(self.work, f"{name}-state"), exist_ok=True)
+        t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode), port,
+                             cwd=self.work, env=NO_PROXY_ENV)
+        t.admin_port = admin
+        if not t.available:
+            # say why, in the proxy's own words, when it is the configuration
+            try:
+                chk = subprocess.run([self.a.proxy_bin, "check", "--config", conf], capture_output=True, text=True,
+                                     timeout=30, cwd=self.work, env=NO_PROXY_ENV)
+                if chk.returncode != 0:
+                    msg = (chk.stderr or chk.stdout).strip().splitlines()
+                    t.reason += f"; `check --config` says: {msg[0][:200] if msg else chk.returncode}"
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            log(f"{name}: {t.reason}")
+        return t
+
+    def start_all(self):
+        self.start_origin()
+        if DM in self.a.targets:
+            if self.a.datamode_unavailable or not self.a.proxy_bin:
+                t = Target(DM, "datamode-proxy")
+                t.reason = self.a.datamode_unavailable or "no binary"
+                self.targets[DM] = t
+                log(f"{DM}: not available: {t.reason}")
+            else:
+                self.start_datamode(DM, "datamode-proxy")
+        self.start_peers()
+
+    def order(self, names=None):
+        """Targets in the fixed interleaving order."""
+        if names is None:
+            names = [n for n in ["direct", DM] + PEERS if n == "direct" or n in self.a.targets]
+        return [self.targets[n] for n in names if n in self.targets]
+
+    # ------------------------------------------------------------ sampling
+
+    def snapshot(self, t):
+        return {
+            "t": time.time(),
+            "proxy": cpu_seconds(t.pids()) if not t.is_direct else 0.0,
+            "origin": cpu_seconds(tree(self.origin.pid)),
+            "sys": system_cpu()[0],
+            "percpu": per_cpu_busy(),
+            "self": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+            "procs": procs.all_process_ticks(),
+            "known": set(t.pids()) | set(tree(self.origin.pid)) | {os.getpid()},
+        }
+
+    def cpu_delta(self, t, before, after, client_s):
+        wall = after["t"] - before["t"]
+        proxy = after["proxy"] - before["proxy"]
+        origin = after["origin"] - before["origin"]
+        total = after["sys"] - before["sys"]
+        me = after["self"] - before["self"]
+        other = max(0.0, total - proxy - origin - client_s - me)
+        pc = self.a.proxy_cpu
+        proxy_core = after["percpu"].get(pc, 0) - before["percpu"].get(pc, 0)
+        other_proxy_core = min(wall, max(0.0, proxy_core - proxy))
+        exclude = before["known"] | after["known"] | self.client_pids
+        top = procs.busiest_others(before["procs"], after["procs"], exclude, wall)
+        return {"other_top": top, "wall_s": wall, "proxy_cpu_s": proxy, "origin_cpu_s": origin, "client_cpu_s": client_s,
+                "total_cpu_s": total, "other_cpu_s": other, "other_pct": 100 * other / wall if wall else 0,
+                "other_on_proxy_core_pct": 100 * other_proxy_core / wall if wall else 0}
+
+    def run_client(self, argv, timeout):
+        """Run a client pinned to the client core; returns (stdout, client CPU seconds, rc)."""
+        out_path = os.path.join(self.work, "logs", "client.out")
+        with open(out_path, "wb") as out:
+            p = subprocess.Popen(["taskset", "-c", str(self.a.client_cpu)] + argv, stdout=out,
+                                 stderr=subprocess.STDOUT, env=dict(NO_PROXY_ENV, BENCH_LUA_DIR=os.path.join(self.work, "lua")),
+                                 start_new_session=True)
+            self.procs.started.append(("client", p))
+            self.client_pids.add(p.pid)
+            deadline = time.time() + timeout
+            rc, ru = None, None
+            while True:
+                pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    rc = os.waitstatus_to_exitcode(status)
+                    p.returncode = rc
+                    break
+                if time.time() > deadline:
+                    self.procs.stop(p)
+                    rc = -9
+                    ru = None
+                    break
+                time.sleep(0.02)
+            self.procs.started.remove(("client", p))
+        with open(out_path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        client = (ru.ru_utime + ru.ru_stime) if ru else 0.0
+        return text, client, rc
+
+    def wrk(self, t, script, script_args, duration, connections=None):
+        c = connections or self.a.connections
+        lua = os.path.join(self.work, "lua", script)
+        if t.is_direct:
+            url = f"http://127.0.0.1:{self.origin_port}{script_args[0]}"
+            extra = []
+        else:
+            url = f"http://127.0.0.1:{t.port}/"
+            extra = ["--"] + list(script_args)
+        argv = ["wrk", "-t1", f"-c{c}", f"-d{duration}s", "--timeout", "10s", "--latency", "-s", lua, url] + extra
+        return argv
+
+    def measure_wrk(self, t, script, script_args, duration):
+        if not t.available or (not t.is_direct and not t.alive()):
+            if t.available:
+                t.available, t.reason = False, "process exited during the run"
+            return {"available": False, "reason": t.reason}
+        argv = self.wrk(t, script, script_args, duration)
+        before = self.snapshot(t)
+        text, client_s, rc = self.run_client(argv, timeout=duration + 30)
+        after = self.snapshot(t)
+        rec = self.cpu_delta(t, before, after, client_s)
+        line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
+        if rc != 0 or not line:
+            rec.update(available=True, failed=True, reason=f"wrk rc={rc}: {text.strip()[-300:]}")
+            return rec
+        w = json.loads(line[-1][len("BENCH_JSON "):])
+        dur = w["duration_us"] / 1e6
+        reqs = w["requests"]
+        rec.update(available=True, requests=reqs, rps=reqs / dur if dur else 0, p50_ms=w["lat_p50_us"] / 1000,
+                   p99_ms=w["lat_p99_us"] / 1000, errors=w["connect"] + w["read"] + w["write"] + w["timeout"] + w["status"],
+                   errors_detail={k: w[k] for k in ("connect", "read", "write", "timeout", "status")},
+                   bytes=w["bytes"], cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / reqs) if reqs and not t.is_direct else None)
+        if not t.is_direct and not t.alive():
+            rec["reason"] = "proxy exited during this run"
+        return rec
+
+    def measure_download(self, t, tunnel, count):
+        if not t.available or (not t.is_direct and not t.alive()):
+            return {"available": False, "reason": t.reason or "not running"}
+        url = f"http://{self.origin_hostport()}/100m.bin"
+        argv = ["curl", "-s", "-w", "%{http_code} %{size_download} %{time_total}\\n"]
+        if not t.is_direct:
+            argv += ["-x", f"http://127.0.0.1:{t.port}"]
+            if tunnel:
+                argv += ["-p"]
+        for _ in range(count):
+            argv += ["-o", "/dev/null", url]
+        before = self.snapshot(t)
+        text, client_s, rc = self.run_client(argv, timeout=300)
+        after = self.snapshot(t)
+        rec = self.cpu_delta(t, before, after, client_s)
+        rows = []
+        for ln in text.splitlines():
+            parts = ln.split()
+            if len(parts) == 3 and parts[0].isdigit():
+                rows.append((int(parts[0]), int(parts[1]), float(parts[2])))
+        good = [r for r in rows if r[0] == 200 and r[1] == SIZES["100m"]]
+        rec.update(available=True, transfers=len(rows), ok=len(good), errors=count - len(good),
+                   statuses=sorted({r[0] for r in rows}))
+        if good:
+            nbytes = sum(r[1] for r in good)
+            secs = sum(r[2] for r in good)
+            rec.update(bytes=nbytes, mb_s=nbytes / secs / 1e6,
+                       per_transfer_mb_s=[round(r[1] / r[2] / 1e6, 1) for r in good],
+                       cpu_s_per_gb=(rec["proxy_cpu_s"] / (nbytes / 1e9)) if not t.is_direct else None)
+        if rc != 0:
+            rec["reason"] = f"curl rc={rc}: {text.strip()[-200:]}"
+        return rec
+
+    # ------------------------------------------------------------ measurements
+
+    def interleaved(self, key, names, fn, warm=None):
+        """Rounds A B C A B C ...; fn(target, round) -> record."""
+        order = self.order(names)
+        out = {t.name: [] for t in order}
+        if warm:
+            for t in order:
+                warm(t)
+        for r in range(self.a.rounds):
+            for t in order:
+                rec = fn(t, r)
+                rec["round"] = r
+                out[t.name].append(rec)
+                self.progress(key, t, rec)
+        return out
+
+    def progress(self, key, t, rec):
+        if not rec.get("available", True):
+            log(f"{key} {t.name}: not available ({rec.get('reason')})")
+            return
+        bits = []
+        for k, fmt in (("rps", "{:.0f} req/s"), ("cpu_us_per_req", "{:.1f} us/req"), ("p99_ms", "p99 {:.2f} ms"),
+                       ("mb_s", "{:.0f} MB/s"), ("cpu_s_per_gb", "{:.2f} s/GB"), ("errors", "{} err"),
+                       ("other_pct", "other {:.0f}%")):
+            if rec.get(k) is not None:
+                bits.append(fmt.format(rec[k]))
+        if rec.get("reason"):
+            bits.append(rec["reason"][:120])
+        log(f"{key} r{rec.get('round', '?')} {t.name}: " + ", ".join(bits))
+
+    def m1_small(self):
+        for size in ("1k", "100k"):
+            path = f"/{size}.bin"
+            absolute = f"http://{self.origin_hostport()}{path}"
+
+            def args_for(t):
+                return [path] if t.is_direct else [absolute, self.origin_hostport()]
+
+            def warm(t):
+                if self.a.warmup > 0 and t.available:
+                    self.measure_wrk(t, "absolute.lua", args_for(t), self.a.warmup)
+
+            res = self.interleaved(f"m1-{size}", None,
+                                   lambda t, r: self.measure_wrk(t, "absolute.lua", args_for(t), self.a.duration), warm)
+            self.results["measurements"][f"small_{size}"] = res
+
+    def m2_download(self):
+        res = self.interleaved("m2-100m", None, lambda t, r: self.measure_download(t, False, self.a.downloads))
+        self.results["measurements"]["download_100m"] = res
+
+    def m5_connect(self):
+        def fn(t, r):
+            if not t.is_direct and not t.connect:
+                return {"available": False, "reason": t.connect_note}
+            return self.measure_download(t, not t.is_direct, self.a.downloads)
+        res = self.interleaved("m5-connect", None, fn)
+        self.results["measurements"]["connect_100m"] = res
+
+    def m3_idle(self):
+        res = {}
+        n = self.a.idle_conns
+        for t in self.order():
+            if not t.available or not t.alive():
+                res[t.name] = {"available": False, "reason": t.reason or "not running"}
+                log(f"m3-idle {t.name}: not available")
+                continue
+            if t.is_direct:
+                addr, target = f"127.0.0.1:{self.origin_port}", "/1k.bin"
+            else:
+                addr, target = f"127.0.0.1:{t.port}", f"http://{self.origin_hostport()}/1k.bin"
+            time.sleep(1.0)
+            rss0 = rss_kib(t.pids())
+            argv = ["taskset", "-c", str(self.a.client_cpu), sys.executable, os.path.join(HERE, "idle.py"),
+                    "--addr", addr, "--target", target, "--host", self.origin_hostport(), "-n", str(n),
+                    "--concurrency", "50", "--max-seconds", "180"]
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=NO_PROXY_ENV, start_new_session=True)
+            self.procs.started.append(("idle", p))
+            ready = None
+            deadline = time.time() + 150
+            buf = b""
+            while time.time() < deadline and p.poll() is None:
+                r, _, _ = select.select([p.stdout], [], [], 0.5)
+                if r:
+                    chunk = os.read(p.stdout.fileno(), 65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                    if b"\n" in buf and buf.startswith(b"READY "):
+                        ready = json.loads(buf.split(b"\n")[0][6:])
+                        break
+            rec = {"available": True, "rss_before_kib": rss0}
+            if ready is None:
+                why = p.stderr.read1(2000).decode("utf-8", "replace") if p.poll() is not None else "timeout"
+                rec.update(failed=True, reason="idle client did not get ready: " + why)
+            else:
+                time.sleep(2.0)  # let the proxy settle (free per-request buffers)
+                rss1 = rss_kib(t.pids())
+                rec.update(ready)
+                rec["rss_after_kib"] = rss1
+                held = ready["open"]
+                rec["kib_per_conn"] = (rss1 - rss0) / held if held else None
+                if held < 0.9 * n:
+                    rec["reason"] = f"held {held} of {n} open (server closed the rest)"
+            try:
+                p.stdin.write(b"close\n")
+                p.stdin.flush()
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.procs.stop(p)
+            self.procs.started.remove(("idle", p))
+            res[t.name] = rec
+            log(f"m3-idle {t.name}: rss {rec.get('rss_before_kib')} -> {rec.get('rss_after_kib')} KiB, "
+                f"open {rec.get('open')}, {rec.get('kib_per_conn')} KiB/conn {rec.get('reason', '')}")
+        self.results["measurements"]["idle"] = res
+
+    def metrics(self, t):
+        try:
+            with socket.create_connection(("127.0.0.1", t.admin_port), timeout=3) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                data = b""
+                while True:
+                    c = s.recv(65536)
+                    if not c:
+                        break
+                    data += c
+        except OSError:
+            return None
+        out = {}
+        for ln in data.decode("utf-8", "replace").splitlines():
+            if ln.startswith("datamode_requests_total{"):
+                labels, _, val = ln.rpartition(" ")
+                outcome = labels.split('outcome="', 1)[1].split('"', 1)[0] if 'outcome="' in labels else "?"
+                try:
+                    out[outcome] = out.get(outcome, 0) + float(val)
+                except ValueError:
+                    pass
+        return out
+
+    def classify_probe(self, t, urls):
+        """One request of each class through t: what actually happened (status, variant header)."""
+        seen = {}
+        for cls, url in urls:
+            if cls in seen:
+                continue
+            try:
+                status, status_line, headers, _ = self.http_get(t.port, url)
+                v = headers.get("data-mode-variant")
+                seen[cls] = status_line + (f" (Data-Mode-Variant: {v})" if v else "")
+            except OSError as e:
+                seen[cls] = f"error {type(e).__name__}: {e}"
+        return seen
+
+    def m4_policy(self):
+        key = "policy_1k"
+        base = self.targets.get(DM)
+        if base is None or not base.available:
+            self.results["measurements"][key] = {"available": False, "reason": (base.reason if base else "not requested")}
+            log("m4-policy: datamode-proxy not available")
+            return
+        urls = policy.urls(self.origin_hostport())
+        url_file = self.write("policy-urls.txt", "\n".join(u for _, u in urls) + "\n")
+        cons = self.start_datamode("datamode-constrained", "datamode-proxy constrained, 1,000 rules + 10,000 variants",
+                                   extra_yaml=lambda b: policy.config_yaml(b, self.origin_hostport()), mode="constrained")
+        info = {"rules": policy.N_RULES, "variants": policy.N_VARIANTS, "mix": policy.MIX}
+        if not cons.available:
+            self.results["measurements"][key] = {"available": False, "reason": "constrained instance: " + cons.reason, "info": info}
+            return
+        info["probe_constrained"] = self.classify_probe(cons, urls)
+        info["probe_policy_free"] = self.classify_probe(base, urls)
+        m0 = self.metrics(cons)
+        args = [url_file, self.origin_hostport()]
+
+        def warm(t):
+            if self.a.warmup > 0:
+                self.measure_wrk(t, "cycle.lua", args, self.a.warmup)
+
+        res = self.interleaved("m4-policy", [DM, "datamode-constrained"],
+                               lambda t, r: self.measure_wrk(t, "cycle.lua", args, self.a.duration), warm)
+        m1 = self.metrics(cons)
+        if m0 is not None and m1 is not None:
+            info["constrained_outcomes"] = {k: m1.get(k, 0) - m0.get(k, 0) for k in m1}
+        res["info"] = info
+        self.results["measurements"][key] = res
+        self.procs.stop(cons.proc)
+
+    # ------------------------------------------------------------ run
+
+    def run(self):
+        self.prepare()
+        self.start_all()
+        self.results["targets"] = {n: {"label": t.label, "available": t.available, "reason": t.reason,
+                                       "port": t.port, "connect": t.connect, "connect_note": t.connect_note}
+                                   for n, t in self.targets.items()}
+        m = self.a.only
+        if "small" in m:
+            self.m1_small()
+        if "policy" in m:
+            self.m4_policy()
+        if "download" in m:
+            self.m2_download()
+        if "connect" in m:
+            self.m5_connect()
+        if "idle" in m:
+            self.m3_idle()
+        # was anything lost mid-run?
+        for n, t in self.targets.items():
+            if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
+                self.results["targets"][n]["reason"] = f"exited during the run (rc {t.proc.returncode})"
+
+
+def sh(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def environment(a):
+    vers = {
+        "wrk": sh(["sh", "-c", "wrk -v 2>&1 | head -1"]),
+        "nginx": sh(["sh", "-c", "nginx -v 2>&1"]),
+        "haproxy": sh(["sh", "-c", "haproxy -v | head -1"]),
+        "squid": sh(["sh", "-c", "squid -v | head -1"]),
+        "tinyproxy": sh(["tinyproxy", "-v"]),
+        "curl": sh(["sh", "-c", "curl --version | head -1"]),
+    }
+    if a.proxy_bin:
+        vers["datamode-proxy"] = sh([a.proxy_bin, "--version"]).splitlines()[0:1] or [""]
+        vers["datamode-proxy"] = vers["datamode-proxy"][0]
+    commit = sh(["git", "-C", REPO, "rev-parse", "HEAD"])
+    dirty = sh(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench"])
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    cpu_model = ""
+    with open("/proc/cpuinfo") as f:
+        for ln in f:
+            if ln.startswith("model name"):
+                cpu_model = ln.split(":", 1)[1].strip()
+                break
+    return {"proxy_bin": a.proxy_bin, "commit": commit or "(no commit yet)", "dirty": bool(dirty), "versions": vers,
+            "kernel": platform.release(), "cpus": os.cpu_count(), "cpu_model": cpu_model,
+            "loadavg_at_start": load, "python": platform.python_version()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--proxy-bin", default="", help="datamode-proxy binary (empty: not available)")
+    ap.add_argument("--datamode-unavailable", default="", help="why datamode-proxy is not available (build failed...)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    ap.add_argument("--warmup", type=int, default=1, help="seconds of wrk warm-up per target before the rounds (0: none)")
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--downloads", type=int, default=3, help="100 MiB downloads per sample (one connection)")
+    ap.add_argument("--idle-conns", type=int, default=5000)
+    ap.add_argument("--targets", default=",".join([DM] + PEERS), help="comma list of proxies (direct is always run)")
+    ap.add_argument("--only", default="small,policy,download,connect,idle", help="comma list of measurements")
+    ap.add_argument("--proxy-cpu", type=int, default=1)
+    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--out", default=os.path.join(BENCH, "results"))
+    ap.add_argument("--stamp", default="")
+    ap.add_argument("--workdir", default=os.path.join(BENCH, "work"))
+    ap.add_argument("--command", default="", help="the command line to record in the report")
+    a = ap.parse_args()
+    a.targets = [x for x in a.targets.split(",") if x]
+    a.only = [x for x in a.only.split(",") if x]
+    a.rounds = max(1, a.rounds)
+    if os.cpu_count() < 2:
+        raise SystemExit("bench needs 2 cores: one for the proxy, one for client and origin")
+    os.sched_setaffinity(0, {a.client_cpu})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 65536), max(hard, 65536)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    stamp = a.stamp or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+
+    b = Bench(a)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (cmd &)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    env = environment(a)
+    # how busy is the machine before we start anything? (3 s of /proc/stat)
+    b0, p0, w0 = system_cpu()[0], procs.all_process_ticks(), time.time()
+    time.sleep(3)
+    b1, p1, w1 = system_cpu()[0], procs.all_process_ticks(), time.time()
+    env["background_cpu_pct_before"] = round(100 * (b1 - b0) / (w1 - w0), 1)
+    env["background_top_before"] = procs.busiest_others(p0, p1, {os.getpid()}, w1 - w0)
+    log(f"machine before start: {env['background_cpu_pct_before']:.0f}% of one core busy "
+        f"({', '.join(f'{c} {v:.0f}%' for c, v in env['background_top_before'])})")
+    t0 = time.time()
+    interrupted = None
+    try:
+        b.run()
+    except KeyboardInterrupt as e:
+        interrupted = str(e) or "interrupted"
+        log(f"interrupted ({interrupted}): stopping what was started")
+    except Exception as e:  # noqa: BLE001 - still stop everything and write what was measured
+        import traceback
+        traceback.print_exc()
+        interrupted = f"error: {type(e).__name__}: {e}"
+        log(f"bench failed ({interrupted}): stopping what was started")
+    finally:
+        t_stop = time.time()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        b.procs.stop_all()
+        log(f"stopped everything the bench started in {time.time() - t_stop:.1f} s")
+    elapsed = time.time() - t0
+    res = b.results
+    res.update(stamp=stamp, env=env, elapsed_s=elapsed, interrupted=interrupted,
+               params={k: getattr(a, k) for k in ("rounds", "duration", "warmup", "connections", "downloads",
+                                                    "idle_conns", "targets", "only", "proxy_cpu", "client_cpu")},
+               command=a.command or " ".join(sys.argv), finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, stamp)
+    with open(base + ".json", "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    import report
+    png_ok = False
+    try:
+        import chart
+        chart.draw(res, base + ".png")
+        png_ok = True
+    except Exception as e:  # noqa: BLE001 - the table still gets written
+        log(f"chart failed: {type(e).__name__}: {e}")
+    with open(base + ".md", "w") as f:
+        f.write(report.markdown(res, os.path.basename(base) + ".png" if png_ok else None))
+    log(f"wrote {base}.md, {base}.json" + (f", {base}.png" if png_ok else "") + f" in {elapsed / 60:.1f} min")
+    print(base + ".md")
+    if interrupted:
+        sys.exit(130 if not interrupted.startswith("error") else 1)
+
+
+if __name__ == "__main__":
+    main()

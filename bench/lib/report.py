@@ -1,0 +1,286 @@
+"""Markdown report from the bench's results dict (see bench.py)."""
+import statistics
+
+ORDER = ["direct", "datamode-proxy", "haproxy", "nginx", "squid", "tinyproxy"]
+NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-proxy**", "haproxy": "HAProxy",
+         "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy",
+         "datamode-constrained": "**datamode-proxy** constrained, 1,000 rules + 10,000 variants"}
+BUSY_PCT = 10.0  # other CPU above this (% of one core) marks a measurement as noisy
+
+
+def ok_records(recs):
+    return [r for r in recs if isinstance(r, dict) and r.get("available") and not r.get("failed")]
+
+
+def stat(recs, key):
+    vals = [r[key] for r in recs if r.get(key) is not None]
+    if not vals:
+        return None
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def fmt(s, spec="{:,.0f}", rng=True):
+    if s is None:
+        return "—"
+    med, lo, hi = s
+    out = spec.format(med)
+    if rng and (lo != hi):
+        out += f" ({spec.format(lo)}–{spec.format(hi)})"
+    return out
+
+
+def fmt_small(s, digits):
+    return fmt(s, "{:,.%df}" % digits)
+
+
+def reason_of(recs, target_info):
+    for r in recs:
+        if isinstance(r, dict) and r.get("reason"):
+            return r["reason"]
+    return (target_info or {}).get("reason", "")
+
+
+def unavailable(recs):
+    return not ok_records(recs)
+
+
+def other_cell(recs):
+    s = stat(ok_records(recs), "other_pct")
+    if s is None:
+        return "—"
+    med, lo, hi = s
+    flag = " ⚠" if hi > BUSY_PCT else ""
+    return f"{med:.0f} (max {hi:.0f}){flag}"
+
+
+def targets_in(block):
+    names = [n for n in ORDER if n in block]
+    return names + [n for n in block if n not in names and n != "info"]
+
+
+def label(name):
+    return NAMES.get(name, name)
+
+
+def small_table(res, key):
+    block = res["measurements"].get(key)
+    if not block:
+        return "_not run_\n"
+    tinfo = res.get("targets", {})
+    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | errors | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for n in targets_in(block):
+        recs = block[n]
+        if unavailable(recs):
+            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | |")
+            continue
+        ok = ok_records(recs)
+        errs = sum(r.get("errors", 0) for r in ok)
+        reads = sum(r.get("errors_detail", {}).get("read", 0) for r in ok)
+        reqs = sum(r.get("requests", 0) for r in ok)
+        err_cell = f"{errs:,}"
+        if errs and reads == errs and reads >= 0.5 * reqs:
+            err_cell += " (reads: closes after every response, no keep-alive)"
+        lines.append(f"| {label(n)} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | "
+                     f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | "
+                     f"{err_cell} | {other_cell(recs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def direct_mb_s(block):
+    s = stat(ok_records(block.get("direct", [])), "mb_s")
+    return s[0] if s else None
+
+
+def download_table(res, key, na_col=False):
+    block = res["measurements"].get(key)
+    if not block:
+        return "_not run_\n"
+    tinfo = res.get("targets", {})
+    d = direct_mb_s(block)
+    lines = ["| | MB/s | × direct | proxy CPU s/GB | failed downloads | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for n in targets_in(block):
+        recs = block[n]
+        if unavailable(recs):
+            why = reason_of(recs, tinfo.get(n))
+            word = "n/a" if why.startswith("n/a") else "not available"
+            why = why[4:].strip(": ") if why.startswith("n/a") else why
+            lines.append(f"| {label(n)} | {word}: {why} | | | | |")
+            continue
+        ok = ok_records(recs)
+        s = stat(ok, "mb_s")
+        ratio = f"{s[0] / d:.2f}×" if (s and d and n != "direct") else ("1" if n == "direct" else "—")
+        errs = sum(r.get("errors", 0) for r in ok)
+        lines.append(f"| {label(n)} | {fmt(s)} | {ratio} | {fmt_small(stat(ok, 'cpu_s_per_gb'), 2)} | {errs} | {other_cell(recs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def idle_table(res):
+    block = res["measurements"].get("idle")
+    if not block:
+        return "_not run_\n"
+    lines = ["| | connections held open | RSS before (MiB) | RSS after (MiB) | KiB per connection | note |",
+             "|---|---:|---:|---:|---:|---|"]
+    for n in targets_in(block):
+        r = block[n]
+        if not r.get("available"):
+            lines.append(f"| {label(n)} | not available: {r.get('reason', '')} | | | | |")
+            continue
+        if r.get("failed"):
+            lines.append(f"| {label(n)} | failed: {r.get('reason', '')} | | | | |")
+            continue
+        kib = r.get("kib_per_conn")
+        note = r.get("reason", "")
+        if r.get("errors"):
+            note += f" {r['errors']} connection errors ({'; '.join(r.get('first_errors', []))})"
+        if r.get("statuses") and set(r["statuses"]) != {"200"}:
+            note += f" statuses {r['statuses']}"
+        kib_cell = f"{kib:.1f}" if kib is not None else "n/a"
+        if kib is not None and r.get("open", 0) < 0.9 * r.get("requested", 1):
+            kib_cell = "n/a"
+        lines.append(f"| {label(n)} | {r.get('open', 0):,} of {r.get('requested', 0):,} | {r['rss_before_kib'] / 1024:.1f} | "
+                     f"{r['rss_after_kib'] / 1024:.1f} | {kib_cell} | {note.strip()} |")
+    return "\n".join(lines) + "\n"
+
+
+def policy_section(res):
+    block = res["measurements"].get("policy_1k")
+    if not block:
+        return "_not run_\n"
+    if block.get("available") is False:
+        return f"datamode-proxy not available: {block.get('reason', '')}\n"
+    info = block.get("info", {})
+    lines = ["| run | requests/s | p50 ms | p99 ms | proxy CPU µs/request | non-2xx (expected: the rejected share) | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = {"datamode-proxy": "**datamode-proxy** `normal`, no rules or variants (policy-free)",
+            "datamode-constrained": "**datamode-proxy** `constrained`, 1,000 rules + 10,000 variants"}
+    base = None
+    for n in ("datamode-proxy", "datamode-constrained"):
+        recs = block.get(n, [])
+        if unavailable(recs):
+            lines.append(f"| {rows[n]} | not available: {reason_of(recs, None)} | | | | | |")
+            continue
+        ok = ok_records(recs)
+        st = sum(r.get("errors_detail", {}).get("status", 0) for r in ok)
+        tot = sum(r.get("requests", 0) for r in ok)
+        other_errs = sum(r.get("errors", 0) for r in ok) - st
+        cell = f"{st:,} ({100 * st / tot:.0f}%)" if tot else "—"
+        if other_errs:
+            cell += f"; {other_errs:,} socket errors"
+        s = stat(ok, "cpu_us_per_req")
+        if n == "datamode-proxy":
+            base = s
+        lines.append(f"| {rows[n]} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | {fmt_small(stat(ok, 'p99_ms'), 2)} | "
+                     f"{fmt_small(s, 1)} | {cell} | {other_cell(recs)} |")
+        if n == "datamode-constrained" and base and s:
+            lines.append(f"| policy cost | | | | {s[0] - base[0]:+.1f} µs/request ({s[0] / base[0]:.2f}×) | | |")
+    out = "\n".join(lines) + "\n\n"
+    mix = info.get("mix", {})
+    if mix:
+        tot = sum(mix.values())
+        out += ("URL mix per cycle: " + ", ".join(f"{k} {v} ({100 * v / tot:.0f}%)" for k, v in mix.items()) +
+                "; the policy-free run asks for the same URLs (the origin answers all of them with 1 KiB).\n")
+    if info.get("probe_constrained"):
+        out += "\nOne request of each kind, as answered:\n\n| kind | constrained | policy-free |\n|---|---|---|\n"
+        for k in ("forwarded", "rejected", "rewritten"):
+            out += f"| {k} | {info['probe_constrained'].get(k, '')} | {info.get('probe_policy_free', {}).get(k, '')} |\n"
+    if info.get("constrained_outcomes"):
+        out += "\nOutcomes counted by the constrained instance's `/metrics` over its warm-up and measured runs: " + \
+               ", ".join(f"{k} {v:,.0f}" for k, v in sorted(info["constrained_outcomes"].items())) + "\n"
+    return out
+
+
+def noise_summary(res):
+    worst, worst_core, where = 0.0, 0.0, ""
+    for key, block in res["measurements"].items():
+        if not isinstance(block, dict):
+            continue
+        for n, recs in block.items():
+            if not isinstance(recs, list):
+                continue
+            for r in ok_records(recs):
+                if r.get("other_pct", 0) > worst:
+                    worst, where = r["other_pct"], f"{key} / {n} round {r.get('round', 0) + 1}"
+                worst_core = max(worst_core, r.get("other_on_proxy_core_pct", 0))
+    by, n = {}, 0
+    for key, block in res["measurements"].items():
+        if isinstance(block, dict):
+            for recs in block.values():
+                if isinstance(recs, list):
+                    for r in ok_records(recs):
+                        n += 1
+                        for comm, pct in r.get("other_top", []):
+                            by[comm] = by.get(comm, 0) + pct
+    tops = sorted(by.items(), key=lambda kv: -kv[1])[:4]
+    busiest = ("; busiest other processes, mean % of a core over the samples: " +
+               ", ".join(f"`{c}` {v / n:.0f}%" for c, v in tops)) if tops and n else ""
+    verdict = "quiet" if worst <= BUSY_PCT else "**busy** (rows marked ⚠ had other work running; compare them with care)"
+    return (f"Other processes' CPU during measurements: at most {worst:.0f}% of one core ({where}); on the proxy's core "
+            f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.")
+
+
+def dm_line(res):
+    env = res.get("env", {})
+    t = res.get("targets", {}).get("datamode-proxy")
+    if t is None:
+        return "not measured"
+    if not t.get("available"):
+        return f"not available: {t.get('reason', '')}"
+    v = env.get("versions", {}).get("datamode-proxy") or "version unknown (--version printed nothing)"
+    return f"{v} (`{env.get('proxy_bin', '')}`)"
+
+
+def short_version(v):
+    v = v.replace("nginx version: ", "").replace("HAProxy version", "HAProxy").replace("Squid Cache: Version", "Squid")
+    for cut in (" Copyright", " - https", " (x86_64"):
+        v = v.split(cut)[0]
+    return v.strip()
+
+
+def markdown(res, png):
+    env = res.get("env", {})
+    p = res.get("params", {})
+    stamp = res.get("stamp", "")
+    out = [f"# datamode-proxy bench — {stamp}", ""]
+    if res.get("interrupted"):
+        out += [f"**Interrupted ({res['interrupted']}): partial results.**", ""]
+    out += [
+        f"- Command: `{res.get('command', '')}`",
+        f"- Commit measured: `{env.get('commit', '?')}`" + (" (with uncommitted changes outside bench/)" if env.get("dirty") else ""),
+        f"- datamode-proxy: {dm_line(res)}",
+        f"- Machine: {env.get('cpu_model', '')}, {env.get('cpus')} cores, kernel {env.get('kernel')}, load average at start "
+        f"{' '.join(env.get('loadavg_at_start', []))}"
+        + (f"; CPU busy before the bench started anything: {env['background_cpu_pct_before']:.0f}% of one core"
+           if env.get('background_cpu_pct_before') is not None else "")
+        + (f" ({', '.join(f'`{c}` {v:.0f}%' for c, v in env.get('background_top_before', []))})" if env.get('background_top_before') else ""),
+        f"- Tools: {'; '.join(short_version(v) for k, v in env.get('versions', {}).items() if k != 'datamode-proxy')}",
+        f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client and the nginx origin on CPU {p.get('client_cpu')}; "
+        f"one worker per proxy, logging off, keep-alive on; {p.get('rounds')} round{'s' if p.get('rounds') != 1 else ''} interleaved (A B C … A B C …); "
+        f"wrk 1 thread, {p.get('connections')} connections, {p.get('duration')} s per run after a {p.get('warmup')} s warm-up; "
+        f"cells are median (min–max) over the rounds.",
+        f"- {noise_summary(res)}",
+        f"- Whole run: {res.get('elapsed_s', 0) / 60:.1f} min. Raw samples: `{stamp}.json`.",
+        "",
+    ]
+    if png:
+        out += [f"![requests/s and proxy CPU per request]({png})", ""]
+    out += ["## 1. Small responses, keep-alive, absolute-form", "", "### 1 KiB", "", small_table(res, "small_1k"),
+            "### 100 KiB", "", small_table(res, "small_100k"),
+            "Proxy CPU µs/request = the proxy's utime+stime (all threads and worker processes, /proc/PID/stat) over the run, "
+            "divided by the requests wrk completed. When the client core is the bottleneck requests/s hardly separates "
+            "the proxies; this column does.", "",
+            "## 2. 100 MiB download", "",
+            f"{p.get('downloads')} sequential downloads of the 100 MiB file per round (curl, one connection when the proxy keeps it alive); "
+            "MB/s = 10^6 bytes/s; s/GB = proxy CPU seconds per 10^9 bytes.", "",
+            download_table(res, "download_100m"),
+            "## 3. Idle keep-alive client connections", "",
+            f"{p.get('idle_conns'):,} client connections, one request each, then held idle; growth of the proxy's RSS "
+            "(VmRSS, summed over its processes) divided by the connections still open. Direct = the origin nginx.", "",
+            idle_table(res),
+            "## 4. datamode-proxy policy cost (1 KiB, URL mix)", "", policy_section(res),
+            "## 5. CONNECT tunnel, 100 MiB", "",
+            "curl `-p` (CONNECT to the origin's port, then GET through the tunnel). Direct is the plain download.", "",
+            download_table(res, "connect_100m"),
+            ]
+    return "\n".join(out) + "\n"

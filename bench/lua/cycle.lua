@@ -1,0 +1,26 @@
+-- Cycles through a list of absolute URLs (one per line in the file given after "--"), each request
+-- in absolute form to the proxy whose address is wrk's URL. Second argument: the Host header.
+-- Requests are formatted once in init(); request() only picks the next one.
+package.path = package.path .. ";" .. (os.getenv("BENCH_LUA_DIR") or ".") .. "/?.lua"
+require "common"
+
+local reqs = {}
+local n = 0
+local i = 0
+
+function init(args)
+   wrk.headers["Host"] = args[2]
+   for url in io.lines(args[1]) do
+      if url ~= "" then
+         n = n + 1
+         reqs[n] = wrk.format("GET", url)
+      end
+   end
+   -- each connection-thread starts at a different offset so the mix is even across connections
+   i = math.random(n) - 1
+end
+
+function request()
+   i = i % n + 1
+   return reqs[i]
+end
