@@ -71,7 +71,10 @@ let package = Package(
         ),
         .target(
             name: "DatamodeTestSupport",
-            dependencies: ["DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP"]
+            dependencies: [
+                "DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
 
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP"]),
@@ -83,14 +86,16 @@ let package = Package(
         ),
         .testTarget(
             name: "DatamodeEndToEndTests",
-            dependencies: ["DatamodeTestSupport"]
+            dependencies: ["DatamodeTestSupport", .product(name: "Yams", package: "Yams")]
         ),
     ]
 )
 
 // The libFuzzer target has no `main` of its own (libFuzzer provides it), so it only links in a fuzzer build.
 // It is added only when asked for; see README "Fuzzing":
-//   DATAMODE_FUZZ=1 swift build -c release --sanitize fuzzer --sanitize address --product DatamodeFuzz --scratch-path .build-fuzz
+//   DATAMODE_FUZZ=1 swift build -c release --sanitize fuzzer --sanitize address -Xswiftc -sanitize=fuzzer,address \
+//       --product DatamodeFuzz --scratch-path .build-fuzz
+// (the -Xswiftc form is needed: SwiftPM passes the two sanitizers in random order and the driver keeps the last)
 if Context.environment["DATAMODE_FUZZ"] != nil {
     package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP"]))
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))

@@ -1,0 +1,171 @@
+/// Message body length rules (RFC 9112 §6), strict.
+///
+/// Request smuggling lives here: when the proxy and the origin compute different body lengths for the same
+/// bytes, the remainder of one request is read by the origin as the start of another (CL.TE, TE.CL, TE.TE,
+/// CL.CL). So every framing that two compliant-but-lenient implementations could read differently is refused
+/// instead of "repaired": both Transfer-Encoding and Content-Length, any coding list other than exactly
+/// `chunked`, Content-Length values that are signed, hex, padded or disagree.
+extension RequestHead {
+    /// How this request's body is delimited, or why the framing is refused (400, connection closed).
+    public func bodyFraming() -> Result<BodyFraming, HTTPWireError> {
+        let facts = FramingFields(fields)
+        if let error = facts.error { return .failure(error) }
+        if facts.hasTransferEncoding {
+            // RFC 9112 §6.1: Transfer-Encoding overrides Content-Length, and a sender MUST NOT send both,
+            // but intermediaries that honour the other one are exactly the CL.TE / TE.CL attack; refuse.
+            if facts.contentLength != nil {
+                return .failure(.malformed("both Transfer-Encoding and Content-Length"))
+            }
+            // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding MUST be treated as having faulty
+            // framing: 1.0 recipients do not know chunked and would read the chunks as the body.
+            if version == .http10 {
+                return .failure(.malformed("Transfer-Encoding in an HTTP/1.0 request"))
+            }
+            // RFC 9112 §6.3 rule 4: a request whose final coding is not chunked cannot be delimited: 400.
+            // We go further and accept only the single coding `chunked`: no other coding is used on requests,
+            // and `chunked, chunked` or `gzip, chunked` are read differently by different servers (TE.TE).
+            guard facts.transferEncodingIsChunkedOnly else {
+                return .failure(.malformed("Transfer-Encoding other than chunked"))
+            }
+            return .success(.chunked)
+        }
+        if let length = facts.contentLength { return .success(.contentLength(length)) }
+        // RFC 9112 §6.3 rule 7: a request with neither has no body.
+        return .success(.none)
+    }
+}
+
+extension ResponseHead {
+    /// How this response's body is delimited (RFC 9112 §6.3), given the method of the request it answers,
+    /// or why the framing is refused (502 `upstream-protocol-error`, connection to the origin closed).
+    public func bodyFraming(requestMethod: String) -> Result<BodyFraming, HTTPWireError> {
+        // RFC 9112 §6.3 rule 1: responses to HEAD, 1xx, 204 and 304 end at the head, whatever their fields say
+        // (a HEAD response carries the Content-Length the GET would have had).
+        if requestMethod == "HEAD" { return .success(.none) }
+        if status < 200 || status == 204 || status == 304 { return .success(.none) }
+        // Rule 2: a 2xx to CONNECT turns the connection into a tunnel; there is no body to frame.
+        if requestMethod == "CONNECT" && status < 300 { return .success(.none) }
+
+        let facts = FramingFields(fields)
+        if let error = facts.error { return .failure(error) }
+        if facts.hasTransferEncoding {
+            // Rule 3 lets TE override CL, but a response carrying both is the TE.CL vector on the way back
+            // (response queue poisoning of a downstream cache or client): refuse it.
+            if facts.contentLength != nil {
+                return .failure(.malformed("both Transfer-Encoding and Content-Length"))
+            }
+            // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing.
+            if version == .http10 {
+                return .failure(.malformed("Transfer-Encoding in an HTTP/1.0 response"))
+            }
+            // Rule 4 would read a non-chunked final coding until close; a proxy that re-frames it cannot do so
+            // safely, and no origin needs it: refuse anything but exactly `chunked`.
+            guard facts.transferEncodingIsChunkedOnly else {
+                return .failure(.malformed("Transfer-Encoding other than chunked"))
+            }
+            return .success(.chunked)
+        }
+        if let length = facts.contentLength { return .success(.contentLength(length)) }
+        // Rule 8: otherwise the body runs until the origin closes the connection.
+        return .success(.untilClose)
+    }
+}
+
+/// The framing-relevant facts of a field list, gathered in one pass without allocating.
+struct FramingFields {
+    var hasTransferEncoding = false
+    /// True if every Transfer-Encoding copy, joined with commas, is exactly one `chunked` (any case, OWS around).
+    var transferEncodingIsChunkedOnly = false
+    /// The agreed Content-Length, if any copy is present and all are valid and equal.
+    var contentLength: UInt64?
+    /// A Content-Length problem; reported before anything else is decided.
+    var error: HTTPWireError?
+
+    /// 18 decimal digits always fit in UInt64 and exceed any body we would stream; more is refused rather than
+    /// risk an overflow that a lenient peer would wrap or truncate.
+    static let maxContentLengthDigits = 18
+
+    init(_ fields: [HTTPField]) {
+        var codings = 0
+        var allChunked = true
+        for field in fields {
+            let nameCount = field.name.utf8.count
+            if nameCount == 17 && ASCII.equalsIgnoringCase(field.name, "transfer-encoding") {
+                hasTransferEncoding = true
+                Self.scanCodings(field.value, count: &codings, allChunked: &allChunked)
+            } else if nameCount == 14 && ASCII.equalsIgnoringCase(field.name, "content-length") {
+                if error == nil { scanContentLength(field.value) }
+            }
+        }
+        transferEncodingIsChunkedOnly = hasTransferEncoding && codings == 1 && allChunked
+    }
+
+    /// Counts the comma-separated codings of one Transfer-Encoding field value. An empty element counts as a
+    /// coding that is not `chunked`, so `chunked,` and an empty copy next to `chunked` are both refused.
+    private static func scanCodings(_ value: String, count: inout Int, allChunked: inout Bool) {
+        var value = value
+        value.withUTF8 { u in
+            var start = 0
+            var i = 0
+            while i <= u.count {
+                if i == u.count || u[i] == 0x2C {
+                    let (a, b) = ASCII.trimOWS(u, start, i)
+                    count += 1
+                    if !isChunked(u, a, b) { allChunked = false }
+                    start = i + 1
+                }
+                i += 1
+            }
+        }
+    }
+
+    private static func isChunked(_ u: UnsafeBufferPointer<UInt8>, _ a: Int, _ b: Int) -> Bool {
+        let word: StaticString = "chunked"
+        guard b - a == word.utf8CodeUnitCount else { return false }
+        let w = word.utf8Start
+        for k in 0..<(b - a) where ByteClass.lower(u[a + k]) != w[k] { return false }
+        return true
+    }
+
+    /// RFC 9110 §8.6: `Content-Length = 1*DIGIT`. A list of identical values (`5, 5`, or the same value in two
+    /// field lines) was produced by a merging intermediary and MAY be accepted as one; any difference is the
+    /// CL.CL smuggling vector and is refused. Signs, hex, inner spaces and empty elements are refused too:
+    /// `parseInt`-style parsers accept them and would disagree with us.
+    private mutating func scanContentLength(_ value: String) {
+        var value = value
+        let result: Result<UInt64, HTTPWireError> = value.withUTF8 { u in
+            var agreed: UInt64?
+            var start = 0
+            var i = 0
+            while i <= u.count {
+                if i == u.count || u[i] == 0x2C {
+                    let (a, b) = ASCII.trimOWS(u, start, i)
+                    guard b > a else { return .failure(.malformed("empty Content-Length")) }
+                    guard b - a <= Self.maxContentLengthDigits else {
+                        return .failure(.malformed("Content-Length too large"))
+                    }
+                    var v: UInt64 = 0
+                    for k in a..<b {
+                        let d = u[k]
+                        guard ByteClass.isDigit(d) else { return .failure(.malformed("invalid Content-Length")) }
+                        v = v * 10 + UInt64(d &- 0x30)
+                    }
+                    if let agreed, agreed != v { return .failure(.malformed("conflicting Content-Length values")) }
+                    agreed = v
+                    start = i + 1
+                }
+                i += 1
+            }
+            return .success(agreed!)
+        }
+        switch result {
+        case .failure(let e): error = e
+        case .success(let v):
+            if let contentLength, contentLength != v {
+                error = .malformed("conflicting Content-Length values")
+            } else {
+                contentLength = v
+            }
+        }
+    }
+}

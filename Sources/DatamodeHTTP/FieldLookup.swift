@@ -1,0 +1,58 @@
+/// Case-insensitive field access (RFC 9110 §5.1: field names are case-insensitive) without lowercasing copies.
+///
+/// A field may legitimately appear more than once (RFC 9110 §5.3); `values(of:)` returns every copy in order,
+/// because looking only at the first or the last is how two components end up disagreeing on `Connection`,
+/// `Content-Length` or `Host`.
+enum FieldLookup {
+    static func values(_ fields: [HTTPField], _ name: String) -> [String] {
+        var result: [String] = []
+        for f in fields where ASCII.equalsIgnoringCase(f.name, name) { result.append(f.value) }
+        return result
+    }
+
+    static func contains(_ fields: [HTTPField], _ name: String) -> Bool {
+        fields.contains { ASCII.equalsIgnoringCase($0.name, name) }
+    }
+
+    /// Lowercased tokens of every `Connection` field (RFC 9110 §7.6.1: a comma list of option names,
+    /// case-insensitive). The proxy removes the named hop-by-hop fields before forwarding; missing one copy
+    /// would leak a hop-by-hop field to the next hop.
+    static func connectionTokens(_ fields: [HTTPField]) -> Set<String> {
+        var tokens = Set<String>()
+        for f in fields where f.name.utf8.count == 10 && ASCII.equalsIgnoringCase(f.name, "connection") {
+            var value = f.value
+            value.withUTF8 { u in
+                var start = 0
+                for i in 0...u.count where i == u.count || u[i] == 0x2C {
+                    let (a, b) = ASCII.trimOWS(u, start, i)
+                    if b > a {
+                        tokens.insert(String(unsafeUninitializedCapacity: b - a) { out in
+                            for k in 0..<(b - a) { out[k] = ByteClass.lower(u[a + k]) }
+                            return b - a
+                        })
+                    }
+                    start = i + 1
+                }
+            }
+        }
+        return tokens
+    }
+}
+
+extension RequestHead {
+    /// Every value of the field `name` (any case), in order of appearance.
+    public func values(of name: String) -> [String] { FieldLookup.values(fields, name) }
+    /// Whether at least one field `name` (any case) is present.
+    public func contains(_ name: String) -> Bool { FieldLookup.contains(fields, name) }
+    /// Lowercased tokens of every Connection field.
+    public var connectionTokens: Set<String> { FieldLookup.connectionTokens(fields) }
+}
+
+extension ResponseHead {
+    /// Every value of the field `name` (any case), in order of appearance.
+    public func values(of name: String) -> [String] { FieldLookup.values(fields, name) }
+    /// Whether at least one field `name` (any case) is present.
+    public func contains(_ name: String) -> Bool { FieldLookup.contains(fields, name) }
+    /// Lowercased tokens of every Connection field.
+    public var connectionTokens: Set<String> { FieldLookup.connectionTokens(fields) }
+}

@@ -1,0 +1,296 @@
+/// A request-target (RFC 9112 §3.2) taken apart into what a forward proxy needs: where to connect, what to put
+/// in `Host`, which origin-form path to send, and one canonical URL for policy rules.
+///
+/// Strict on purpose: the proxy decides (policy, Host, upstream) from this value and the origin acts on the bytes
+/// it is sent, so any target the two could read differently is refused. Userinfo (`user@host`) is the classic
+/// one: `http://allowed.example@evil.example/` names evil.example, but naive matchers see allowed.example.
+public struct RequestTarget: Hashable, Sendable {
+    public enum Form: Hashable, Sendable {
+        /// `/path?query` (RFC 9112 §3.2.1): a request meant for an origin server, not for a proxy.
+        case origin
+        /// `http://host[:port]/path?query` (RFC 9112 §3.2.2): what clients send to a forward proxy.
+        case absolute
+        /// `host:port` (RFC 9112 §3.2.3): CONNECT only.
+        case authority
+        /// `*` (RFC 9112 §3.2.4): OPTIONS only.
+        case asterisk
+    }
+
+    public var form: Form
+    /// "http" or "https", lowercased; "" for origin, authority and asterisk form.
+    public var scheme: String
+    /// Lowercased (RFC 3986 §3.2.2: the host is case-insensitive); IPv6 without brackets; "" for origin/asterisk.
+    public var host: String
+    /// The explicit port, or the scheme default (80/443); required in authority form; 0 for origin/asterisk.
+    public var port: UInt16
+    /// Path and `?query` as sent (percent-encoding untouched); "/" when an absolute-form path is empty
+    /// (RFC 9112 §3.2.1); "" in authority form; "*" in asterisk form.
+    public var path: String
+    /// The `Host` field value for the origin (RFC 9110 §7.2): host, plus `:port` when the port is not the
+    /// scheme default; IPv6 in brackets. Authority form has no scheme, so it always carries the port.
+    /// "" for origin/asterisk form.
+    public var hostHeaderValue: String
+    /// `scheme://hostHeaderValue` + path: one spelling per resource, for policy rules and logs.
+    /// Authority form: `host:port`. Origin form: the path. Asterisk form: "*".
+    public var absoluteURL: String
+
+    public init(
+        form: Form, scheme: String, host: String, port: UInt16, path: String,
+        hostHeaderValue: String, absoluteURL: String
+    ) {
+        self.form = form
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.path = path
+        self.hostHeaderValue = hostHeaderValue
+        self.absoluteURL = absoluteURL
+    }
+
+    /// Parses `target` as the request-target of a request with `method` (methods are case-sensitive).
+    public static func parse(_ target: String, method: String) -> Result<RequestTarget, HTTPWireError> {
+        var target = target
+        return target.withUTF8 { u in parse(u, method: method) }
+    }
+
+    static func parse(_ u: UnsafeBufferPointer<UInt8>, method: String) -> Result<RequestTarget, HTTPWireError> {
+        let n = u.count
+        guard n > 0 else { return .failure(.malformed("empty request-target")) }
+        for b in u {
+            // RFC 9112 §3.2: the target is visible ASCII. Fragments are never sent (RFC 9110 §7.1); a '#'
+            // means a broken client or an attempt to make proxy and origin disagree on the path.
+            guard ByteClass.isVisible(b) else { return .failure(.malformed("invalid character in request-target")) }
+            if b == 0x23 { return .failure(.malformed("fragment in request-target")) }
+        }
+
+        // RFC 9112 §3.2.3: CONNECT uses authority-form and nothing else; the port is required.
+        if method == "CONNECT" {
+            switch parseAuthority(u, 0, n, requirePort: true) {
+            case .failure(let e): return .failure(e)
+            case .success(let authority):
+                let hostHeader = joined(authority.bracketedHost, ":", String(authority.port!))
+                return .success(RequestTarget(
+                    form: .authority, scheme: "", host: authority.host, port: authority.port!, path: "",
+                    hostHeaderValue: hostHeader, absoluteURL: hostHeader
+                ))
+            }
+        }
+
+        if n == 1 && u[0] == 0x2A {
+            // RFC 9112 §3.2.4: asterisk-form is only for a server-wide OPTIONS.
+            guard method == "OPTIONS" else { return .failure(.malformed("asterisk-form request-target without OPTIONS")) }
+            return .success(RequestTarget(form: .asterisk, scheme: "", host: "", port: 0, path: "*", hostHeaderValue: "", absoluteURL: "*"))
+        }
+
+        if u[0] == 0x2F {
+            let path = String(decoding: u, as: UTF8.self)
+            return .success(RequestTarget(form: .origin, scheme: "", host: "", port: 0, path: path, hostHeaderValue: "", absoluteURL: path))
+        }
+
+        // absolute-form: scheme "://" authority path-abempty [ "?" query ] (RFC 3986 §3, §4.3).
+        var i = 0
+        while i < n && (ByteClass.isAlpha(u[i]) || (i > 0 && (ByteClass.isDigit(u[i]) || u[i] == 0x2B || u[i] == 0x2D || u[i] == 0x2E))) {
+            i += 1
+        }
+        guard i > 0, i + 2 < n, u[i] == 0x3A, u[i + 1] == 0x2F, u[i + 2] == 0x2F else {
+            return .failure(.malformed("request-target is not origin-, absolute-, authority- or asterisk-form"))
+        }
+        let scheme: String
+        let defaultPort: UInt16
+        if equalsLower(u, 0, i, "http") {
+            scheme = "http"; defaultPort = 80
+        } else if equalsLower(u, 0, i, "https") {
+            scheme = "https"; defaultPort = 443
+        } else {
+            return .failure(.malformed("unsupported scheme"))
+        }
+        let authorityStart = i + 3
+        var authorityEnd = authorityStart
+        while authorityEnd < n && u[authorityEnd] != 0x2F && u[authorityEnd] != 0x3F { authorityEnd += 1 }
+
+        let authority: Authority
+        switch parseAuthority(u, authorityStart, authorityEnd, requirePort: false) {
+        case .failure(let e): return .failure(e)
+        case .success(let a): authority = a
+        }
+        let port = authority.port ?? defaultPort
+
+        // RFC 9112 §3.2.1: an empty path is sent as "/".
+        var path: String
+        if authorityEnd == n {
+            path = "/"
+        } else if u[authorityEnd] == 0x3F {
+            path = joined("/", String(decoding: UnsafeBufferPointer(rebasing: u[authorityEnd..<n]), as: UTF8.self))
+        } else {
+            path = String(decoding: UnsafeBufferPointer(rebasing: u[authorityEnd..<n]), as: UTF8.self)
+        }
+        let hostHeader = port == defaultPort ? authority.bracketedHost : joined(authority.bracketedHost, ":", String(port))
+        return .success(RequestTarget(
+            form: .absolute, scheme: scheme, host: authority.host, port: port, path: path,
+            hostHeaderValue: hostHeader, absoluteURL: joined(scheme, "://", hostHeader, path)
+        ))
+    }
+
+    struct Authority {
+        var host: String
+        var bracketedHost: String
+        var port: UInt16?
+    }
+
+    /// `authority = host [ ":" port ]` without userinfo (RFC 9110 §4.2.4 forbids it in http(s) URIs;
+    /// RFC 9112 §3.2.3 in CONNECT). host = IP-literal / IPv4address / reg-name (RFC 3986 §3.2.2).
+    static func parseAuthority(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, requirePort: Bool) -> Result<Authority, HTTPWireError> {
+        for k in start..<end where u[k] == 0x40 {
+            return .failure(.malformed("userinfo in request-target"))
+        }
+        guard end > start else { return .failure(.malformed("empty host")) }
+        var i = start
+        let host: String
+        let bracketed: String
+        if u[i] == 0x5B {
+            // IP-literal: "[" IPv6address "]". IPvFuture and zone identifiers are not accepted.
+            var close = i + 1
+            while close < end && u[close] != 0x5D { close += 1 }
+            guard close < end, isIPv6(u, i + 1, close) else { return .failure(.malformed("invalid IPv6 address")) }
+            host = lowercasedString(u, i + 1, close)
+            bracketed = joined("[", host, "]")
+            i = close + 1
+        } else {
+            while i < end && u[i] != 0x3A {
+                let b = u[i]
+                if b == 0x25 {
+                    // pct-encoded = "%" HEXDIG HEXDIG
+                    guard i + 2 < end, ByteClass.hexValue(u[i + 1]) != nil, ByteClass.hexValue(u[i + 2]) != nil else {
+                        return .failure(.malformed("invalid percent-encoding in host"))
+                    }
+                    i += 3
+                    continue
+                }
+                guard ByteClass.isRegNameChar(b) else { return .failure(.malformed("invalid character in host")) }
+                i += 1
+            }
+            guard i > start else { return .failure(.malformed("empty host")) }
+            host = lowercasedString(u, start, i)
+            bracketed = host
+        }
+        var port: UInt16?
+        if i < end {
+            guard u[i] == 0x3A else { return .failure(.malformed("invalid character after host")) }
+            i += 1
+            if i == end {
+                // RFC 3986 §3.2.3: an empty port means the scheme default; authority-form has no default.
+                if requirePort { return .failure(.malformed("missing port")) }
+            } else {
+                guard end - i <= 5 else { return .failure(.malformed("invalid port")) }
+                var v = 0
+                while i < end {
+                    guard ByteClass.isDigit(u[i]) else { return .failure(.malformed("invalid port")) }
+                    v = v * 10 + Int(u[i] &- 0x30)
+                    i += 1
+                }
+                guard v >= 1 && v <= 65535 else { return .failure(.malformed("invalid port")) }
+                port = UInt16(v)
+            }
+        } else if requirePort {
+            return .failure(.malformed("missing port"))
+        }
+        return .success(Authority(host: host, bracketedHost: bracketed, port: port))
+    }
+
+    /// RFC 3986 §3.2.2 IPv6address: eight 16-bit groups of 1–4 HEXDIG, at most one "::" standing for one or more
+    /// zero groups, and optionally a dotted IPv4 address as the last 32 bits.
+    static func isIPv6(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) -> Bool {
+        guard end - start >= 2 else { return false }
+        var doubleColon = -1
+        var i = start
+        while i + 1 < end {
+            if u[i] == 0x3A && u[i + 1] == 0x3A {
+                if doubleColon >= 0 { return false }
+                doubleColon = i
+                i += 2
+            } else {
+                i += 1
+            }
+        }
+        if doubleColon >= 0 {
+            guard let left = groups(u, start, doubleColon, last: false),
+                  let right = groups(u, doubleColon + 2, end, last: true) else { return false }
+            return left + right <= 7
+        }
+        return groups(u, start, end, last: true) == 8
+    }
+
+    /// Number of 16-bit groups in a ':'-separated run, or nil if malformed. An IPv4 tail counts as two.
+    private static func groups(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, last: Bool) -> Int? {
+        if start == end { return 0 }
+        var count = 0
+        var s = start
+        while true {
+            var e = s
+            var dots = false
+            while e < end && u[e] != 0x3A {
+                if u[e] == 0x2E { dots = true }
+                e += 1
+            }
+            if e == s { return nil }
+            if dots {
+                guard last, e == end, isIPv4(u, s, e) else { return nil }
+                count += 2
+            } else {
+                guard e - s <= 4 else { return nil }
+                for k in s..<e where ByteClass.hexValue(u[k]) == nil { return nil }
+                count += 1
+            }
+            if count > 8 { return nil }
+            if e == end { return count }
+            s = e + 1
+            if s == end { return nil }
+        }
+    }
+
+    /// Dotted-decimal IPv4 with dec-octets 0–255 and no leading zeros (RFC 3986 §3.2.2), so that `010` is never
+    /// read as octal by one side and decimal by the other.
+    static func isIPv4(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) -> Bool {
+        var octets = 0
+        var i = start
+        while true {
+            let s = i
+            var v = 0
+            while i < end && ByteClass.isDigit(u[i]) && i - s < 3 {
+                v = v * 10 + Int(u[i] &- 0x30)
+                i += 1
+            }
+            let len = i - s
+            guard len > 0, v <= 255, !(len > 1 && u[s] == 0x30) else { return false }
+            octets += 1
+            if i == end { return octets == 4 }
+            guard u[i] == 0x2E, octets < 4 else { return false }
+            i += 1
+        }
+    }
+
+    /// Concatenation with one allocation (chained `+` allocates an intermediate String per step).
+    private static func joined(_ a: String, _ b: String, _ c: String = "", _ d: String = "") -> String {
+        var s = String()
+        s.reserveCapacity(a.utf8.count + b.utf8.count + c.utf8.count + d.utf8.count)
+        s.append(a)
+        s.append(b)
+        s.append(c)
+        s.append(d)
+        return s
+    }
+
+    private static func equalsLower(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, _ word: StaticString) -> Bool {
+        guard end - start == word.utf8CodeUnitCount else { return false }
+        let w = word.utf8Start
+        for k in 0..<(end - start) where ByteClass.lower(u[start + k]) != w[k] { return false }
+        return true
+    }
+
+    private static func lowercasedString(_ u: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) -> String {
+        String(unsafeUninitializedCapacity: end - start) { out in
+            for k in 0..<(end - start) { out[k] = ByteClass.lower(u[start + k]) }
+            return end - start
+        }
+    }
+}
