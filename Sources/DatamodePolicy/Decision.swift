@@ -1,0 +1,105 @@
+/// What the engine must do with a request (SPEC §4). The policy only decides; the engine carries it out.
+public enum Decision: Sendable, Equatable {
+    /// Forward upstream with these tags written on the request (SPEC §3 "On the forwarded request").
+    case forward(RequestTags)
+    /// Serve a registered variant instead of the requested URL (SPEC §5).
+    case serveVariant(RequestTags, VariantRewrite)
+    /// Answer `403` with the rejection's problem document; nothing is sent upstream.
+    case reject(RequestTags, Rejection)
+    /// The client's own `Allow-*` header is malformed or contradicts itself: `400 invalid-tag`.
+    /// The string is the problem `detail` (which header, what value).
+    case invalidTag(String)
+
+    /// The resolved tags, when the request got that far.
+    public var tags: RequestTags? {
+        switch self {
+        case .forward(let tags), .serveVariant(let tags, _), .reject(let tags, _): tags
+        case .invalidTag: nil
+        }
+    }
+}
+
+/// The variant chosen for a request and what serving it means.
+public struct VariantRewrite: Sendable, Hashable {
+    /// The variant id, sent back as `Data-Mode-Variant`.
+    public var id: String
+    public enum Action: Sendable, Hashable {
+        /// Forward the request to this URL instead (captures substituted) and stream its response back.
+        case fetch(url: String)
+        /// Answer `307` with this `Location`.
+        case redirect(location: String)
+        /// Answer from a local file (`GET`/`HEAD`).
+        case file(path: String, contentType: String)
+    }
+    public var action: Action
+
+    public init(id: String, action: Action) {
+        self.id = id
+        self.action = action
+    }
+}
+
+/// Why a request is refused (SPEC §4).
+public struct Rejection: Sendable, Hashable {
+    /// The violated conditions, in the order constrained, expensive.
+    public var reasons: [DataCondition]
+    /// `.constrained` if the constrained condition is violated, else `.expensive`.
+    public var code: ProxyErrorCode
+
+    public init(reasons: [DataCondition]) {
+        self.reasons = reasons
+        self.code = reasons.contains(.constrained) ? .constrained : .expensive
+    }
+
+    /// The header `Network-Unavailable-Reason` value, the twin of `URLError.networkUnavailableReason`.
+    public var networkUnavailableReason: String { code.rawValue }
+
+    /// The `403` problem document: the SPEC §4 members `type`, `title`, `status`, `error`, a `detail`,
+    /// then `reasons`, `mode` and `url`.
+    public func problem(mode: DataMode, url: String) -> ProblemDetail {
+        let detail: String
+        switch (reasons.contains(.constrained), reasons.contains(.expensive)) {
+        case (true, true):
+            detail = "The network is constrained and expensive, and this request allows neither."
+        case (true, false):
+            detail = "The network is constrained (Low Data Mode) and this request does not allow constrained access."
+        default:
+            detail = "The network is expensive and this request does not allow expensive access."
+        }
+        return ProblemDetail(code: code, detail: detail, extra: [
+            ("reasons", JSONText.array(reasons.map(\.rawValue))),
+            ("mode", JSONText.quote(mode.name)),
+            ("url", JSONText.quote(url)),
+        ])
+    }
+}
+
+/// The client's `Allow-Constrained` / `Allow-Expensive` header is invalid (SPEC §3: `400 invalid-tag`).
+public struct InvalidTagError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// Names the header and the offending value(s); becomes the problem `detail`.
+    public var detail: String
+    public init(detail: String) { self.detail = detail }
+    public var description: String { detail }
+    public var problem: ProblemDetail { ProblemDetail(code: .invalidTag, detail: detail) }
+}
+
+/// Decides what to do with one request head under `mode` (SPEC §3–5). Pure and allocation-light:
+/// it reads the facts and the compiled policy and returns a value.
+public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapshot) -> Decision {
+    let tags: RequestTags
+    switch resolveTags(request, policy: policy) {
+    case .success(let resolved): tags = resolved
+    case .failure(let error): return .invalidTag(error.detail)
+    }
+    let violatesConstrained = mode.constrained && !tags.allowConstrained
+    let violatesExpensive = mode.expensive && !tags.allowExpensive
+    let violated = violatesConstrained || violatesExpensive
+    if let rewrite = policy.index.variantRewrite(for: request, mode: mode, violated: violated) {
+        return .serveVariant(tags, rewrite)
+    }
+    guard violated else { return .forward(tags) }
+    var reasons: [DataCondition] = []
+    if violatesConstrained { reasons.append(.constrained) }
+    if violatesExpensive { reasons.append(.expensive) }
+    return .reject(tags, Rejection(reasons: reasons))
+}

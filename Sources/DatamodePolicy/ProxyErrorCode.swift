@@ -1,0 +1,137 @@
+/// The stable `error` codes of SPEC §4 and §6, each with its HTTP status and a human title.
+///
+/// This is the one place where a failure becomes a status code: the engine, the policy and the admin
+/// plane all produce `ProxyErrorCode` values and render them with `ProblemDetail`.
+public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
+    case badRequest = "bad-request"
+    case invalidTag = "invalid-tag"
+    case notAProxyRequest = "not-a-proxy-request"
+    case uriTooLong = "uri-too-long"
+    case headersTooLarge = "headers-too-large"
+    case accessDenied = "access-denied"
+    case proxyAuthRequired = "proxy-auth-required"
+    case connectPortDenied = "connect-port-denied"
+    case loopDetected = "loop-detected"
+    case dnsFailure = "dns-failure"
+    case upstreamUnreachable = "upstream-unreachable"
+    case upstreamProtocolError = "upstream-protocol-error"
+    case upstreamTimeout = "upstream-timeout"
+    case overloaded = "overloaded"
+    case constrained = "constrained"
+    case expensive = "expensive"
+
+    public var status: Int {
+        switch self {
+        case .badRequest, .invalidTag, .notAProxyRequest: 400
+        case .uriTooLong: 414
+        case .headersTooLarge: 431
+        case .accessDenied, .connectPortDenied, .constrained, .expensive: 403
+        case .proxyAuthRequired: 407
+        case .loopDetected: 508
+        case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError: 502
+        case .upstreamTimeout: 504
+        case .overloaded: 503
+        }
+    }
+
+    public var title: String {
+        switch self {
+        case .badRequest: "Malformed request"
+        case .invalidTag: "Invalid data-mode tag"
+        case .notAProxyRequest: "Not a proxy request"
+        case .uriTooLong: "Request line too long"
+        case .headersTooLarge: "Request header section too large"
+        case .accessDenied: "Client not allowed to use this proxy"
+        case .proxyAuthRequired: "Proxy authentication required"
+        case .connectPortDenied: "CONNECT to this port is not allowed"
+        case .loopDetected: "Proxy loop detected"
+        case .dnsFailure: "Upstream host name could not be resolved"
+        case .upstreamUnreachable: "Upstream unreachable"
+        case .upstreamProtocolError: "Upstream sent an invalid response"
+        case .upstreamTimeout: "Upstream timed out"
+        case .overloaded: "Proxy overloaded"
+        case .constrained: "Not allowed on a constrained network"
+        case .expensive: "Not allowed on an expensive network"
+        }
+    }
+
+    /// The reason phrase for the status line.
+    public var reasonPhrase: String {
+        switch status {
+        case 400: "Bad Request"
+        case 403: "Forbidden"
+        case 407: "Proxy Authentication Required"
+        case 414: "URI Too Long"
+        case 431: "Request Header Fields Too Large"
+        case 502: "Bad Gateway"
+        case 503: "Service Unavailable"
+        case 504: "Gateway Timeout"
+        case 508: "Loop Detected"
+        default: "Error"
+        }
+    }
+}
+
+/// An RFC 9457 problem document (`application/problem+json`) as this proxy writes it.
+public struct ProblemDetail: Sendable, Hashable {
+    public var code: ProxyErrorCode
+    public var detail: String?
+    /// Extra members, already JSON-encoded values keyed by member name, written in order.
+    public var extra: [(String, String)]
+
+    public init(code: ProxyErrorCode, detail: String? = nil, extra: [(String, String)] = []) {
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+    }
+
+    public static func == (lhs: ProblemDetail, rhs: ProblemDetail) -> Bool {
+        lhs.code == rhs.code && lhs.detail == rhs.detail && lhs.extra.elementsEqual(rhs.extra, by: { $0 == $1 })
+    }
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(code)
+        hasher.combine(detail)
+    }
+
+    /// The JSON body: `type`, `title`, `status`, `error`, then `detail` and the extra members.
+    public var json: String {
+        var out = "{\"type\":\"urn:datamode:\(code.rawValue)\",\"title\":\(JSONText.quote(code.title)),"
+        out += "\"status\":\(code.status),\"error\":\"\(code.rawValue)\""
+        if let detail { out += ",\"detail\":\(JSONText.quote(detail))" }
+        for (name, value) in extra { out += ",\(JSONText.quote(name)):\(value)" }
+        out += "}"
+        return out
+    }
+}
+
+/// Minimal JSON text helpers for the few documents the hot path writes (no Foundation on the hot path).
+public enum JSONText {
+    /// `s` as a JSON string literal (RFC 8259 §7).
+    public static func quote(_ s: String) -> String {
+        var out = "\""
+        out.reserveCapacity(s.utf8.count + 2)
+        for scalar in s.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            default:
+                if scalar.value < 0x20 {
+                    let hex = String(scalar.value, radix: 16)
+                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                } else {
+                    out.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        out += "\""
+        return out
+    }
+
+    /// A JSON array of strings.
+    public static func array(_ items: [String]) -> String {
+        "[" + items.map(quote).joined(separator: ",") + "]"
+    }
+}
