@@ -1,0 +1,130 @@
+import CLibevent
+import DatamodeHTTP
+
+/// Moves one message body from a source evbuffer to a destination evbuffer without copying the data:
+/// chunks of the source buffer are handed over with `evbuffer_remove_buffer`, only framing bytes
+/// (chunk-size lines, trailers) are looked at, and only those are ever made contiguous.
+///
+/// The framing is validated as it passes (RFC 9112 §7.1): a bad chunk size aborts the relay, so the peer on
+/// the other side never receives a stream that a different parser could split differently (smuggling).
+struct BodyRelay {
+    enum Mode {
+        /// Exactly this many bytes remain.
+        case length(UInt64)
+        /// Chunked; `stripFraming` removes the chunk framing (for an HTTP/1.0 client, which cannot read it).
+        case chunked(ChunkedDecoder, stripFraming: Bool)
+        /// Until the source closes.
+        case untilClose
+        /// Nothing (left) to move.
+        case done
+    }
+
+    enum Progress: Equatable {
+        /// Some or no bytes moved; the body is not complete.
+        case inProgress
+        /// The body is complete (for `.untilClose`: never; the caller decides at EOF).
+        case complete
+        /// The framing is invalid.
+        case invalid(HTTPWireError)
+    }
+
+    private(set) var mode: Mode
+    /// Bytes taken from the source so far (framing included).
+    private(set) var transferred: UInt64 = 0
+
+    init(framing: BodyFraming, stripChunkFraming: Bool = false) {
+        switch framing {
+        case .none, .contentLength(0): mode = .done
+        case .contentLength(let n): mode = .length(n)
+        case .chunked: mode = .chunked(ChunkedDecoder(), stripFraming: stripChunkFraming)
+        case .untilClose: mode = .untilClose
+        }
+    }
+
+    var isComplete: Bool {
+        if case .done = mode { return true }
+        return false
+    }
+
+    /// Moves what `source` holds, at most `budget` bytes of payload (backpressure: the caller passes the room
+    /// left in the destination). `destination == nil` discards (a rejected request's body).
+    mutating func pump(from source: OpaquePointer, to destination: OpaquePointer?, budget: Int) -> Progress {
+        var budget = budget
+        while true {
+            let available = evbuffer_get_length(source)
+            switch mode {
+            case .done:
+                return .complete
+            case .untilClose:
+                let n = min(available, budget)
+                if n > 0 { move(n, from: source, to: destination) }
+                return .inProgress
+            case .length(let remaining):
+                let n = Int(min(UInt64(min(available, budget)), remaining))
+                if n > 0 { move(n, from: source, to: destination) }
+                let left = remaining - UInt64(n)
+                if left == 0 {
+                    mode = .done
+                    return .complete
+                }
+                mode = .length(left)
+                return .inProgress
+            case .chunked(var decoder, let strip):
+                if decoder.dataRemaining > 0 {
+                    let n = Int(min(UInt64(min(available, budget)), decoder.dataRemaining))
+                    guard n > 0 else { return .inProgress }
+                    move(n, from: source, to: destination)
+                    decoder.consumeData(n)
+                    budget -= n
+                    mode = .chunked(decoder, stripFraming: strip)
+                    continue
+                }
+                guard available > 0 else { return .inProgress }
+                let result = Self.parseFraming(&decoder, source)
+                switch result {
+                case .needMore:
+                    mode = .chunked(decoder, stripFraming: strip)
+                    return .inProgress
+                case .framing(let length):
+                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination) }
+                    mode = .chunked(decoder, stripFraming: strip)
+                case .end(let length):
+                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination) }
+                    mode = .done
+                    return .complete
+                case .invalid(let error):
+                    mode = .chunked(decoder, stripFraming: strip)
+                    return .invalid(error)
+                }
+            }
+        }
+    }
+
+    /// Parses the framing element at the front of `source`, looking first at the contiguous first chain and
+    /// making more contiguous only when the element spans chains (bounded by the decoder's own limits).
+    private static func parseFraming(_ decoder: inout ChunkedDecoder, _ source: OpaquePointer) -> ChunkedFramingResult {
+        let available = evbuffer_get_length(source)
+        let contiguous = evbuffer_get_contiguous_space(source)
+        if contiguous > 0, let start = evbuffer_pullup(source, contiguous) {
+            let result = decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: contiguous))
+            if result != .needMore || contiguous >= available { return result }
+        }
+        let window = min(available, 72 * 1024)
+        guard let start = evbuffer_pullup(source, window) else { return .needMore }
+        return decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window))
+    }
+
+    private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {
+        if let destination {
+            evbuffer_remove_buffer(source, destination, n)
+        } else {
+            evbuffer_drain(source, n)
+        }
+        transferred += UInt64(n)
+    }
+
+    private mutating func drain(_ n: Int, from source: OpaquePointer) {
+        evbuffer_drain(source, n)
+        transferred += UInt64(n)
+    }
+}

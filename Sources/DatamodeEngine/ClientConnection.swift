@@ -1,0 +1,837 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodeHTTP
+import DatamodePolicy
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One client connection: reads request heads, decides, forwards or answers, relays bodies, and keeps the
+/// connection alive for the next request. Requests on one connection are handled strictly one at a time, so
+/// pipelined requests are answered in order: the next head is not even parsed until the current response is
+/// complete (its bytes wait in the input buffer, bounded by the read watermark).
+final class ClientConnection {
+    /// Lifecycle of the connection (STYLE: named states, not a pile of booleans).
+    enum State {
+        /// Waiting for, or parsing, the next request head.
+        case readingHead
+        /// A request is being answered: forwarded upstream, or a local response with its request body discarded.
+        case busy
+        /// A CONNECT or Upgrade tunnel: bytes are relayed both ways until either side closes.
+        case tunnel
+        /// The last response is being flushed; the connection closes when the output buffer is empty.
+        case closing
+        /// Freed. No callback can arrive any more.
+        case closed
+    }
+
+    unowned let worker: Worker
+    private(set) var bev: OpaquePointer
+    let input: OpaquePointer
+    let output: OpaquePointer
+    let peer: SocketAddress
+    let peerAddress: IPAddress?
+    let peerText: String
+    private var timer: OpaquePointer?
+    private(set) var state: State = .readingHead
+    private var exchange: Exchange?
+    /// The client asked to keep the connection (HTTP/1.1 default, or 1.0 with keep-alive) and nothing since
+    /// made that impossible.
+    private var keepAlive = true
+    /// The client has shut down its sending side.
+    private var peerClosed = false
+    /// Set while `processInput` runs, so a response completed inside it does not recurse into it.
+    private var processing = false
+    /// When the first byte of the head being read arrived (for `timeouts.client-header`).
+    private var headStartedAt: UInt64?
+    private var tunnelUpstream: UpstreamConnection?
+
+    init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
+        self.worker = worker
+        self.bev = bev
+        self.input = bufferevent_get_input(bev)
+        self.output = bufferevent_get_output(bev)
+        self.peer = peer
+        self.peerAddress = peer.ipAddress
+        self.peerText = peer.hostText
+    }
+
+    func start() {
+        bufferevent_setcb(bev, clientReadCallback, clientWriteCallback, clientEventCallback, context(self))
+        // Read high watermark: a client cannot make us buffer more than this while we are busy with its
+        // previous request (pipelining) or while the upstream is slower than the client (request bodies).
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
+        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
+        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
+        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
+        bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+        armTimer(worker.settings.clientIdleMs)
+    }
+
+    // MARK: libevent events
+
+    func clientReadable() {
+        switch state {
+        case .readingHead: processInput()
+        case .busy: pumpRequestBody()
+        case .tunnel: pumpTunnel(fromClient: true)
+        case .closing: evbuffer_drain(input, evbuffer_get_length(input))
+        case .closed: break
+        }
+    }
+
+    func clientWritable() {
+        switch state {
+        case .closing:
+            if evbuffer_get_length(output) == 0 { close() }
+        case .busy:
+            pumpResponseBody()
+        case .tunnel:
+            pumpTunnel(fromClient: false)
+        case .readingHead, .closed:
+            break
+        }
+    }
+
+    func clientEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_EOF) != 0 {
+            peerClosed = true
+            switch state {
+            case .readingHead:
+                // Half-close: any complete requests still buffered are answered, then the connection closes.
+                keepAlive = false
+                processInput()
+                if state == .readingHead { close() }
+            case .busy:
+                if let exchange, exchange.requestBody.isComplete {
+                    keepAlive = false  // answer what was asked, then close
+                } else {
+                    abort(reason: "client closed mid-request")
+                }
+            case .tunnel:
+                tunnelPeerClosed(client: true)
+            case .closing:
+                close()
+            case .closed:
+                break
+            }
+            return
+        }
+        // BEV_EVENT_ERROR (reset, write failure): nothing more can be sent to this client.
+        abort(reason: "client connection error")
+    }
+
+    func clientTimerFired() {
+        switch state {
+        case .readingHead:
+            // Idle keep-alive expired, or a head trickled in too slowly (slowloris): cut it without a word.
+            close()
+        case .closing:
+            close()
+        default:
+            break
+        }
+    }
+
+    // MARK: reading requests
+
+    /// Parses and handles every complete request head buffered, one at a time.
+    private func processInput() {
+        guard !processing else { return }
+        processing = true
+        defer { processing = false }
+        while state == .readingHead {
+            let available = evbuffer_get_length(input)
+            if available == 0 {
+                headStartedAt = nil
+                if peerClosed { close(); return }
+                armTimer(worker.settings.clientIdleMs)
+                return
+            }
+            if headStartedAt == nil {
+                headStartedAt = worker.clock.nowNanoseconds()
+                armTimer(worker.settings.clientHeaderMs)
+            }
+            switch parseHead(available: available) {
+            case .incomplete:
+                if peerClosed { close() }
+                return
+            case .invalid(let error):
+                worker.refreshSnapshot()
+                let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStartedAt ?? worker.clock.nowNanoseconds())
+                exchange.outcome = .error
+                self.exchange = exchange
+                respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+                return
+            case .complete(let head, let length):
+                evbuffer_drain(input, length)
+                disarmTimer()
+                let started = headStartedAt ?? worker.clock.nowNanoseconds()
+                headStartedAt = nil
+                begin(head, startedAt: started)
+            }
+        }
+    }
+
+    private func parseHead(available: Int) -> HeadParseResult<RequestHead> {
+        let limits = worker.settings.limits
+        let contiguous = evbuffer_get_contiguous_space(input)
+        if contiguous > 0, let start = evbuffer_pullup(input, contiguous) {
+            let result = HTTP1Parser.parseRequestHead(UnsafeRawBufferPointer(start: start, count: contiguous), limits: limits)
+            if case .incomplete = result, contiguous < available {
+                // The head spans chains: make (a bounded prefix of) it contiguous and try again.
+            } else {
+                return result
+            }
+        }
+        let window = min(available, worker.settings.maxHeadBytes)
+        guard let start = evbuffer_pullup(input, window) else { return .incomplete }
+        return HTTP1Parser.parseRequestHead(UnsafeRawBufferPointer(start: start, count: window), limits: limits)
+    }
+
+    // MARK: deciding
+
+    private func begin(_ head: RequestHead, startedAt: UInt64) {
+        worker.refreshSnapshot()
+        let settings = worker.settings
+        let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
+        let tokens = head.connectionTokens
+        keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
+        if peerClosed { keepAlive = false }
+
+        // Framing first: a request whose body boundaries are ambiguous must never be answered on a kept-alive
+        // connection, whatever else is wrong with it (RFC 9112 §6.3, request smuggling).
+        let framing: BodyFraming
+        switch head.bodyFraming() {
+        case .success(let f): framing = f
+        case .failure(let error):
+            exchange.outcome = .error
+            self.exchange = exchange
+            respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+            return
+        }
+        exchange.requestBody = BodyRelay(framing: framing)
+        exchange.requestFraming = framing
+        self.exchange = exchange
+
+        if head.values(of: "host").count > 1 {
+            respondError(.badRequest, detail: "more than one Host header field (RFC 9112 §3.2)", close: true)
+            return
+        }
+        guard worker.accessAllowed(peerAddress) else {
+            respondError(.accessDenied, detail: "client \(peerText) is not in access.allow", close: true)
+            return
+        }
+        if !settings.users.isEmpty && !ProxyAuthorization.accepts(head.values(of: "proxy-authorization"), users: settings.users) {
+            respondError(.proxyAuthRequired, detail: nil, close: false,
+                         extraFields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
+            return
+        }
+        let target: RequestTarget
+        switch RequestTarget.parse(head.target, method: head.method) {
+        case .success(let t): target = t
+        case .failure(let error):
+            respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+            return
+        }
+        switch target.form {
+        case .origin, .asterisk:
+            respondError(.notAProxyRequest, detail: "this is a forward proxy: send absolute-form requests (http://host/path), e.g. curl -x", close: false)
+            return
+        case .absolute, .authority:
+            break
+        }
+        self.exchange?.url = target.absoluteURL
+        if MessageHeads.hasOwnVia(head) {
+            respondError(.loopDetected, detail: "the request already passed through this proxy", close: false)
+            return
+        }
+        if worker.isOwnListenAddress(host: target.host, port: target.port) {
+            respondError(.loopDetected, detail: "the request targets this proxy's own listener", close: false)
+            return
+        }
+
+        let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
+                                 path: target.path, isConnect: target.form == .authority, client: peerAddress,
+                                 fields: head.fields.map { (name: $0.name, value: $0.value) })
+        let decision = decide(facts, mode: settings.mode, policy: settings.policy)
+
+        if target.form == .authority {
+            beginTunnel(head, target: target, decision: decision)
+            return
+        }
+
+        switch decision {
+        case .invalidTag(let detail):
+            respondError(.invalidTag, detail: detail, close: false)
+        case .reject(_, let rejection):
+            self.exchange?.outcome = .rejected
+            self.exchange?.reason = rejection.code.rawValue
+            let problem = rejection.problem(mode: settings.mode, url: target.absoluteURL)
+            respondProblem(problem, close: false, extraFields: [
+                ("Network-Unavailable-Reason", rejection.code.rawValue),
+            ])
+        case .forward(let tags):
+            self.exchange?.outcome = .forwarded
+            forward(head, to: target, tags: tags, variant: nil)
+        case .serveVariant(let tags, let rewrite):
+            self.exchange?.outcome = .rewritten
+            self.exchange?.variant = rewrite.id
+            serveVariant(head, original: target, tags: tags, rewrite: rewrite)
+        }
+    }
+
+    private func serveVariant(_ head: RequestHead, original: RequestTarget, tags: RequestTags, rewrite: VariantRewrite) {
+        switch rewrite.action {
+        case .fetch(let url):
+            switch RequestTarget.parse(url, method: head.method) {
+            case .success(let target) where target.form == .absolute:
+                forward(head, to: target, tags: tags, variant: rewrite.id)
+            default:
+                respondError(.upstreamUnreachable, detail: "variant \(rewrite.id) has an unusable target \(url)", close: false)
+            }
+        case .redirect(let location):
+            let body: [UInt8] = []
+            respondLocal(status: 307, reason: "Temporary Redirect",
+                         fields: [("Location", location), ("Cache-Control", "no-store"), ("Data-Mode-Variant", rewrite.id)],
+                         body: body, close: false)
+        case .file(let path, let contentType):
+            serveFile(head, path: path, contentType: contentType, variant: rewrite.id)
+        }
+    }
+
+    // MARK: forwarding
+
+    private func forward(_ head: RequestHead, to target: RequestTarget, tags: RequestTags, variant: String?) {
+        let settings = worker.settings
+        let upgrade = head.contains("upgrade") && head.connectionTokens.contains("upgrade")
+        let bytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
+                                                  mode: settings.mode, upgrade: upgrade,
+                                                  framing: exchange?.requestFraming ?? .none)
+        exchange?.headBytes = bytes
+        exchange?.variant = variant
+        exchange?.upgradeRequested = upgrade
+        exchange?.expectsContinue = head.values(of: "expect").contains { $0.lowercased() == "100-continue" }
+        state = .busy
+        connectUpstream(key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"), reuse: true)
+    }
+
+    private func connectUpstream(key: UpstreamKey, reuse: Bool) {
+        guard let exchange else { return }
+        let upstream = (reuse ? worker.pool.take(key) : nil) ?? UpstreamConnection(worker: worker, key: key)
+        exchange.upstream = upstream
+        exchange.upstreamReused = upstream.isReused
+        self.exchange = exchange
+        upstream.attach(self)
+        guard self.exchange?.upstream === upstream else { return }  // it had already failed; answered
+        upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        if upstream.isConnected { pumpRequestBody() }
+    }
+
+    /// Moves request body bytes from the client to the upstream, as far as the upstream's buffer has room.
+    private func pumpRequestBody() {
+        if discarding {
+            discardRequestBody()
+            return
+        }
+        guard let exchange, let upstream = exchange.upstream, upstream.isConnected else { return }
+        if exchange.requestBody.isComplete { return }
+        let room = Flow.highWater - evbuffer_get_length(upstream.output)
+        guard room > 0 else { return }
+        let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
+        exchange.bytesIn = exchange.requestBody.transferred
+        self.exchange = exchange
+        switch progress {
+        case .inProgress:
+            if peerClosed { abort(reason: "client closed mid-body") }
+        case .complete:
+            break
+        case .invalid(let error):
+            // Nothing of this request may reach the origin (SPEC §6: never forwarded). The head and any valid
+            // chunks are still only queued: libevent writes them after this callback returns (for a fresh
+            // connection, right after the CONNECTED callback that brought us here), so drop them first.
+            upstream.discardPendingOutput()
+            upstream.close()
+            self.exchange?.upstream = nil
+            if exchange.responseStarted {
+                abort(reason: "invalid chunked request body")
+            } else {
+                respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+            }
+        }
+    }
+
+    // MARK: upstream events (called by UpstreamConnection)
+
+    func upstreamConnected(_ upstream: UpstreamConnection) {
+        guard exchange?.upstream === upstream else { return }
+        pumpRequestBody()
+    }
+
+    func upstreamWritable(_ upstream: UpstreamConnection) {
+        if state == .tunnel { pumpTunnel(fromClient: true); return }
+        guard exchange?.upstream === upstream else { return }
+        pumpRequestBody()
+    }
+
+    func upstreamReadable(_ upstream: UpstreamConnection) {
+        if state == .tunnel { pumpTunnel(fromClient: false); return }
+        guard let exchange, exchange.upstream === upstream else { return }
+        if exchange.response == nil {
+            readResponseHead(upstream)
+        } else {
+            pumpResponseBody()
+        }
+    }
+
+    /// The upstream failed before or while answering.
+    func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
+        if state == .tunnel, tunnelUpstream === upstream {
+            if tunnelEstablished { abort(reason: detail) } else {
+                tunnelUpstream = nil
+                respondError(code, detail: detail, close: true)
+            }
+            return
+        }
+        guard let exchange, exchange.upstream === upstream else { return }
+        self.exchange?.upstream = nil
+        if exchange.response == nil && !exchange.responseStarted {
+            // A pooled connection the origin had already closed: retry once on a fresh one, if nothing of the
+            // request body has been consumed (so the request can be sent again exactly).
+            if exchange.upstreamReused && !exchange.retried && exchange.requestBody.transferred == 0 && code != .upstreamTimeout {
+                self.exchange?.retried = true
+                connectUpstream(key: upstream.key, reuse: false)
+                return
+            }
+            respondError(code, detail: detail, close: !exchange.requestBody.isComplete)
+        } else {
+            abort(reason: detail)
+        }
+    }
+
+    /// The upstream closed its side.
+    func upstreamClosed(_ upstream: UpstreamConnection) {
+        if state == .tunnel, tunnelUpstream === upstream { tunnelPeerClosed(client: false); return }
+        guard let exchange, exchange.upstream === upstream else { return }
+        if exchange.response == nil {
+            // Bytes may have arrived with the EOF: try to read a head first.
+            readResponseHead(upstream)
+            guard self.exchange?.upstream === upstream, self.exchange?.response == nil else {
+                if self.exchange?.upstream === upstream { upstreamClosed(upstream) }
+                return
+            }
+            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
+            return
+        }
+        pumpResponseBody()
+        guard let current = self.exchange, current.upstream === upstream else { return }
+        if case .untilClose = current.responseBody.mode {
+            current.upstreamReusable = false
+            finishExchange()
+        } else if !current.responseBody.isComplete {
+            abort(reason: "the origin closed the connection mid-body")
+        }
+    }
+
+    private func readResponseHead(_ upstream: UpstreamConnection) {
+        while let exchange, exchange.upstream === upstream, exchange.response == nil {
+            let source = upstream.input
+            let available = evbuffer_get_length(source)
+            guard available > 0 else { return }
+            let window = min(available, Flow.maxResponseHeadBytes)
+            guard let start = evbuffer_pullup(source, window) else { return }
+            let result = HTTP1Parser.parseResponseHead(UnsafeRawBufferPointer(start: start, count: window), limits: Flow.responseLimits)
+            switch result {
+            case .incomplete:
+                return
+            case .invalid(let error):
+                upstream.close()
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
+                return
+            case .complete(let head, let length):
+                evbuffer_drain(source, length)
+                if head.status < 200 {
+                    handleInterim(head, upstream: upstream)
+                    continue
+                }
+                upstream.responseHeadReceived()
+                startResponse(head, upstream: upstream)
+            }
+        }
+    }
+
+    /// 1xx responses: `100 Continue` and `103 Early Hints` are relayed to HTTP/1.1 clients; `101` turns the
+    /// connection into a tunnel when the client asked to upgrade.
+    private func handleInterim(_ head: ResponseHead, upstream: UpstreamConnection) {
+        guard let exchange else { return }
+        if head.status == 101 {
+            guard exchange.upgradeRequested else {
+                upstream.close()
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "101 Switching Protocols without an Upgrade request")
+                return
+            }
+            upstream.responseHeadReceived()
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
+            evbuffer_add(output, bytes, bytes.count)
+            self.exchange?.status = 101
+            self.exchange?.responseStarted = true
+            becomeTunnel(with: upstream)
+            return
+        }
+        if exchange.clientVersion == .http11 {
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: nil)
+            evbuffer_add(output, bytes, bytes.count)
+        }
+    }
+
+    private func startResponse(_ head: ResponseHead, upstream: UpstreamConnection) {
+        guard let exchange else { return }
+        let framing: BodyFraming
+        switch head.bodyFraming(requestMethod: exchange.method) {
+        case .success(let f): framing = f
+        case .failure(let error):
+            upstream.close()
+            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + Self.detail(for: error))
+            return
+        }
+        let strip = exchange.clientVersion == .http10 && framing == .chunked
+        if framing == .untilClose || strip { keepAlive = false }
+        if !exchange.requestBody.isComplete { keepAlive = false }
+        let upstreamTokens = head.connectionTokens
+        exchange.upstreamReusable = framing != .untilClose
+            && !upstreamTokens.contains("close")
+            && (head.version == .http11 || upstreamTokens.contains("keep-alive"))
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: keepAlive, clientVersion: exchange.clientVersion,
+                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing)
+        evbuffer_add(output, bytes, bytes.count)
+        exchange.response = head
+        exchange.status = head.status
+        exchange.responseStarted = true
+        exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
+        self.exchange = exchange
+        pumpResponseBody()
+    }
+
+    /// Moves response body bytes from the upstream to the client, as far as the client's buffer has room;
+    /// a full client buffer leaves the bytes in the upstream's input, whose read watermark then stops reading
+    /// from the origin (backpressure).
+    private func pumpResponseBody() {
+        guard let exchange, let upstream = exchange.upstream, exchange.response != nil else { return }
+        let room = Flow.highWater - evbuffer_get_length(output)
+        guard room > 0 else { return }
+        let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
+        exchange.bytesOut = exchange.responseBody.transferred
+        self.exchange = exchange
+        switch progress {
+        case .inProgress:
+            break
+        case .complete:
+            finishExchange()
+        case .invalid:
+            upstream.close()
+            abort(reason: "invalid chunked response body from the origin")
+        }
+    }
+
+    // MARK: CONNECT tunnels
+
+    private var tunnelEstablished = false
+
+    private func beginTunnel(_ head: RequestHead, target: RequestTarget, decision: Decision) {
+        let settings = worker.settings
+        switch decision {
+        case .invalidTag(let detail):
+            respondError(.invalidTag, detail: detail, close: false)
+            return
+        case .reject(_, let rejection):
+            exchange?.outcome = .rejected
+            exchange?.reason = rejection.code.rawValue
+            respondProblem(rejection.problem(mode: settings.mode, url: target.absoluteURL), close: false,
+                           extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
+            return
+        case .forward, .serveVariant:
+            break
+        }
+        guard settings.connectPorts.contains(target.port) else {
+            respondError(.connectPortDenied, detail: "port \(target.port) is not in connect.ports", close: false)
+            return
+        }
+        exchange?.outcome = .forwarded
+        state = .tunnel
+        keepAlive = false
+        let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: target.host, port: target.port))
+        tunnelUpstream = upstream
+        exchange?.upstream = upstream
+        upstream.attach(self)
+        guard tunnelUpstream === upstream else { return }  // it had already failed; answered
+        upstream.send([], responseTimeoutMs: -1)
+    }
+
+    /// CONNECT: the upstream TCP connection is up; say so to the client and start relaying.
+    func tunnelConnected(_ upstream: UpstreamConnection) {
+        guard tunnelUpstream === upstream, !tunnelEstablished else { return }
+        tunnelEstablished = true
+        let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
+        _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
+        exchange?.status = 200
+        logExchange()
+        // Bytes the client sent before our 200 (RFC 9110 §9.3.6 lets a client optimistically send the TLS
+        // ClientHello) are relayed now, in order, after the tunnel is established, never interpreted as HTTP.
+        pumpTunnel(fromClient: true)
+    }
+
+    private func becomeTunnel(with upstream: UpstreamConnection) {
+        state = .tunnel
+        keepAlive = false
+        tunnelUpstream = upstream
+        tunnelEstablished = true
+        logExchange()
+        pumpTunnel(fromClient: true)
+        pumpTunnel(fromClient: false)
+    }
+
+    private func pumpTunnel(fromClient: Bool) {
+        guard let upstream = tunnelUpstream, tunnelEstablished, upstream.isConnected else { return }
+        if fromClient {
+            let room = Flow.highWater - evbuffer_get_length(upstream.output)
+            if room > 0 {
+                let n = min(evbuffer_get_length(input), room)
+                if n > 0 { evbuffer_remove_buffer(input, upstream.output, n); worker.metrics.add(bytesIn: n) }
+            }
+        } else {
+            let room = Flow.highWater - evbuffer_get_length(output)
+            if room > 0 {
+                let n = min(evbuffer_get_length(upstream.input), room)
+                if n > 0 { evbuffer_remove_buffer(upstream.input, output, n); worker.metrics.add(bytesOut: n) }
+            }
+        }
+    }
+
+    private func tunnelPeerClosed(client: Bool) {
+        // Flush what is buffered towards the side still open, then close both.
+        if client {
+            pumpTunnel(fromClient: true)
+            tunnelUpstream?.closeAfterFlush()
+            tunnelUpstream = nil
+            close()
+        } else {
+            pumpTunnel(fromClient: false)
+            tunnelUpstream = nil
+            exchange?.upstream = nil
+            state = .closing
+            bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+            if evbuffer_get_length(output) == 0 { close() }
+        }
+    }
+
+    // MARK: local responses
+
+    private func serveFile(_ head: RequestHead, path: String, contentType: String, variant: String) {
+        guard head.method == "GET" || head.method == "HEAD" else {
+            respondLocal(status: 405, reason: "Method Not Allowed", fields: [("Allow", "GET, HEAD"), ("Data-Mode-Variant", variant)],
+                         body: [], close: false)
+            return
+        }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        var info = stat()
+        guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            if fd >= 0 { Glibc.close(fd) }
+            respondError(.upstreamUnreachable, detail: "variant \(variant): file \(path) cannot be read", close: false)
+            return
+        }
+        let size = Int(info.st_size)
+        let headBytes = MessageHeads.local(status: 200, reason: "OK",
+                                           fields: [("Content-Type", contentType), ("Data-Mode-Variant", variant)],
+                                           bodyLength: size, keepAlive: keepAlive,
+                                           clientVersion: head.version)
+        evbuffer_add(output, headBytes, headBytes.count)
+        exchange?.status = 200
+        if head.method == "HEAD" || size == 0 {
+            Glibc.close(fd)
+        } else {
+            // sendfile(2) when the output goes to a socket: the file's bytes never enter user space.
+            evbuffer_add_file(output, fd, 0, Int64(size))  // takes ownership of fd
+            exchange?.bytesOut = UInt64(size)
+        }
+        finishLocalResponse()
+    }
+
+    private func respondError(_ code: ProxyErrorCode, detail: String?, close: Bool,
+                              extraFields: [(String, String)] = []) {
+        if exchange?.outcome == .forwarded || exchange?.outcome == nil || exchange?.outcome == .rewritten {
+            exchange?.outcome = .error
+            exchange?.reason = code.rawValue
+        }
+        respondProblem(ProblemDetail(code: code, detail: detail), close: close, extraFields: extraFields)
+    }
+
+    private func respondProblem(_ problem: ProblemDetail, close: Bool, extraFields: [(String, String)] = []) {
+        var fields: [(String, String)] = [
+            ("Content-Type", "application/problem+json"),
+            ("Cache-Control", "no-store"),
+        ]
+        fields.append(contentsOf: extraFields)
+        let body = Array(problem.json.utf8)
+        respondLocal(status: problem.code.status, reason: problem.code.reasonPhrase, fields: fields, body: body, close: close)
+    }
+
+    /// Writes a complete response made by the proxy. The request's body (if any) is read and discarded so the
+    /// connection stays usable; `close` ends the connection after it instead (framing we cannot trust).
+    private func respondLocal(status: Int, reason: String, fields: [(String, String)], body: [UInt8], close: Bool) {
+        if close { keepAlive = false }
+        if let upstream = exchange?.upstream {
+            upstream.close()
+            exchange?.upstream = nil
+        }
+        let method = exchange?.method ?? "GET"
+        let head = MessageHeads.local(status: status, reason: reason, fields: fields, bodyLength: body.count,
+                                      keepAlive: keepAlive, clientVersion: exchange?.clientVersion ?? .http11)
+        evbuffer_add(output, head, head.count)
+        if method != "HEAD" && !body.isEmpty { evbuffer_add(output, body, body.count) }
+        exchange?.status = status
+        exchange?.bytesOut = UInt64(body.count)
+        exchange?.responseStarted = true
+        finishLocalResponse()
+    }
+
+    /// After a local response: discard the request body, then go on with the next request.
+    private func finishLocalResponse() {
+        guard let exchange else { return }
+        if !keepAlive {
+            finishExchange()
+            return
+        }
+        state = .busy
+        let progress = exchange.requestBody.pump(from: input, to: nil, budget: Int.max)
+        self.exchange = exchange
+        switch progress {
+        case .complete:
+            finishExchange()
+        case .inProgress:
+            discarding = true  // the rest arrives through clientReadable -> pumpRequestBody
+        case .invalid:
+            keepAlive = false
+            finishExchange()
+        }
+    }
+
+    /// A local response was written; the request's body is still arriving and is being thrown away.
+    private var discarding = false
+
+    private func discardRequestBody() {
+        guard let exchange else { return }
+        let progress = exchange.requestBody.pump(from: input, to: nil, budget: Int.max)
+        self.exchange = exchange
+        switch progress {
+        case .complete:
+            discarding = false
+            finishExchange()
+        case .invalid:
+            discarding = false
+            keepAlive = false
+            finishExchange()
+        case .inProgress:
+            if peerClosed { close() }
+        }
+    }
+
+    // MARK: completion
+
+    private func finishExchange() {
+        guard let exchange else { return }
+        if let upstream = exchange.upstream {
+            upstream.detach()
+            if exchange.upstreamReusable && exchange.requestBody.isComplete && evbuffer_get_length(upstream.input) == 0 {
+                worker.pool.put(upstream)
+            } else {
+                upstream.close()
+            }
+        }
+        logExchange()
+        self.exchange = nil
+        if !keepAlive || worker.isDraining {
+            state = .closing
+            bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+            armTimer(worker.settings.drainMs)
+            if evbuffer_get_length(output) == 0 { close() }
+            return
+        }
+        state = .readingHead
+        processInput()
+    }
+
+    private func logExchange() {
+        guard let exchange, !exchange.logged else { return }
+        self.exchange?.logged = true
+        worker.record(exchange, client: peerText)
+    }
+
+    /// Something failed after the response started, or the client vanished: no answer is possible any more.
+    func abort(reason: String) {
+        if let upstream = exchange?.upstream { upstream.close() }
+        if let upstream = tunnelUpstream { upstream.close() }
+        exchange?.upstream = nil
+        tunnelUpstream = nil
+        if let current = exchange, current.outcome != .rejected {
+            current.outcome = .error
+            if current.reason == nil { current.reason = "aborted" }
+            exchange = current
+        }
+        logExchange()
+        close()
+    }
+
+    /// Frees the connection. Safe to call more than once.
+    func close() {
+        guard state != .closed else { return }
+        if let upstream = exchange?.upstream { upstream.close() }
+        if let upstream = tunnelUpstream { upstream.close() }
+        exchange = nil
+        tunnelUpstream = nil
+        state = .closed
+        if let timer { event_free(timer) }
+        timer = nil
+        bufferevent_free(bev)
+        worker.clientClosed(self)
+    }
+
+    /// Drain: close now if idle between requests; otherwise close after the current response.
+    func drain() {
+        if state == .readingHead && evbuffer_get_length(input) == 0 { close() } else { keepAlive = false }
+    }
+
+    // MARK: timers
+
+    private func armTimer(_ milliseconds: Int64) {
+        guard let timer else { return }
+        dm_event_add_ms(timer, milliseconds)
+    }
+
+    private func disarmTimer() {
+        guard let timer else { return }
+        event_del(timer)
+    }
+
+    // MARK: error mapping
+
+    static func code(for error: HTTPWireError, fromClient: Bool) -> ProxyErrorCode {
+        guard fromClient else { return .upstreamProtocolError }
+        switch error {
+        case .malformed: return .badRequest
+        case .requestLineTooLong: return .uriTooLong
+        case .headerSectionTooLarge: return .headersTooLarge
+        }
+    }
+
+    static func detail(for error: HTTPWireError) -> String {
+        switch error {
+        case .malformed(let why): why
+        case .requestLineTooLong: "the request line is longer than limits.request-line"
+        case .headerSectionTooLarge: "the header section exceeds limits.header-section or limits.header-count"
+        }
+    }
+}

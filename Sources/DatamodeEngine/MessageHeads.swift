@@ -1,0 +1,120 @@
+import DatamodeHTTP
+import DatamodePolicy
+
+/// Builds the heads this proxy writes: the request it forwards upstream, the response it relays to the
+/// client, and the responses it makes itself.
+enum MessageHeads {
+    /// This proxy's Via token (RFC 9110 §7.6.3). A request that already carries it has looped back to us.
+    static let viaToken = "datamode-proxy"
+    static let viaValue = "1.1 datamode-proxy"
+
+    /// Header fields never forwarded, whichever way (RFC 9110 §7.6.1): they describe one connection, not the
+    /// message. `Proxy-Authorization` is our own credential and must not leak to an origin; `Host` is always
+    /// regenerated from the request target so the two can never disagree (a classic cache-poisoning vector).
+    private static let requestHopByHop: Set<String> = [
+        "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade",
+        "proxy-authorization", "host", "allow-constrained", "allow-expensive",
+    ]
+    private static let responseHopByHop: Set<String> = [
+        "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade", "proxy-authenticate",
+    ]
+
+    /// Whether any `Via` member of the request was added by this proxy.
+    static func hasOwnVia(_ head: RequestHead) -> Bool {
+        for value in head.values(of: "via") {
+            for member in value.split(separator: ",") {
+                // received-protocol SP received-by [comment]
+                let parts = member.split(separator: " ", omittingEmptySubsequences: true)
+                if parts.count >= 2, parts[1].lowercased() == viaToken { return true }
+            }
+        }
+        return false
+    }
+
+    /// The request sent upstream: origin-form target, `Host` from the target, hop-by-hop fields removed, the
+    /// resolved data-mode tags, `Save-Data` while constrained, and our `Via`.
+    /// `framing` is the request's validated framing: a `Content-Length` is written once, as the number the
+    /// parser accepted (a `5, 5` list or duplicate fields become one `Content-Length: 5`, RFC 9110 §8.6).
+    static func forwardedRequest(_ head: RequestHead, target: RequestTarget, tags: RequestTags,
+                                 settings: TagSettings, mode: DataMode, upgrade: Bool, framing: BodyFraming) -> [UInt8] {
+        var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
+        writer.requestLine(method: head.method, target: target.path, version: .http11)
+        writer.field("Host", target.hostHeaderValue)
+        let listed = head.connectionTokens
+        let addSaveData = settings.saveData && mode.constrained
+        for field in head.fields {
+            let name = field.name.lowercased()
+            if requestHopByHop.contains(name) {
+                if upgrade && name == "upgrade" { writer.field(field.name, field.value) }
+                continue
+            }
+            if listed.contains(name) { continue }
+            if addSaveData && name == "save-data" { continue }
+            if name == "content-length" { continue }
+            writer.field(field.name, field.value)
+        }
+        if case .contentLength(let length) = framing { writer.field("Content-Length", String(length)) }
+        if upgrade { writer.field("Connection", "upgrade") }
+        writer.field("Via", viaValue)
+        if settings.forward {
+            writer.field("Allow-Constrained", tags.allowConstrained ? "?1" : "?0")
+            writer.field("Allow-Expensive", tags.allowExpensive ? "?1" : "?0")
+        }
+        if addSaveData { writer.field("Save-Data", "on") }
+        writer.end()
+        return writer.bytes
+    }
+
+    /// The response relayed to the client: hop-by-hop fields removed, our `Via`, the connection's fate, and
+    /// `Data-Mode-Variant` when a variant served it.
+    static func relayedResponse(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
+                                stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
+                                framing: BodyFraming? = nil) -> [UInt8] {
+        var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
+        writer.statusLine(version: .http11, status: head.status, reason: head.reason)
+        let listed = head.connectionTokens
+        for field in head.fields {
+            let name = field.name.lowercased()
+            if responseHopByHop.contains(name) {
+                if upgrade && name == "upgrade" { writer.field(field.name, field.value) }
+                continue
+            }
+            if listed.contains(name) { continue }
+            if stripTransferEncoding && name == "transfer-encoding" { continue }
+            if variant != nil && name == "data-mode-variant" { continue }
+            if name == "content-length", case .contentLength = framing { continue }
+            writer.field(field.name, field.value)
+        }
+        if case .contentLength(let length) = framing { writer.field("Content-Length", String(length)) }
+        writer.field("Via", viaValue)
+        if let variant { writer.field("Data-Mode-Variant", variant) }
+        if upgrade {
+            writer.field("Connection", "upgrade")
+        } else if head.status >= 200 {
+            if !keepAlive {
+                writer.field("Connection", "close")
+            } else if clientVersion == .http10 {
+                writer.field("Connection", "keep-alive")
+            }
+        }
+        writer.end()
+        return writer.bytes
+    }
+
+    /// A response the proxy makes itself, with a complete body.
+    static func local(status: Int, reason: String, fields: [(String, String)], bodyLength: Int, keepAlive: Bool,
+                      clientVersion: HTTPVersion) -> [UInt8] {
+        var writer = HeadWriter(capacity: 256)
+        writer.statusLine(version: .http11, status: status, reason: reason)
+        for (name, value) in fields { writer.field(name, value) }
+        writer.field("Content-Length", String(bodyLength))
+        writer.field("Via", viaValue)
+        if !keepAlive {
+            writer.field("Connection", "close")
+        } else if clientVersion == .http10 {
+            writer.field("Connection", "keep-alive")
+        }
+        writer.end()
+        return writer.bytes
+    }
+}

@@ -1,0 +1,103 @@
+import DatamodePolicy
+import Synchronization
+
+/// Counters of one worker. Only that worker's thread writes them (relaxed atomic adds, uncontended); the
+/// admin plane reads all workers' counters and sums them (STYLE: per-worker counters summed on read).
+///
+/// `@unchecked Sendable`: the two pointers are allocated once in `init`, never reassigned, and point to
+/// `Atomic` values, so every access through them is atomic.
+public final class WorkerMetrics: @unchecked Sendable {
+    public static let outcomes = ["forwarded", "rewritten", "rejected", "error"]
+    /// `""` = no reason; the SPEC error codes; `aborted` for exchanges cut mid-way.
+    public static let reasons = [""] + ProxyErrorCode.allCases.map(\.rawValue) + ["aborted"]
+    /// Upper bounds (seconds) of the request duration histogram.
+    public static let durationBuckets: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+
+    private let requests: UnsafeMutablePointer<Atomic<Int>>
+    private let buckets: UnsafeMutablePointer<Atomic<Int>>
+    private let durationSumMicros = Atomic<Int>(0)
+    private let durationCount = Atomic<Int>(0)
+    private let bytesIn = Atomic<Int>(0)
+    private let bytesOut = Atomic<Int>(0)
+    private let connections = Atomic<Int>(0)
+    private let reasonIndex: [String: Int]
+
+    public init() {
+        let requestCount = Self.outcomes.count * Self.reasons.count
+        requests = .allocate(capacity: requestCount)
+        for i in 0..<requestCount { (requests + i).initialize(to: Atomic(0)) }
+        buckets = .allocate(capacity: Self.durationBuckets.count)
+        for i in 0..<Self.durationBuckets.count { (buckets + i).initialize(to: Atomic(0)) }
+        var index: [String: Int] = [:]
+        for (i, reason) in Self.reasons.enumerated() { index[reason] = i }
+        reasonIndex = index
+    }
+
+    deinit {
+        requests.deinitialize(count: Self.outcomes.count * Self.reasons.count)
+        requests.deallocate()
+        buckets.deinitialize(count: Self.durationBuckets.count)
+        buckets.deallocate()
+    }
+
+    func count(outcome: Outcome, reason: String?, durationSeconds: Double) {
+        let o: Int
+        switch outcome {
+        case .forwarded: o = 0
+        case .rewritten: o = 1
+        case .rejected: o = 2
+        case .error: o = 3
+        }
+        let r = reasonIndex[reason ?? ""] ?? reasonIndex["aborted"]!
+        requests[o * Self.reasons.count + r].add(1, ordering: .relaxed)
+        for (i, bound) in Self.durationBuckets.enumerated() where durationSeconds <= bound {
+            buckets[i].add(1, ordering: .relaxed)
+            break
+        }
+        durationSumMicros.add(Int(durationSeconds * 1_000_000), ordering: .relaxed)
+        durationCount.add(1, ordering: .relaxed)
+    }
+
+    func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
+    func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
+    func connectionOpened() { connections.add(1, ordering: .relaxed) }
+    func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
+
+    /// Adds this worker's values into `total`.
+    func accumulate(into total: inout MetricsSnapshot) {
+        for o in 0..<Self.outcomes.count {
+            for r in 0..<Self.reasons.count {
+                let value = requests[o * Self.reasons.count + r].load(ordering: .relaxed)
+                if value > 0 { total.requests[RequestLabel(outcome: Self.outcomes[o], reason: Self.reasons[r]), default: 0] += value }
+            }
+        }
+        for i in 0..<Self.durationBuckets.count { total.durationBuckets[i] += buckets[i].load(ordering: .relaxed) }
+        total.durationSumSeconds += Double(durationSumMicros.load(ordering: .relaxed)) / 1_000_000
+        total.durationCount += durationCount.load(ordering: .relaxed)
+        total.bytesIn += bytesIn.load(ordering: .relaxed)
+        total.bytesOut += bytesOut.load(ordering: .relaxed)
+        total.connectionsActive += connections.load(ordering: .relaxed)
+    }
+}
+
+public struct RequestLabel: Hashable, Sendable {
+    public var outcome: String
+    public var reason: String
+    public init(outcome: String, reason: String) {
+        self.outcome = outcome
+        self.reason = reason
+    }
+}
+
+/// The sum of every worker's counters at one moment.
+public struct MetricsSnapshot: Sendable {
+    public var requests: [RequestLabel: Int] = [:]
+    /// Per-bucket (not cumulative) counts, aligned with `WorkerMetrics.durationBuckets`.
+    public var durationBuckets = [Int](repeating: 0, count: WorkerMetrics.durationBuckets.count)
+    public var durationSumSeconds: Double = 0
+    public var durationCount = 0
+    public var bytesIn = 0
+    public var bytesOut = 0
+    public var connectionsActive = 0
+    public init() {}
+}

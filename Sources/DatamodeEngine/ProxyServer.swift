@@ -1,0 +1,110 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodePolicy
+import Logging
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The proxy: N workers, each an event loop on its own thread with its own SO_REUSEPORT listener.
+///
+/// Lifecycle: `start()` binds and starts the workers; `drain()` stops accepting and lets in-flight requests
+/// finish; `wait(timeout:)` joins the workers, forcing them out after the timeout.
+public final class ProxyServer: @unchecked Sendable {
+    public let runtime: RuntimeState
+    private let logger: Logger
+    private let clock: any EngineClock
+    private var workers: [Worker] = []
+    private var threads: [pthread_t] = []
+    /// The address the proxy listens on (with the real port when 0 was asked for).
+    public private(set) var listenAddress: ListenAddress
+
+    public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock()) {
+        self.runtime = runtime
+        self.logger = logger
+        self.clock = clock
+        self.listenAddress = runtime.load().snapshot.configuration.listen
+    }
+
+    public func start() throws(EngineError) {
+        _ = ProxyServerProcess.setUp
+        let snapshot = runtime.load().snapshot
+        let configuration = snapshot.configuration
+        let accessLog = try AccessLog(destination: configuration.log.access)
+        var count = configuration.threads
+        if count <= 0 { count = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
+        guard var address = SocketAddress(ipLiteral: configuration.listen.host, port: configuration.listen.port) else {
+            throw EngineError("listen: \(configuration.listen) is not an IP address and port")
+        }
+        var own = [(host: configuration.admin.listen.host, port: configuration.admin.listen.port)]
+        for i in 0..<count {
+            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
+                                    logger: logger, ownAddresses: [])
+            let port = try worker.listen(on: address)
+            if i == 0 {
+                address.port = port
+                listenAddress = ListenAddress(address: configuration.listen.address, port: port)
+                own.append((host: configuration.listen.host, port: port))
+            }
+            workers.append(worker)
+        }
+        // Workers learn the final own addresses (the real port is known only after the first bind).
+        for worker in workers { worker.ownAddressesUpdate(own) }
+        for worker in workers {
+            let box = Unmanaged.passRetained(worker).toOpaque()
+            var thread = pthread_t()
+            let result = pthread_create(&thread, nil, { argument in
+                let worker = Unmanaged<Worker>.fromOpaque(argument!).takeRetainedValue()
+                worker.run()
+                return nil
+            }, box)
+            guard result == 0 else { throw EngineError("pthread_create failed: \(result)") }
+            threads.append(thread)
+        }
+        logger.info("listening", metadata: ["address": "\(listenAddress)", "workers": "\(count)"])
+    }
+
+    /// Stops accepting, closes idle connections, lets in-flight requests finish (SPEC §8 SIGTERM).
+    public func drain() {
+        for worker in workers { worker.send(.drain) }
+    }
+
+    /// Waits for every worker to finish; after `timeout` the remaining ones are forced out.
+    /// Returns `true` when all finished within the timeout.
+    @discardableResult
+    public func wait(timeout: Duration) -> Bool {
+        let deadline = clock.nowNanoseconds() + UInt64(max(0, timeout.milliseconds)) * 1_000_000
+        var graceful = true
+        for (index, thread) in threads.enumerated() {
+            let worker = workers[index]
+            while !worker.finished.load(ordering: .acquiring) {
+                if clock.nowNanoseconds() >= deadline {
+                    graceful = false
+                    worker.send(.quit)
+                    break
+                }
+                usleep(5_000)
+            }
+            pthread_join(thread, nil)
+        }
+        threads = []
+        workers = []
+        return graceful
+    }
+
+    /// Drains and waits: the whole graceful stop.
+    @discardableResult
+    public func stop(timeout: Duration) -> Bool {
+        drain()
+        return wait(timeout: timeout)
+    }
+
+    /// Every worker's counters summed.
+    public func metrics() -> MetricsSnapshot {
+        var total = MetricsSnapshot()
+        for worker in workers { worker.metrics.accumulate(into: &total) }
+        return total
+    }
+}

@@ -1,0 +1,55 @@
+import DatamodeConfig
+import DatamodePolicy
+import Synchronization
+
+/// What every worker needs to answer a request: the configuration snapshot, the compiled policy and the
+/// active data mode. Immutable; replaced whole.
+public struct RuntimeSnapshot: Sendable {
+    public var configuration: ProxyConfiguration
+    public var policy: PolicySnapshot
+    public var mode: DataMode
+    public var modeSource: ModeSource
+    /// Seconds since the Unix epoch when the mode last changed.
+    public var modeSince: Int64
+
+    public init(configuration: ProxyConfiguration, policy: PolicySnapshot, mode: DataMode, modeSource: ModeSource,
+                modeSince: Int64) {
+        self.configuration = configuration
+        self.policy = policy
+        self.mode = mode
+        self.modeSource = modeSource
+        self.modeSince = modeSince
+    }
+}
+
+/// The one shared, mutable thing between the control plane (admin API, signals) and the workers.
+///
+/// Writers (rare: a mode flip, a variant registration, a reload) replace the snapshot under a mutex and bump
+/// `generation`. Workers read only the atomic generation on the request path and take the mutex only when it
+/// changed, so the hot path never contends on a lock (STYLE: "nothing shared on the hot path").
+public final class RuntimeState: Sendable {
+    private let current: Mutex<RuntimeSnapshot>
+    private let generationCounter = Atomic<UInt64>(1)
+
+    public init(_ snapshot: RuntimeSnapshot) {
+        current = Mutex(snapshot)
+    }
+
+    /// Changes with every update; compare to a cached value to know whether to refresh.
+    public var generation: UInt64 { generationCounter.load(ordering: .acquiring) }
+
+    /// The current snapshot and its generation.
+    public func load() -> (generation: UInt64, snapshot: RuntimeSnapshot) {
+        current.withLock { snapshot in (generationCounter.load(ordering: .acquiring), snapshot) }
+    }
+
+    /// Replaces the snapshot through `change` and publishes it. Returns what `change` returns.
+    @discardableResult
+    public func update<R>(_ change: (inout RuntimeSnapshot) throws -> R) rethrows -> R {
+        try current.withLock { snapshot in
+            let result = try change(&snapshot)
+            generationCounter.add(1, ordering: .releasing)
+            return result
+        }
+    }
+}

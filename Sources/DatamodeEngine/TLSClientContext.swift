@@ -1,0 +1,65 @@
+import CDatamodeShims
+import CLibevent
+import COpenSSL
+
+/// The TLS client side for `https://` upstreams: one `SSL_CTX` per worker (no sharing), verifying the origin's
+/// certificate against the system trust store (`SSL_CERT_FILE` / `SSL_CERT_DIR` override it, as for any
+/// OpenSSL client) and its name with `SSL_set1_host`, sending SNI, TLS 1.2 at least.
+final class TLSClientContext {
+    private let context: OpaquePointer
+
+    init() throws(EngineError) {
+        guard let context = SSL_CTX_new(TLS_client_method()) else {
+            throw EngineError("SSL_CTX_new failed: \(Self.lastError())")
+        }
+        self.context = context
+        dm_ssl_ctx_min_tls12(context)
+        SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
+        if SSL_CTX_set_default_verify_paths(context) != 1 {
+            SSL_CTX_free(context)
+            throw EngineError("cannot load the system trust store: \(Self.lastError())")
+        }
+    }
+
+    deinit {
+        SSL_CTX_free(context)
+    }
+
+    /// A new connection state for `host`: SNI (not for IP literals, RFC 6066 §3) and name verification.
+    func makeSSL(host: String) -> OpaquePointer? {
+        guard let ssl = SSL_new(context) else { return nil }
+        let isIPLiteral = SocketAddress(ipLiteral: host, port: 0) != nil
+        if !isIPLiteral { dm_ssl_set_sni(ssl, host) }
+        if isIPLiteral {
+            let param = SSL_get0_param(ssl)
+            X509_VERIFY_PARAM_set1_ip_asc(param, host)
+        } else {
+            SSL_set1_host(ssl, host)
+        }
+        return ssl
+    }
+
+    /// Why the handshake on `bev` failed, in words an operator can act on.
+    static func failureReason(_ bev: OpaquePointer, ssl: OpaquePointer?) -> String {
+        if let ssl {
+            let verify = SSL_get_verify_result(ssl)
+            if verify != X509_V_OK {
+                let text = X509_verify_cert_error_string(verify).map { String(cString: $0) } ?? "error \(verify)"
+                return "certificate verification failed: \(text)"
+            }
+        }
+        let code = bufferevent_get_openssl_error(bev)
+        if code != 0 { return "TLS handshake failed: \(errorString(code))" }
+        return "TLS handshake failed"
+    }
+
+    static func lastError() -> String {
+        errorString(ERR_get_error())
+    }
+
+    static func errorString(_ code: UInt) -> String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        ERR_error_string_n(code, &buffer, buffer.count)
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

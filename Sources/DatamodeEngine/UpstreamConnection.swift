@@ -1,0 +1,430 @@
+import CDatamodeShims
+import CLibevent
+import DatamodePolicy
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where an upstream connection goes. Connections are pooled per key.
+struct UpstreamKey: Hashable {
+    var host: String
+    var port: UInt16
+    /// `https://` upstream: TLS over the TCP connection.
+    var tls: Bool = false
+}
+
+/// One TCP connection to an origin (or a CONNECT target): resolved asynchronously with evdns, connected with
+/// a timeout, then either attached to one client exchange or idle in the worker's pool.
+final class UpstreamConnection {
+    /// Lifecycle (STYLE: named states).
+    enum State {
+        /// Waiting for evdns to answer.
+        case resolving
+        /// TCP connect in progress.
+        case connecting
+        /// Connected and attached to a client exchange (or a tunnel).
+        case busy
+        /// Connected, unattached, waiting in the pool for the next request to the same host:port.
+        case idle
+        /// Writing what is buffered, then closing (the client of a tunnel went away).
+        case flushing
+        /// Freed.
+        case closed
+    }
+
+    unowned let worker: Worker
+    let key: UpstreamKey
+    private(set) var state: State = .resolving
+    private(set) var bev: OpaquePointer
+    private(set) var input: OpaquePointer
+    private(set) var output: OpaquePointer
+    private var timer: OpaquePointer?
+    private weak var client: ClientConnection?
+    private var lookup: DNSLookup?
+    private var addresses: [SocketAddress] = []
+    private var nextAddress = 0
+    /// Taken from the pool rather than freshly connected (so a failure may be a stale keep-alive).
+    private(set) var isReused = false
+    private var awaitingResponseHead = false
+    /// The TLS state of an `https://` upstream (owned by the bufferevent, freed with it).
+    private var ssl: OpaquePointer?
+    private var responseTimeoutMs: Int64 = -1
+
+    init(worker: Worker, key: UpstreamKey) {
+        self.worker = worker
+        self.key = key
+        let (bev, ssl) = Self.makeBufferevent(worker, key: key)
+        self.bev = bev
+        self.ssl = ssl
+        input = bufferevent_get_input(bev)
+        output = bufferevent_get_output(bev)
+        bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
+        worker.upstreamOpened(self)
+        resolve()
+    }
+
+    private static func makeBufferevent(_ worker: Worker, key: UpstreamKey) -> (OpaquePointer, OpaquePointer?) {
+        let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
+        var ssl: OpaquePointer?
+        let bev: OpaquePointer
+        if key.tls, let context = worker.tlsContext, let state = context.makeSSL(host: key.host),
+           let tlsBev = bufferevent_openssl_socket_new(worker.base, -1, state, BUFFEREVENT_SSL_CONNECTING, options) {
+            ssl = state
+            bev = tlsBev
+        } else {
+            bev = bufferevent_socket_new(worker.base, -1, options)!
+        }
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
+        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
+        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
+        return (bev, ssl)
+    }
+
+    /// A bufferevent cannot connect twice: after a failed connect, move the pending output (the request head)
+    /// to a fresh one and try the next resolved address.
+    private func reconnectToNextAddress() {
+        let pending = evbuffer_new()!
+        evbuffer_add_buffer(pending, output)
+        bufferevent_free(bev)
+        (bev, ssl) = Self.makeBufferevent(worker, key: key)
+        input = bufferevent_get_input(bev)
+        output = bufferevent_get_output(bev)
+        bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        evbuffer_add_buffer(output, pending)
+        evbuffer_free(pending)
+        connectNext()
+    }
+
+    var isConnected: Bool { state == .busy || state == .idle }
+
+    /// Why the connection failed, when it failed before anyone was attached (a lookup answered inline).
+    private var earlyFailure: (code: ProxyErrorCode, detail: String)?
+
+    /// Attaches the exchange's client. A connection that already failed (synchronously, inside `init`)
+    /// reports that failure now instead.
+    func attach(_ client: ClientConnection) {
+        if state == .closed {
+            let failure = earlyFailure ?? (.upstreamUnreachable, "connection to \(key.host):\(key.port) failed")
+            client.upstreamFailed(self, code: failure.code, detail: failure.detail)
+            return
+        }
+        self.client = client
+        if state == .idle { state = .busy }
+    }
+
+    func detach() {
+        client = nil
+    }
+
+    /// Queues the request head (sent as soon as the connection is up) and starts the response timer.
+    func send(_ head: [UInt8], responseTimeoutMs: Int64) {
+        guard state != .closed else { return }
+        if !head.isEmpty { evbuffer_add(output, head, head.count) }
+        self.responseTimeoutMs = responseTimeoutMs
+        awaitingResponseHead = responseTimeoutMs > 0
+        if state == .busy && awaitingResponseHead { armTimer(responseTimeoutMs) }
+    }
+
+    /// Drops everything queued for the origin and not yet written.
+    func discardPendingOutput() {
+        guard state != .closed else { return }
+        evbuffer_drain(output, evbuffer_get_length(output))
+    }
+
+    func responseHeadReceived() {
+        awaitingResponseHead = false
+        if let timer { event_del(timer) }
+    }
+
+    // MARK: resolve and connect
+
+    private func resolve() {
+        armTimer(worker.settings.upstreamConnectMs)
+        if key.tls && ssl == nil {
+            // The trust store could not be loaded (logged at start-up) or SSL_new failed.
+            fail(.upstreamUnreachable, "TLS is unavailable for \(key.host): \(worker.tlsUnavailableReason ?? "SSL_new failed")")
+            return
+        }
+        if let literal = SocketAddress(ipLiteral: key.host, port: key.port) {
+            addresses = [literal]
+            connectNext()
+            return
+        }
+        let lookup = DNSLookup(upstream: self)
+        self.lookup = lookup
+        lookup.start(dns: worker.dns, host: key.host, port: key.port)
+    }
+
+    func resolved(_ result: Result<[SocketAddress], DNSLookup.Failure>) {
+        lookup = nil
+        guard state == .resolving else { return }
+        switch result {
+        case .success(let found):
+            addresses = found
+            connectNext()
+        case .failure(let failure):
+            fail(.dnsFailure, "cannot resolve \(key.host): \(failure.message)")
+        }
+    }
+
+    private func connectNext() {
+        guard nextAddress < addresses.count else {
+            fail(.upstreamUnreachable, "no address of \(key.host) could be connected")
+            return
+        }
+        let address = addresses[nextAddress]
+        nextAddress += 1
+        state = .connecting
+        let result = address.withSockaddr { pointer, length in
+            bufferevent_socket_connect(bev, UnsafeMutablePointer(mutating: pointer), Int32(length))
+        }
+        if result != 0 {
+            // Immediate failure (e.g. no route for this address family): try the next address.
+            if nextAddress < addresses.count {
+                reconnectToNextAddress()
+            } else {
+                fail(.upstreamUnreachable, "cannot connect to \(key.host):\(key.port)")
+            }
+        }
+    }
+
+    // MARK: libevent events
+
+    func upstreamEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_CONNECTED) != 0 {
+            let fd = bufferevent_getfd(bev)
+            if fd >= 0 { dm_set_nodelay(fd) }
+            state = .busy
+            if let timer { event_del(timer) }
+            if awaitingResponseHead { armTimer(responseTimeoutMs) }
+            bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+            guard let client else { return }
+            if responseTimeoutMs < 0 { client.tunnelConnected(self) } else { client.upstreamConnected(self) }
+            return
+        }
+        switch state {
+        case .connecting where key.tls && what & Int16(BEV_EVENT_ERROR) != 0 && bufferevent_get_openssl_error(bev) != 0:
+            // The TCP connection worked; the TLS handshake did not. Another address will not fix that.
+            fail(.upstreamUnreachable, "\(key.host):\(key.port): " + TLSClientContext.failureReason(bev, ssl: ssl))
+        case .connecting:
+            let code = errno  // libevent sets it before calling back
+            if nextAddress < addresses.count {
+                reconnectToNextAddress()
+                return
+            }
+            fail(.upstreamUnreachable, "connect to \(key.host):\(key.port) failed: \(String(cString: strerror(code)))")
+        case .idle:
+            // The origin closed an idle pooled connection (or sent something unasked): drop it.
+            worker.pool.remove(self)
+            close()
+        case .busy:
+            if what & Int16(BEV_EVENT_EOF) != 0 {
+                client?.upstreamClosed(self)
+            } else {
+                client?.upstreamFailed(self, code: .upstreamUnreachable, detail: "connection to \(key.host):\(key.port) failed")
+                close()
+            }
+        case .flushing:
+            close()
+        case .resolving, .closed:
+            break
+        }
+    }
+
+    func upstreamReadable() {
+        switch state {
+        case .busy: client?.upstreamReadable(self)
+        case .idle:
+            // An idle connection must be silent; bytes here mean the origin is confused. Do not reuse it.
+            worker.pool.remove(self)
+            close()
+        case .flushing: evbuffer_drain(input, evbuffer_get_length(input))
+        default: break
+        }
+    }
+
+    func upstreamWritable() {
+        switch state {
+        case .busy: client?.upstreamWritable(self)
+        case .flushing: if evbuffer_get_length(output) == 0 { close() }
+        default: break
+        }
+    }
+
+    func upstreamTimerFired() {
+        switch state {
+        case .resolving, .connecting:
+            fail(.upstreamTimeout, "connecting to \(key.host):\(key.port) took longer than timeouts.upstream-connect")
+        case .busy where awaitingResponseHead:
+            fail(.upstreamTimeout, "\(key.host):\(key.port) sent no response head within timeouts.upstream-response")
+        case .idle:
+            worker.pool.remove(self)
+            close()
+        case .flushing:
+            close()
+        default:
+            break
+        }
+    }
+
+    private func fail(_ code: ProxyErrorCode, _ detail: String) {
+        earlyFailure = (code, detail)
+        let client = self.client
+        close()
+        client?.upstreamFailed(self, code: code, detail: detail)
+    }
+
+    // MARK: pool and closing
+
+    /// Becomes idle in the pool: reads stay enabled so a close by the origin is noticed at once.
+    func becomeIdle(timeoutMs: Int64) {
+        state = .idle
+        client = nil
+        isReused = true
+        armTimer(timeoutMs)
+    }
+
+    func takenFromPool() {
+        if let timer { event_del(timer) }
+        state = .busy
+    }
+
+    /// Tunnels: send what is buffered, then close.
+    func closeAfterFlush() {
+        guard state != .closed else { return }
+        client = nil
+        if evbuffer_get_length(output) == 0 || !isConnected { close(); return }
+        state = .flushing
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+        armTimer(worker.settings.drainMs)
+    }
+
+    func close() {
+        guard state != .closed else { return }
+        if state == .idle { worker.pool.remove(self) }
+        state = .closed
+        client = nil
+        lookup?.cancel()
+        lookup = nil
+        if let timer { event_free(timer) }
+        timer = nil
+        bufferevent_free(bev)
+        worker.upstreamClosed(self)
+    }
+
+    private func armTimer(_ milliseconds: Int64) {
+        guard let timer, milliseconds > 0 else { return }
+        dm_event_add_ms(timer, milliseconds)
+    }
+}
+
+/// Idle keep-alive connections to origins, per host:port, for one worker (no sharing, no locks).
+final class UpstreamPool {
+    private var idle: [UpstreamKey: [UpstreamConnection]] = [:]
+    private var count = 0
+    /// Most idle connections kept per host:port, and in all.
+    let maxPerKey: Int
+    let maxTotal: Int
+    let idleTimeoutMs: Int64
+
+    init(maxPerKey: Int = 64, maxTotal: Int = 1024, idleTimeoutMs: Int64 = 30_000) {
+        self.maxPerKey = maxPerKey
+        self.maxTotal = maxTotal
+        self.idleTimeoutMs = idleTimeoutMs
+    }
+
+    func take(_ key: UpstreamKey) -> UpstreamConnection? {
+        guard var list = idle[key], let connection = list.popLast() else { return nil }
+        idle[key] = list.isEmpty ? nil : list
+        count -= 1
+        connection.takenFromPool()
+        return connection
+    }
+
+    func put(_ connection: UpstreamConnection) {
+        var list = idle[connection.key, default: []]
+        guard list.count < maxPerKey, count < maxTotal else {
+            connection.close()
+            return
+        }
+        connection.becomeIdle(timeoutMs: idleTimeoutMs)
+        list.append(connection)
+        idle[connection.key] = list
+        count += 1
+    }
+
+    func remove(_ connection: UpstreamConnection) {
+        guard var list = idle[connection.key], let index = list.firstIndex(where: { $0 === connection }) else { return }
+        list.remove(at: index)
+        idle[connection.key] = list.isEmpty ? nil : list
+        count -= 1
+    }
+
+    func closeAll() {
+        let all = idle.values.flatMap { $0 }
+        idle = [:]
+        count = 0
+        for connection in all { connection.close() }
+    }
+
+    var idleCount: Int { count }
+}
+
+/// One asynchronous evdns lookup. Retained while libevent holds it; its callback fires exactly once, also
+/// when cancelled, and then releases it.
+final class DNSLookup {
+    struct Failure: Error {
+        var message: String
+    }
+
+    private weak var upstream: UpstreamConnection?
+    private var request: OpaquePointer?
+    private var finished = false
+
+    init(upstream: UpstreamConnection) {
+        self.upstream = upstream
+    }
+
+    func start(dns: OpaquePointer, host: String, port: UInt16) {
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_protocol = Int32(IPPROTO_TCP)
+        hints.ai_flags = EVUTIL_AI_ADDRCONFIG
+        let retained = Unmanaged.passRetained(self).toOpaque()
+        // localhost and /etc/hosts names are answered synchronously inside this call (request == nil).
+        let request = evdns_getaddrinfo(dns, host, String(port), &hints, dnsResultCallback, retained)
+        if !finished { self.request = request }
+    }
+
+    func cancel() {
+        upstream = nil
+        if let request, !finished {
+            self.request = nil
+            evdns_getaddrinfo_cancel(request)
+        }
+    }
+
+    func completed(result: Int32, addresses: UnsafeMutablePointer<addrinfo>?) {
+        finished = true
+        request = nil
+        defer { if let addresses { evutil_freeaddrinfo(addresses) } }
+        guard let upstream else { return }
+        guard result == 0, addresses != nil else {
+            let message = result == EVUTIL_EAI_CANCEL ? "cancelled" : String(cString: evutil_gai_strerror(result))
+            upstream.resolved(.failure(Failure(message: message)))
+            return
+        }
+        var found: [SocketAddress] = []
+        var cursor = addresses
+        while let info = cursor {
+            if let address = info.pointee.ai_addr, let socketAddress = SocketAddress(address, length: socklen_t(info.pointee.ai_addrlen)) {
+                found.append(socketAddress)
+            }
+            cursor = info.pointee.ai_next
+        }
+        upstream.resolved(found.isEmpty ? .failure(Failure(message: "no addresses")) : .success(found))
+    }
+}

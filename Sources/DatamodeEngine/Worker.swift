@@ -1,0 +1,273 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodePolicy
+import Logging
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One worker thread: its own event_base, evdns base, listener (SO_REUSEPORT), connections and upstream pool.
+/// Nothing here is shared with other workers; the control plane reaches a worker only through its wake-up
+/// pipe and through `RuntimeState` (an atomic generation check per request).
+final class Worker {
+    /// Commands sent through the wake-up pipe, one byte each.
+    enum Command: UInt8 {
+        /// Stop accepting, close idle connections, finish in-flight requests, then leave the loop.
+        case drain = 0x64
+        /// Leave the loop now (drain timeout passed).
+        case quit = 0x71
+    }
+
+    let index: Int
+    let base: OpaquePointer
+    let dns: OpaquePointer
+    let runtime: RuntimeState
+    let clock: any EngineClock
+    let metrics = WorkerMetrics()
+    let accessLog: AccessLog
+    let logger: Logger
+    let pool = UpstreamPool()
+    private(set) var settings: WorkerSettings
+    private var generation: UInt64
+    private var listener: OpaquePointer?
+    private var listenerPaused = false
+    private var clients: [ObjectIdentifier: ClientConnection] = [:]
+    private var upstreams: [ObjectIdentifier: UpstreamConnection] = [:]
+    private var wakeEvent: OpaquePointer?
+    private var tickEvent: OpaquePointer?
+    private let wakePipe: (read: Int32, write: Int32)
+    private(set) var isDraining = false
+    /// Created on the first `https://` upstream; nil with `tlsUnavailableReason` when that failed.
+    private(set) lazy var tlsContext: TLSClientContext? = {
+        do {
+            return try TLSClientContext()
+        } catch {
+            tlsUnavailableReason = "\(error)"
+            logger.error("TLS client context unavailable", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }()
+    private(set) var tlsUnavailableReason: String?
+    /// host:port pairs this process listens on; a request targeting one of them is a loop (or an SSRF to the
+    /// admin API) and is refused.
+    private var ownAddresses: [(host: String, port: UInt16)]
+
+    init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, logger: Logger,
+         ownAddresses: [(host: String, port: UInt16)]) throws(EngineError) {
+        self.index = index
+        self.runtime = runtime
+        self.clock = clock
+        self.accessLog = accessLog
+        self.logger = logger
+        self.ownAddresses = ownAddresses
+        guard let base = event_base_new() else { throw EngineError("event_base_new failed") }
+        self.base = base
+        // No nameserver probing at start; /etc/resolv.conf and /etc/hosts as the system configures them.
+        guard let dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE) else {
+            event_base_free(base)
+            throw EngineError("evdns_base_new failed (is /etc/resolv.conf readable?)")
+        }
+        self.dns = dns
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else {
+            evdns_base_free(dns, 0)
+            event_base_free(base)
+            throw EngineError("pipe2 failed: \(String(cString: strerror(errno)))")
+        }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        wakePipe = (fds[0], fds[1])
+        let (generation, snapshot) = runtime.load()
+        self.generation = generation
+        self.settings = WorkerSettings(snapshot)
+    }
+
+    deinit {
+        if let wakeEvent { event_free(wakeEvent) }
+        if let tickEvent { event_free(tickEvent) }
+        if let listener { evconnlistener_free(listener) }
+        evdns_base_free(dns, 1)
+        event_base_free(base)
+        Glibc.close(wakePipe.read)
+        Glibc.close(wakePipe.write)
+    }
+
+    /// Binds this worker's listener. `port` 0 lets the kernel choose; the chosen port is returned so the
+    /// other workers bind the same one (SO_REUSEPORT spreads connections across them).
+    func listen(on address: SocketAddress) throws(EngineError) -> UInt16 {
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC)
+        let created = address.withSockaddr { pointer, length in
+            evconnlistener_new_bind(base, listenerAcceptCallback, context(self), flags, 1024, pointer, Int32(length))
+        }
+        guard let created else {
+            throw EngineError("cannot listen on \(address.description): \(String(cString: strerror(errno)))")
+        }
+        listener = created
+        evconnlistener_set_error_cb(created, listenerErrorCallback)
+        let fd = evconnlistener_get_fd(created)
+        return SocketAddress.local(of: fd)?.port ?? address.port
+    }
+
+    /// Set when `run()` has returned (read by the thread that waits for the worker).
+    let finished = Atomic<Bool>(false)
+
+    /// The thread body: runs the loop until drained or told to quit.
+    func run() {
+        defer { finished.store(true, ordering: .releasing) }
+        dm_block_process_signals()
+        wakeEvent = dm_read_event_new(base, wakePipe.read, workerWakeCallback, context(self))
+        event_add(wakeEvent, nil)
+        tickEvent = event_new(base, -1, Int16(EV_PERSIST), workerTickCallback, context(self))
+        dm_event_add_ms(tickEvent, 1000)
+        event_base_dispatch(base)
+        // Whatever is left after a quit: close it so every descriptor is released.
+        for client in Array(clients.values) { client.close() }
+        pool.closeAll()
+        for upstream in Array(upstreams.values) { upstream.close() }
+    }
+
+    /// Thread-safe: asks the worker to do something at its next loop iteration.
+    func send(_ command: Command) {
+        var byte = command.rawValue
+        _ = Glibc.write(wakePipe.write, &byte, 1)
+    }
+
+    func wakeUp(fd: Int32) {
+        var byte: UInt8 = 0
+        while Glibc.read(fd, &byte, 1) == 1 {
+            switch Command(rawValue: byte) {
+            case .drain: beginDrain()
+            case .quit: event_base_loopbreak(base)
+            case nil: break
+            }
+        }
+    }
+
+    private func beginDrain() {
+        guard !isDraining else { return }
+        isDraining = true
+        if let listener {
+            evconnlistener_free(listener)
+            self.listener = nil
+        }
+        pool.closeAll()
+        for client in Array(clients.values) { client.drain() }
+        exitIfDrained()
+    }
+
+    private func exitIfDrained() {
+        if isDraining && clients.isEmpty {
+            for upstream in Array(upstreams.values) { upstream.close() }
+            event_base_loopexit(base, nil)
+        }
+    }
+
+    /// Once a second: resume accepting after descriptor exhaustion.
+    func tick() {
+        if listenerPaused, let listener {
+            listenerPaused = false
+            evconnlistener_enable(listener)
+        }
+    }
+
+    // MARK: snapshot
+
+    /// Adopts a newer runtime snapshot, if any (a safe point: between requests).
+    @inline(__always)
+    func refreshSnapshot() {
+        let current = runtime.generation
+        guard current != generation else { return }
+        let (loadedGeneration, snapshot) = runtime.load()
+        generation = loadedGeneration
+        settings = WorkerSettings(snapshot)
+    }
+
+    /// Set once before the worker's thread starts.
+    func ownAddressesUpdate(_ addresses: [(host: String, port: UInt16)]) {
+        ownAddresses = addresses
+    }
+
+    func accessAllowed(_ address: IPAddress?) -> Bool {
+        guard let address else { return false }
+        return settings.allow.contains { $0.contains(address) }
+    }
+
+    func isOwnListenAddress(host: String, port: UInt16) -> Bool {
+        for own in ownAddresses where own.port == port {
+            if host == own.host || host == "localhost" || host.hasPrefix("127.") || host == "::1" { return true }
+            if own.host == "0.0.0.0" || own.host == "::" { return true }
+        }
+        return false
+    }
+
+    // MARK: connections
+
+    func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>?, length: Int32) {
+        guard let address, let peer = SocketAddress(address, length: socklen_t(length)) else {
+            Glibc.close(fd)
+            return
+        }
+        dm_set_nodelay(fd)
+        guard let bev = bufferevent_socket_new(base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+            Glibc.close(fd)
+            return
+        }
+        refreshSnapshot()
+        let client = ClientConnection(worker: self, bev: bev, peer: peer)
+        clients[ObjectIdentifier(client)] = client
+        metrics.connectionOpened()
+        client.start()
+    }
+
+    /// accept(2) failed. Out of descriptors (EMFILE/ENFILE): pause accepting for a second instead of spinning,
+    /// and say so once; the connections already open keep being served.
+    func acceptFailed(_ listener: OpaquePointer?) {
+        let error = errno
+        if error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM {
+            if !listenerPaused, let listener {
+                listenerPaused = true
+                evconnlistener_disable(listener)
+                logger.warning("accept failed, pausing new connections for 1s", metadata: [
+                    "worker": "\(index)", "error": "\(String(cString: strerror(error)))",
+                    "open_connections": "\(clients.count)",
+                ])
+            }
+        } else {
+            logger.warning("accept failed", metadata: ["worker": "\(index)", "error": "\(String(cString: strerror(error)))"])
+        }
+    }
+
+    func clientClosed(_ client: ClientConnection) {
+        if clients.removeValue(forKey: ObjectIdentifier(client)) != nil { metrics.connectionClosed() }
+        exitIfDrained()
+    }
+
+    func upstreamOpened(_ upstream: UpstreamConnection) {
+        upstreams[ObjectIdentifier(upstream)] = upstream
+    }
+
+    func upstreamClosed(_ upstream: UpstreamConnection) {
+        upstreams.removeValue(forKey: ObjectIdentifier(upstream))
+    }
+
+    var openClientCount: Int { clients.count }
+
+    // MARK: accounting
+
+    func record(_ exchange: Exchange, client: String) {
+        let duration = Double(clock.nowNanoseconds() &- exchange.startedAt) / 1_000_000_000
+        let outcome = exchange.outcome ?? .error
+        metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
+        metrics.add(bytesIn: Int(exchange.bytesIn))
+        metrics.add(bytesOut: Int(exchange.bytesOut))
+        if accessLog.isEnabled {
+            accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
+                            status: exchange.status, bytes: exchange.bytesOut, outcome: outcome.rawValue,
+                            reason: exchange.reason, variant: exchange.variant, durationSeconds: duration)
+        }
+    }
+}

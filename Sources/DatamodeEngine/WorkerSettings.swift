@@ -1,0 +1,48 @@
+import DatamodeConfig
+import DatamodeHTTP
+import DatamodePolicy
+
+/// The per-request view of a `RuntimeSnapshot`, derived once per snapshot so the request path reads plain
+/// values (milliseconds, sets) instead of converting configuration on every request.
+struct WorkerSettings {
+    var limits: HTTPLimits
+    /// The most bytes a request head can occupy: request line, header section, a few leading empty lines.
+    var maxHeadBytes: Int
+    var clientHeaderMs: Int64
+    var clientIdleMs: Int64
+    var upstreamConnectMs: Int64
+    var upstreamResponseMs: Int64
+    var drainMs: Int64
+    var policy: PolicySnapshot
+    var mode: DataMode
+    var tagSettings: TagSettings
+    var users: [String: String]
+    var connectPorts: Set<UInt16>
+    var allow: [CIDR]
+
+    init(_ snapshot: RuntimeSnapshot) {
+        let configuration = snapshot.configuration
+        limits = configuration.limits
+        maxHeadBytes = limits.requestLine + 2 + limits.headerSection + 16
+        clientHeaderMs = configuration.timeouts.clientHeader.milliseconds
+        clientIdleMs = configuration.timeouts.clientIdle.milliseconds
+        upstreamConnectMs = configuration.timeouts.upstreamConnect.milliseconds
+        upstreamResponseMs = configuration.timeouts.upstreamResponse.milliseconds
+        drainMs = configuration.drainTimeout.milliseconds
+        policy = snapshot.policy
+        mode = snapshot.mode
+        tagSettings = snapshot.policy.tagSettings
+        users = configuration.access.users
+        connectPorts = Set(configuration.connect.ports)
+        allow = configuration.access.allow
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, at least 1 for any positive duration.
+    var milliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let ms = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        return ms == 0 && attoseconds > 0 ? 1 : ms
+    }
+}

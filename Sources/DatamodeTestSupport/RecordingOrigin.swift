@@ -1,0 +1,577 @@
+import DatamodeHTTP
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One request as the origin received it: the exact bytes the proxy forwarded, and where they arrived.
+public struct RecordedRequest: Sendable {
+    /// 0-based position among every request this origin received.
+    public let sequence: Int
+    /// 1-based number of the TCP connection it arrived on (in accept order).
+    public let connection: Int
+    /// 0-based position among the requests of that connection.
+    public let indexOnConnection: Int
+    /// The parsed head (strictly, with `DatamodeHTTP`).
+    public let head: RequestHead
+    /// The head exactly as received, from the request line through the empty line.
+    public let headBytes: [UInt8]
+    /// The body exactly as received (chunk framing and trailers included); empty when `bodyTruncated`.
+    public let body: [UInt8]
+    /// The body with any chunked coding removed; empty when `bodyTruncated`.
+    public let payload: [UInt8]
+    /// True when the body was longer than the origin's recording limit: only lengths and the checksum are kept.
+    public let bodyTruncated: Bool
+    /// Body bytes on the wire (framing included).
+    public let bodyLength: UInt64
+    /// Decoded body bytes.
+    public let payloadLength: UInt64
+    /// `StreamChecksum` of the decoded body.
+    public let payloadChecksum: UInt64
+
+    /// Head and body exactly as received.
+    public var raw: [UInt8] { headBytes + body }
+    public var headText: String { String(decoding: headBytes, as: UTF8.self) }
+    public var bodyText: String { String(decoding: payload, as: UTF8.self) }
+    public var method: String { head.method }
+    public var target: String { head.target }
+    /// Every value of the field `name` (any case), in order.
+    public func values(of name: String) -> [String] { head.values(of: name) }
+    /// The value of the field `name` if it appears exactly once, else `nil`.
+    public func value(of name: String) -> String? {
+        let all = head.values(of: name)
+        return all.count == 1 ? all[0] : nil
+    }
+    /// Whether the field `name` appears at all.
+    public func contains(_ name: String) -> Bool { head.contains(name) }
+}
+
+/// How the origin frames a response body it sends.
+public enum OriginBodyFraming: Sendable, Hashable {
+    /// `Content-Length` (added unless the headers already carry one).
+    case contentLength
+    /// `Transfer-Encoding: chunked`, in chunks of at most this many bytes.
+    case chunked(chunkSize: Int)
+    /// No length at all: the body ends when the origin closes the connection.
+    case closeDelimited
+    /// The head only, exactly as given (no framing field is added, no body is sent): HEAD, 204, 304, 1xx.
+    case bodiless
+}
+
+/// A response body produced piecewise, never held whole (50 MiB tests).
+public struct BodyGenerator: Sendable {
+    public let length: UInt64
+    private let fill: @Sendable (UInt64, UnsafeMutableRawBufferPointer) -> Void
+
+    /// `fill(offset, buffer)` writes the bytes at `offset ..< offset + buffer.count`.
+    public init(length: UInt64, fill: @escaping @Sendable (UInt64, UnsafeMutableRawBufferPointer) -> Void) {
+        self.length = length
+        self.fill = fill
+    }
+
+    public init(_ pattern: PatternBody) {
+        self.init(length: pattern.length) { offset, buffer in pattern.fill(offset: offset, into: buffer) }
+    }
+
+    func write(offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) { fill(offset, buffer) }
+}
+
+/// What the origin answers to a request.
+public indirect enum OriginResponse: Sendable {
+    /// A well-formed response; `reason` defaults to the standard phrase.
+    case respond(status: Int, reason: String? = nil, headers: [HTTPField] = [], body: [UInt8] = [],
+                 framing: OriginBodyFraming = .contentLength)
+    /// These bytes exactly (a malformed response, a response split oddly), then close if asked.
+    case raw([UInt8], thenClose: Bool)
+    /// Close the connection without a byte of response.
+    case closeWithoutResponse
+    /// Wait, then answer (upstream timeouts). The wait ends early when the origin is stopped.
+    case delay(Duration, then: OriginResponse)
+    /// An interim 1xx response (e.g. 103 Early Hints, an unsolicited 100), then the final one.
+    case interim(status: Int, headers: [HTTPField] = [], then: OriginResponse)
+    /// A large body streamed from a generator.
+    case stream(status: Int, headers: [HTTPField] = [], body: BodyGenerator, framing: OriginBodyFraming = .contentLength)
+
+    /// `200 OK` with a text body and `Content-Length`.
+    public static func ok(_ body: String = "ok", headers: [(String, String)] = []) -> OriginResponse {
+        .respond(status: 200, headers: headers.map { HTTPField(name: $0.0, value: $0.1) }, body: Array(body.utf8))
+    }
+
+    /// A response with the given status, fields and text body, framed with `Content-Length`
+    /// (or bodiless for 1xx, 204 and 304).
+    public static func status(_ status: Int, _ body: String = "", headers: [(String, String)] = []) -> OriginResponse {
+        let fields = headers.map { HTTPField(name: $0.0, value: $0.1) }
+        if status < 200 || status == 204 || status == 304 {
+            return .respond(status: status, headers: fields, body: [], framing: .bodiless)
+        }
+        return .respond(status: status, headers: fields, body: Array(body.utf8))
+    }
+
+    /// These bytes, exactly; the connection stays open unless `thenClose`.
+    public static func raw(_ text: String, thenClose: Bool = false) -> OriginResponse {
+        .raw(Array(text.utf8), thenClose: thenClose)
+    }
+}
+
+/// A real TCP origin server on 127.0.0.1 (port 0, read back) for loopback tests.
+///
+/// Each accepted connection gets its own thread, which reads requests one after another with the strict
+/// `DatamodeHTTP` parser (to know where a head ends and how the body is framed), records every request's exact
+/// bytes with its connection number, and answers from the handler. Because the origin parses strictly, a proxy
+/// that forwards something ambiguous shows up in `violations` instead of being silently accepted.
+///
+/// File descriptors are closed only by the thread that owns them; `stop()` merely shuts them down (which wakes
+/// every blocked call), so a stopped origin can never close a descriptor number that another test reuses.
+public final class RecordingOrigin: @unchecked Sendable {
+    public typealias Handler = @Sendable (RecordedRequest) -> OriginResponse
+
+    /// The port the origin listens on (127.0.0.1).
+    public let port: UInt16
+    /// Bodies longer than this are not kept (only their lengths and checksums).
+    public let maxRecordedBodyBytes: Int
+    /// Whether a request with `Expect: 100-continue` gets `100 Continue` as soon as its head is read.
+    public let sendsContinue: Bool
+
+    private struct State {
+        var stopped = false
+        var handler: Handler
+        var requests: [RecordedRequest] = []
+        var connectionCount = 0
+        var openConnections: [Int: Int32] = [:]
+        var bytesReceived: UInt64 = 0
+        /// The first `maxCapturedBytes` bytes received on each connection, parsed or not.
+        var captured: [Int: [UInt8]] = [:]
+        var violations: [String] = []
+        var listenFD: Int32
+    }
+
+    private let state: Mutex<State>
+
+    /// Starts listening at once. `handler` answers every request (default: `200 ok`).
+    public init(maxRecordedBodyBytes: Int = 16 << 20, sendsContinue: Bool = true,
+                handler: @escaping Handler = { _ in .ok() }) throws {
+        let (fd, port) = try Socket.listen()
+        self.port = port
+        self.maxRecordedBodyBytes = maxRecordedBodyBytes
+        self.sendsContinue = sendsContinue
+        self.state = Mutex(State(handler: handler, listenFD: fd))
+        Thread.detachNewThread { [self] in acceptLoop(fd) }
+    }
+
+    /// `http://127.0.0.1:<port>` + `path`.
+    public func url(_ path: String = "/") -> String { "http://127.0.0.1:\(port)\(path)" }
+    /// `127.0.0.1:<port>`, the Host the proxy should send.
+    public var authority: String { "127.0.0.1:\(port)" }
+
+    /// Replaces the handler for requests that arrive from now on.
+    public func setHandler(_ handler: @escaping Handler) {
+        state.withLock { $0.handler = handler }
+    }
+
+    /// Every request received so far, in arrival order.
+    public var requests: [RecordedRequest] { state.withLock { $0.requests } }
+    /// Connections accepted so far.
+    public var connectionCount: Int { state.withLock { $0.connectionCount } }
+    /// Connections accepted and not yet closed.
+    public var openConnectionCount: Int { state.withLock { $0.openConnections.count } }
+    /// Every byte received on every connection, parsed or not.
+    public var bytesReceived: UInt64 { state.withLock { $0.bytesReceived } }
+    /// The bytes received on connection `number` (1-based) exactly as they arrived, whether or not they formed
+    /// a request: the first `maxCapturedBytes` of them.
+    public func receivedBytes(onConnection number: Int) -> [UInt8] {
+        state.withLock { $0.captured[number] ?? [] }
+    }
+    /// Waits until the bytes received on connection `number` satisfy `condition` (or `timeout` passes);
+    /// returns them either way.
+    @discardableResult
+    public func waitForReceivedBytes(onConnection number: Int, timeout: Duration = .seconds(10),
+                                     until condition: ([UInt8]) -> Bool) -> [UInt8] {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let bytes = receivedBytes(onConnection: number)
+            if condition(bytes) || ContinuousClock.now >= deadline { return bytes }
+            Thread.sleep(forTimeInterval: 0.005)
+        }
+    }
+    /// How many bytes of each connection `receivedBytes(onConnection:)` keeps.
+    public static let maxCapturedBytes = 1 << 20
+
+    /// What the origin could not parse (a head or body framing the strict parser refused), one line each.
+    public var violations: [String] { state.withLock { $0.violations } }
+
+    /// Waits until at least `count` requests were recorded; returns them (fewer on timeout).
+    @discardableResult
+    public func waitForRequests(_ count: Int, timeout: Duration = .seconds(10)) -> [RecordedRequest] {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let current = requests
+            if current.count >= count || ContinuousClock.now >= deadline { return current }
+            Thread.sleep(forTimeInterval: 0.005)
+        }
+    }
+
+    /// Waits until every accepted connection has been closed (by the peer or by the origin), so that every
+    /// byte the proxy sent has been read. Returns `false` on timeout.
+    @discardableResult
+    public func waitUntilConnectionsClosed(timeout: Duration = .seconds(10)) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if openConnectionCount == 0 { return true }
+            if ContinuousClock.now >= deadline { return false }
+            Thread.sleep(forTimeInterval: 0.005)
+        }
+    }
+
+    /// Stops accepting and shuts every connection down. Idempotent.
+    public func stop() {
+        state.withLock { state in
+            guard !state.stopped else { return }
+            state.stopped = true
+            _ = shutdown(state.listenFD, Int32(SHUT_RDWR))
+            for fd in state.openConnections.values { _ = shutdown(fd, Int32(SHUT_RDWR)) }
+        }
+    }
+
+    deinit { stop() }
+
+    private var isStopped: Bool { state.withLock { $0.stopped } }
+
+    // MARK: accepting
+
+    private func acceptLoop(_ listenFD: Int32) {
+        while true {
+            let fd = accept(listenFD, nil, nil)
+            if fd < 0 {
+                let code = errno
+                // Close the listener only once stop() has shut it down (under the same lock), never before.
+                let stopped = state.withLock { state -> Bool in
+                    if state.stopped { Glibc.close(listenFD) }
+                    return state.stopped
+                }
+                if stopped { return }
+                if code == EMFILE || code == ENFILE { Thread.sleep(forTimeInterval: 0.01) }
+                continue
+            }
+            var one: Int32 = 1
+            _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+            let number: Int? = state.withLock { state in
+                if state.stopped { return nil }
+                state.connectionCount += 1
+                state.openConnections[state.connectionCount] = fd
+                return state.connectionCount
+            }
+            guard let number else {
+                Glibc.close(fd)
+                continue
+            }
+            Thread.detachNewThread { [self] in
+                serve(fd, number: number)
+                state.withLock { _ = $0.openConnections.removeValue(forKey: number) }
+                Glibc.close(fd)
+            }
+        }
+    }
+
+    // MARK: one connection
+
+    private static let parseLimits = HTTPLimits(requestLine: 1 << 20, headerSection: 4 << 20, headerCount: 10_000)
+    private static let idleTimeout: Duration = .seconds(60)
+
+    private func serve(_ fd: Int32, number: Int) {
+        var queue = ByteQueue()
+        var index = 0
+        do {
+            while true {
+                guard let request = try readRequest(fd, queue: &queue, connection: number, index: index) else { return }
+                index += 1
+                let handler = state.withLock { $0.handler }
+                let keepOpen = try respond(handler(request), to: request, fd: fd)
+                if !keepOpen || request.head.connectionTokens.contains("close") || request.head.version == .http10 {
+                    return
+                }
+            }
+        } catch {
+            return
+        }
+    }
+
+    /// Reads more bytes into `queue`; `false` at EOF.
+    private func fill(_ fd: Int32, _ queue: inout ByteQueue, connection: Int) throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 256 * 1024)
+        let n = try chunk.withUnsafeMutableBytes { buffer in
+            try Socket.receive(fd, into: buffer, until: .now + Self.idleTimeout)
+        }
+        if n == 0 { return false }
+        state.withLock { state in
+            state.bytesReceived += UInt64(n)
+            let kept = state.captured[connection, default: []].count
+            if kept < Self.maxCapturedBytes {
+                state.captured[connection, default: []].append(contentsOf: chunk[0..<min(n, Self.maxCapturedBytes - kept)])
+            }
+        }
+        chunk.withUnsafeBytes { queue.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        return true
+    }
+
+    private func violation(_ text: String, connection: Int) {
+        state.withLock { $0.violations.append("connection \(connection): \(text)") }
+    }
+
+    /// Reads one whole request; `nil` when the connection ended (cleanly between requests, or on a violation).
+    private func readRequest(_ fd: Int32, queue: inout ByteQueue, connection: Int, index: Int) throws -> RecordedRequest? {
+        // The head.
+        var parsed: (RequestHead, Int)?
+        while parsed == nil {
+            if !queue.isEmpty {
+                switch queue.withUnsafeBytes({ HTTP1Parser.parseRequestHead($0, limits: Self.parseLimits) }) {
+                case .complete(let head, let length): parsed = (head, length); continue
+                case .invalid(let error):
+                    let bytes = queue.prefix(min(queue.count, 512))
+                    violation("invalid request head (\(error)): \(String(decoding: bytes, as: UTF8.self).debugDescription)",
+                              connection: connection)
+                    return nil
+                case .incomplete: break
+                }
+            }
+            guard try fill(fd, &queue, connection: connection) else {
+                if !queue.isEmpty {
+                    violation("connection closed inside a request head (\(queue.count) bytes)", connection: connection)
+                }
+                return nil
+            }
+        }
+        let (head, headLength) = parsed!
+        let headBytes = queue.prefix(headLength)
+        queue.consume(headLength)
+
+        let framing: BodyFraming
+        switch head.bodyFraming() {
+        case .success(let f): framing = f
+        case .failure(let error):
+            violation("invalid request framing (\(error)) in \(String(decoding: headBytes, as: UTF8.self).debugDescription)",
+                      connection: connection)
+            return nil
+        }
+        if sendsContinue && head.values(of: "expect").contains(where: { $0.lowercased() == "100-continue" })
+            && framing != .none && framing != .contentLength(0) {
+            try send(fd, Array("HTTP/1.1 100 Continue\r\n\r\n".utf8))
+        }
+
+        // The body.
+        var body = BodyRecorder(limit: maxRecordedBodyBytes)
+        switch framing {
+        case .none, .untilClose:
+            break
+        case .contentLength(let length):
+            var remaining = length
+            while remaining > 0 {
+                if queue.isEmpty {
+                    guard try fill(fd, &queue, connection: connection) else {
+                        violation("connection closed with \(remaining) body bytes missing", connection: connection)
+                        return nil
+                    }
+                }
+                let n = Int(min(UInt64(queue.count), remaining))
+                queue.withUnsafeBytes { all in
+                    let piece = UnsafeRawBufferPointer(rebasing: all[0..<n])
+                    body.wire(piece)
+                    body.payload(piece)
+                }
+                queue.consume(n)
+                remaining -= UInt64(n)
+            }
+        case .chunked:
+            var decoder = ChunkedDecoder()
+            while !decoder.isComplete {
+                if decoder.dataRemaining > 0 {
+                    if queue.isEmpty {
+                        guard try fill(fd, &queue, connection: connection) else {
+                            violation("connection closed inside chunk data", connection: connection)
+                            return nil
+                        }
+                    }
+                    let n = Int(min(UInt64(queue.count), decoder.dataRemaining))
+                    queue.withUnsafeBytes { all in
+                        let piece = UnsafeRawBufferPointer(rebasing: all[0..<n])
+                        body.wire(piece)
+                        body.payload(piece)
+                    }
+                    queue.consume(n)
+                    decoder.consumeData(n)
+                    continue
+                }
+                let result = queue.isEmpty ? .needMore : queue.withUnsafeBytes { decoder.parseFraming($0) }
+                switch result {
+                case .needMore:
+                    guard try fill(fd, &queue, connection: connection) else {
+                        violation("connection closed inside chunk framing", connection: connection)
+                        return nil
+                    }
+                case .framing(let length), .end(let length):
+                    queue.withUnsafeBytes { body.wire(UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
+                    queue.consume(length)
+                case .invalid(let error):
+                    violation("invalid chunked body (\(error))", connection: connection)
+                    return nil
+                }
+            }
+        }
+
+        return state.withLock { state in
+            let request = RecordedRequest(
+                sequence: state.requests.count, connection: connection, indexOnConnection: index,
+                head: head, headBytes: headBytes, body: body.wireBytes, payload: body.payloadBytes,
+                bodyTruncated: body.truncated, bodyLength: body.wireLength, payloadLength: body.payloadSum.length,
+                payloadChecksum: body.payloadSum.value)
+            state.requests.append(request)
+            return request
+        }
+    }
+
+    // MARK: answering
+
+    private func send(_ fd: Int32, _ bytes: [UInt8]) throws {
+        try bytes.withUnsafeBytes { try Socket.sendAll(fd, $0, until: .now + Self.idleTimeout) }
+    }
+
+    private static func head(status: Int, reason: String?, headers: [HTTPField], framingField: HTTPField?) -> [UInt8] {
+        var text = "HTTP/1.1 \(status) \(reason ?? HTTPStatus.phrase(status))\r\n"
+        for field in headers { text += "\(field.name): \(field.value)\r\n" }
+        if let framingField { text += "\(framingField.name): \(framingField.value)\r\n" }
+        text += "\r\n"
+        return Array(text.utf8)
+    }
+
+    private static func framingField(_ framing: OriginBodyFraming, length: UInt64, headers: [HTTPField]) -> HTTPField? {
+        switch framing {
+        case .contentLength:
+            if headers.contains(where: { $0.name.lowercased() == "content-length" }) { return nil }
+            return HTTPField(name: "Content-Length", value: String(length))
+        case .chunked:
+            return HTTPField(name: "Transfer-Encoding", value: "chunked")
+        case .closeDelimited, .bodiless:
+            return nil
+        }
+    }
+
+    /// Sends the response; returns whether the connection stays open for another request.
+    private func respond(_ response: OriginResponse, to request: RecordedRequest, fd: Int32) throws -> Bool {
+        switch response {
+        case .closeWithoutResponse:
+            return false
+        case .raw(let bytes, let thenClose):
+            try send(fd, bytes)
+            return !thenClose
+        case .delay(let duration, let next):
+            let deadline = ContinuousClock.now + duration
+            while ContinuousClock.now < deadline {
+                if isStopped { return false }
+                Thread.sleep(forTimeInterval: 0.01)
+            }
+            return try respond(next, to: request, fd: fd)
+        case .interim(let status, let headers, let next):
+            try send(fd, Self.head(status: status, reason: nil, headers: headers, framingField: nil))
+            return try respond(next, to: request, fd: fd)
+        case .respond(let status, let reason, let headers, let body, let framing):
+            let field = Self.framingField(framing, length: UInt64(body.count), headers: headers)
+            var out = Self.head(status: status, reason: reason, headers: headers, framingField: field)
+            switch framing {
+            case .bodiless:
+                break
+            case .contentLength, .closeDelimited:
+                out += body
+            case .chunked(let size):
+                var offset = 0
+                while offset < body.count {
+                    let n = min(max(size, 1), body.count - offset)
+                    out += Array(String(n, radix: 16).utf8) + [13, 10] + body[offset..<(offset + n)] + [13, 10]
+                    offset += n
+                }
+                out += Array("0\r\n\r\n".utf8)
+            }
+            try send(fd, out)
+            return framing != .closeDelimited && !Self.saysClose(headers)
+        case .stream(let status, let headers, let generator, let framing):
+            let field = Self.framingField(framing, length: generator.length, headers: headers)
+            try send(fd, Self.head(status: status, reason: nil, headers: headers, framingField: field))
+            if framing == .bodiless { return !Self.saysClose(headers) }
+            let chunkSize: Int
+            if case .chunked(let size) = framing { chunkSize = max(size, 1) } else { chunkSize = 256 * 1024 }
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 8)
+            defer { buffer.deallocate() }
+            var offset: UInt64 = 0
+            while offset < generator.length {
+                if isStopped { return false }
+                let n = Int(min(UInt64(chunkSize), generator.length - offset))
+                let slice = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<n])
+                generator.write(offset: offset, into: slice)
+                if case .chunked = framing { try send(fd, Array((String(n, radix: 16) + "\r\n").utf8)) }
+                try Socket.sendAll(fd, UnsafeRawBufferPointer(slice), until: .now + Self.idleTimeout)
+                if case .chunked = framing { try send(fd, [13, 10]) }
+                offset += UInt64(n)
+            }
+            if case .chunked = framing { try send(fd, Array("0\r\n\r\n".utf8)) }
+            return framing != .closeDelimited && !Self.saysClose(headers)
+        }
+    }
+
+    private static func saysClose(_ headers: [HTTPField]) -> Bool {
+        headers.contains { $0.name.lowercased() == "connection" && $0.value.lowercased().contains("close") }
+    }
+}
+
+/// Collects a request body: the wire bytes and the decoded payload up to a limit, checksums always.
+private struct BodyRecorder {
+    let limit: Int
+    var wireBytes: [UInt8] = []
+    var payloadBytes: [UInt8] = []
+    var wireLength: UInt64 = 0
+    var payloadSum = StreamChecksum()
+    var truncated = false
+
+    init(limit: Int) { self.limit = limit }
+
+    mutating func wire(_ bytes: UnsafeRawBufferPointer) {
+        wireLength += UInt64(bytes.count)
+        guard !truncated else { return }
+        if wireBytes.count + bytes.count > limit {
+            truncated = true
+            wireBytes = []
+            payloadBytes = []
+            return
+        }
+        wireBytes.append(contentsOf: bytes)
+    }
+
+    mutating func payload(_ bytes: UnsafeRawBufferPointer) {
+        payloadSum.update(bytes)
+        if !truncated { payloadBytes.append(contentsOf: bytes) }
+    }
+}
+
+/// Standard reason phrases for the statuses tests use.
+enum HTTPStatus {
+    static func phrase(_ status: Int) -> String {
+        switch status {
+        case 100: "Continue"
+        case 101: "Switching Protocols"
+        case 103: "Early Hints"
+        case 200: "OK"
+        case 201: "Created"
+        case 204: "No Content"
+        case 206: "Partial Content"
+        case 301: "Moved Permanently"
+        case 302: "Found"
+        case 304: "Not Modified"
+        case 307: "Temporary Redirect"
+        case 400: "Bad Request"
+        case 403: "Forbidden"
+        case 404: "Not Found"
+        case 500: "Internal Server Error"
+        case 502: "Bad Gateway"
+        case 503: "Service Unavailable"
+        default: "Status"
+        }
+    }
+}
