@@ -1,0 +1,132 @@
+import DatamodeConfig
+import DatamodeEngine
+import DatamodePolicy
+import Foundation
+import Logging
+
+/// The admin API (SPEC §7): routes a request to its endpoint after the bearer-token check.
+///
+/// It runs on the control loop's thread only, so endpoints are serial; they reach the workers solely by
+/// replacing the `RuntimeState` snapshot (never a lock on the request path) and read the workers' counters
+/// through `metrics`.
+public final class AdminAPI: @unchecked Sendable {
+    let runtime: RuntimeState
+    let store: StateStore
+    let token: String?
+    let metrics: () -> MetricsSnapshot
+    let logger: Logger
+    let now: () -> Int64
+
+    public init(runtime: RuntimeState, store: StateStore, token: String?, logger: Logger,
+                metrics: @escaping () -> MetricsSnapshot, now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
+        self.runtime = runtime
+        self.store = store
+        self.token = token
+        self.logger = logger
+        self.metrics = metrics
+        self.now = now
+    }
+
+    public func handle(_ request: AdminRequest) -> AdminResponse {
+        // Liveness reveals nothing and must work for a container HEALTHCHECK that has no token.
+        if request.path == "/healthz" { return HealthEndpoint.handle(request) }
+        if let token, !Self.authorized(request.headers["authorization"], token: token) {
+            var response = AdminProblem.response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
+            response.headers.append(("WWW-Authenticate", "Bearer realm=\"datamode-proxy admin\""))
+            return response
+        }
+        switch request.path {
+        case "/mode": return ModeEndpoint(api: self).handle(request)
+        case "/variants": return VariantsEndpoint(api: self).handleCollection(request)
+        case "/metrics": return MetricsEndpoint(api: self).handle(request)
+        default:
+            if request.path.hasPrefix("/variants/") {
+                let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
+                return VariantsEndpoint(api: self).handleItem(request, id: id)
+            }
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /healthz")
+        }
+    }
+
+    static func authorized(_ header: String?, token: String) -> Bool {
+        guard let header, header.count > 7, header.prefix(7).lowercased() == "bearer " else { return false }
+        let given = Array(header.dropFirst(7).trimmingCharacters(in: .whitespaces).utf8)
+        let expected = Array(token.utf8)
+        var difference = given.count == expected.count ? 0 : 1
+        for i in 0..<max(given.count, expected.count) {
+            difference |= Int((i < given.count ? given[i] : 0) ^ (i < expected.count ? expected[i] : 0))
+        }
+        return difference == 0
+    }
+}
+
+/// Problem documents of the admin API (RFC 9457), with admin-specific error codes.
+enum AdminProblem {
+    static func response(_ status: Int, _ code: String, _ detail: String) -> AdminResponse {
+        let body: [String: Any] = ["type": "urn:datamode:admin:\(code)", "title": title(status), "status": status,
+                                   "error": code, "detail": detail]
+        return AdminResponse(status: status, headers: [("Content-Type", "application/problem+json"), ("Cache-Control", "no-store")],
+                             body: AdminJSON.encode(body))
+    }
+
+    static func methodNotAllowed(_ allowed: String) -> AdminResponse {
+        var response = response(405, "method-not-allowed", "allowed: \(allowed)")
+        response.headers.append(("Allow", allowed))
+        return response
+    }
+
+    private static func title(_ status: Int) -> String {
+        switch status {
+        case 400: "Bad request"
+        case 401: "Unauthorized"
+        case 404: "Not found"
+        case 405: "Method not allowed"
+        case 409: "Conflict"
+        default: "Admin API error"
+        }
+    }
+}
+
+enum AdminJSON {
+    static func encode(_ value: Any) -> [UInt8] {
+        guard let data = try? JSONSerialization.data(withJSONObject: value, options: [.sortedKeys, .withoutEscapingSlashes]) else {
+            return Array("{}".utf8)
+        }
+        return Array(data) + [0x0a]
+    }
+
+    static func ok(_ value: Any, status: Int = 200) -> AdminResponse {
+        AdminResponse(status: status, headers: [("Content-Type", "application/json"), ("Cache-Control", "no-store")], body: encode(value))
+    }
+
+    /// Parses a JSON object body, or says why not.
+    static func object(_ body: [UInt8]) -> Result<[String: Any], AdminFailure> {
+        guard !body.isEmpty else { return .failure(AdminFailure(400, "bad-request", "a JSON object body is required")) }
+        guard let value = try? JSONSerialization.jsonObject(with: Data(body)) else {
+            return .failure(AdminFailure(400, "bad-request", "the body is not valid JSON"))
+        }
+        guard let object = value as? [String: Any] else {
+            return .failure(AdminFailure(400, "bad-request", "the body must be a JSON object"))
+        }
+        return .success(object)
+    }
+
+    /// A JSON boolean (JSONSerialization gives NSNumber; 0/1 numbers are not booleans).
+    static func bool(_ value: Any?) -> Bool? {
+        // JSON true/false decode to a boolean NSNumber (objCType "c"); 0 and 1 decode to integers ("i", "q").
+        guard let number = value as? NSNumber, String(cString: number.objCType) == "c" else { return nil }
+        return number.boolValue
+    }
+}
+
+struct AdminFailure: Error {
+    var status: Int
+    var code: String
+    var detail: String
+    init(_ status: Int, _ code: String, _ detail: String) {
+        self.status = status
+        self.code = code
+        self.detail = detail
+    }
+    var response: AdminResponse { AdminProblem.response(status, code, detail) }
+}

@@ -1,0 +1,53 @@
+import DatamodeEngine
+import DatamodePolicy
+
+/// `GET /metrics`: Prometheus text exposition format 0.0.4 (SPEC §7), from the workers' counters summed now.
+struct MetricsEndpoint {
+    let api: AdminAPI
+
+    func handle(_ request: AdminRequest) -> AdminResponse {
+        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
+        let text = Self.render(api.metrics(), api.runtime.load().snapshot)
+        return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))
+    }
+
+    static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot) -> String {
+        var out = ""
+        out += "# HELP datamode_requests_total Requests answered, by outcome and reason (an error code of SPEC §6, or empty).\n"
+        out += "# TYPE datamode_requests_total counter\n"
+        var series = metrics.requests
+        for outcome in WorkerMetrics.outcomes where !series.keys.contains(where: { $0.outcome == outcome }) {
+            series[RequestLabel(outcome: outcome, reason: ""), default: 0] += 0
+        }
+        for (label, value) in series.sorted(by: { ($0.key.outcome, $0.key.reason) < ($1.key.outcome, $1.key.reason) }) {
+            out += "datamode_requests_total{outcome=\"\(label.outcome)\",reason=\"\(label.reason)\"} \(value)\n"
+        }
+        out += "# HELP datamode_bytes_total Body bytes relayed: in = from clients, out = to clients.\n"
+        out += "# TYPE datamode_bytes_total counter\n"
+        out += "datamode_bytes_total{direction=\"in\"} \(metrics.bytesIn)\n"
+        out += "datamode_bytes_total{direction=\"out\"} \(metrics.bytesOut)\n"
+        out += "# HELP datamode_connections_active Client connections open now.\n"
+        out += "# TYPE datamode_connections_active gauge\n"
+        out += "datamode_connections_active \(metrics.connectionsActive)\n"
+        out += "# HELP datamode_mode Whether each condition of the data mode holds (1) or not (0).\n"
+        out += "# TYPE datamode_mode gauge\n"
+        out += "datamode_mode{condition=\"constrained\"} \(snapshot.mode.constrained ? 1 : 0)\n"
+        out += "datamode_mode{condition=\"expensive\"} \(snapshot.mode.expensive ? 1 : 0)\n"
+        out += "# HELP datamode_variants Registered variants by source.\n"
+        out += "# TYPE datamode_variants gauge\n"
+        let api = snapshot.policy.variants.filter { $0.source == .api }.count
+        out += "datamode_variants{source=\"config\"} \(snapshot.policy.variants.count - api)\n"
+        out += "datamode_variants{source=\"api\"} \(api)\n"
+        out += "# HELP datamode_request_duration_seconds Time from the first byte of a request head to the end of its response.\n"
+        out += "# TYPE datamode_request_duration_seconds histogram\n"
+        var cumulative = 0
+        for (index, bound) in WorkerMetrics.durationBuckets.enumerated() {
+            cumulative += metrics.durationBuckets[index]
+            out += "datamode_request_duration_seconds_bucket{le=\"\(bound)\"} \(cumulative)\n"
+        }
+        out += "datamode_request_duration_seconds_bucket{le=\"+Inf\"} \(metrics.durationCount)\n"
+        out += "datamode_request_duration_seconds_sum \(metrics.durationSumSeconds)\n"
+        out += "datamode_request_duration_seconds_count \(metrics.durationCount)\n"
+        return out
+    }
+}

@@ -1,0 +1,102 @@
+import DatamodeEngine
+import DatamodePolicy
+
+/// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7).
+///
+/// The API mode beats `--mode`/`DATAMODE_MODE`, which beats the file. A PUT is persisted before it is applied,
+/// so a mode the caller was told about survives a restart; DELETE forgets it and returns to the flag/config mode.
+struct ModeEndpoint {
+    let api: AdminAPI
+
+    func handle(_ request: AdminRequest) -> AdminResponse {
+        switch request.method {
+        case "GET", "HEAD": return AdminJSON.ok(Self.document(api.runtime.load().snapshot))
+        case "PUT": return put(request)
+        case "DELETE": return delete()
+        default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+        }
+    }
+
+    static func document(_ snapshot: RuntimeSnapshot) -> [String: Any] {
+        [
+            "mode": snapshot.mode.name,
+            "constrained": snapshot.mode.constrained,
+            "expensive": snapshot.mode.expensive,
+            "source": snapshot.modeSource.rawValue,
+            "since": Timestamp.rfc3339(wallNanoseconds: snapshot.modeSince * 1_000_000_000, fractionDigits: 0),
+        ]
+    }
+
+    private func put(_ request: AdminRequest) -> AdminResponse {
+        let mode: DataMode
+        switch Self.parseMode(request.body) {
+        case .success(let parsed): mode = parsed
+        case .failure(let failure): return failure.response
+        }
+        let since = api.now()
+        do {
+            try api.store.saveMode(mode, since: since)
+        } catch {
+            return AdminProblem.response(500, "state-write-failed", "\(error)")
+        }
+        let snapshot = api.runtime.update { state -> RuntimeSnapshot in
+            if state.mode != mode || state.modeSource != .api { state.modeSince = since }
+            state.mode = mode
+            state.modeSource = .api
+            return state
+        }
+        api.logger.info("mode set through the admin API", metadata: ["mode": "\(mode)"])
+        return AdminJSON.ok(Self.document(snapshot))
+    }
+
+    private func delete() -> AdminResponse {
+        do {
+            try api.store.deleteMode()
+        } catch {
+            return AdminProblem.response(500, "state-write-failed", "\(error)")
+        }
+        let now = api.now()
+        let snapshot = api.runtime.update { state -> RuntimeSnapshot in
+            let mode = state.configuration.effectiveMode
+            if mode != state.mode || state.modeSource == .api { state.modeSince = now }
+            state.mode = mode
+            state.modeSource = state.configuration.modeSource
+            return state
+        }
+        api.logger.info("API mode cleared", metadata: ["mode": "\(snapshot.mode)"])
+        return AdminJSON.ok(Self.document(snapshot))
+    }
+
+    /// `{"mode": "<name>"}` or `{"constrained": bool, "expensive": bool}` (a missing condition is false).
+    static func parseMode(_ body: [UInt8]) -> Result<DataMode, AdminFailure> {
+        let object: [String: Any]
+        switch AdminJSON.object(body) {
+        case .success(let o): object = o
+        case .failure(let f): return .failure(f)
+        }
+        let unknown = Set(object.keys).subtracting(["mode", "constrained", "expensive"])
+        if let key = unknown.sorted().first {
+            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"; use {\"mode\": NAME} or {\"constrained\": BOOL, \"expensive\": BOOL}"))
+        }
+        if let name = object["mode"] {
+            guard object["constrained"] == nil && object["expensive"] == nil else {
+                return .failure(AdminFailure(400, "bad-request", "give either \"mode\" or \"constrained\"/\"expensive\", not both"))
+            }
+            guard let text = name as? String, let mode = DataMode(name: text) else {
+                return .failure(AdminFailure(400, "bad-request", "\"mode\" must be one of \(DataMode.acceptedNames.joined(separator: ", "))"))
+            }
+            return .success(mode)
+        }
+        guard object["constrained"] != nil || object["expensive"] != nil else {
+            return .failure(AdminFailure(400, "bad-request", "give \"mode\" or \"constrained\"/\"expensive\""))
+        }
+        var mode = DataMode.normal
+        for (key, value) in object {
+            guard let flag = AdminJSON.bool(value) else {
+                return .failure(AdminFailure(400, "bad-request", "\"\(key)\" must be true or false"))
+            }
+            if key == "constrained" { mode.constrained = flag } else { mode.expensive = flag }
+        }
+        return .success(mode)
+    }
+}

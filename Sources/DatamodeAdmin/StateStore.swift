@@ -1,0 +1,158 @@
+import DatamodePolicy
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The admin API's persistent state in `state-dir` (SPEC §7): `mode.json` and `variants.json`.
+///
+/// Every write is atomic: a temporary file in the same directory is written and fsynced, renamed over the
+/// old one, and the directory is fsynced, so a crash at any moment leaves the old or the new file, never a
+/// torn or empty one. A file that exists but cannot be read or parsed is an error naming it: state an
+/// operator set is never silently dropped.
+public final class StateStore: @unchecked Sendable {
+    public let directory: String
+
+    public struct StateError: Error, CustomStringConvertible {
+        public var description: String
+        public init(description: String) { self.description = description }
+    }
+
+    public init(directory: String) throws(StateError) {
+        self.directory = directory
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else { throw StateError(description: "state-dir \(directory) is not a directory") }
+        } else {
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            } catch {
+                throw StateError(description: "cannot create state-dir \(directory): \(error.localizedDescription)")
+            }
+        }
+        // Temporaries of writes cut short by a crash: the real files are whole (rename is atomic), these are litter.
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] where name.contains(".json.tmp.") {
+            unlink(directory + "/" + name)
+        }
+    }
+
+    public var modePath: String { directory + "/mode.json" }
+    public var variantsPath: String { directory + "/variants.json" }
+
+    // MARK: mode
+
+    /// The persisted API mode, or nil when none was set.
+    public func loadMode() throws(StateError) -> (mode: DataMode, since: Int64)? {
+        guard let object = try readObject(modePath) else { return nil }
+        guard let name = object["mode"] as? String, let mode = DataMode(name: name) else {
+            throw StateError(description: "\(modePath): \"mode\" is missing or not a mode name; fix or delete the file")
+        }
+        let since = (object["since"] as? NSNumber)?.int64Value ?? 0
+        return (mode, since)
+    }
+
+    public func saveMode(_ mode: DataMode, since: Int64) throws(StateError) {
+        try writeAtomically(modePath, ["mode": mode.name, "since": since])
+    }
+
+    public func deleteMode() throws(StateError) {
+        if unlink(modePath) != 0 && errno != ENOENT {
+            throw StateError(description: "cannot remove \(modePath): \(String(cString: strerror(errno)))")
+        }
+        syncDirectory()
+    }
+
+    // MARK: variants
+
+    public func loadVariants() throws(StateError) -> [Variant] {
+        guard let object = try readObject(variantsPath) else { return [] }
+        guard let list = object["variants"] as? [[String: Any]] else {
+            throw StateError(description: "\(variantsPath): \"variants\" is missing or not a list; fix or delete the file")
+        }
+        var variants: [Variant] = []
+        for item in list {
+            guard let id = item["id"] as? String else {
+                throw StateError(description: "\(variantsPath): a variant has no \"id\"")
+            }
+            var fields = item
+            fields.removeValue(forKey: "source")
+            let body = (try? JSONSerialization.data(withJSONObject: fields)) ?? Data()
+            switch VariantJSON.parse(Array(body), id: id) {
+            case .success(let variant): variants.append(variant)
+            case .failure(let failure):
+                throw StateError(description: "\(variantsPath): variant \"\(id)\": \(failure.detail)")
+            }
+        }
+        return variants
+    }
+
+    public func saveVariants(_ variants: [Variant]) throws(StateError) {
+        var text = "{\n  \"variants\" : [\n"
+        text += variants.map { "    " + VariantJSON.text($0) }.joined(separator: ",\n")
+        text += "\n  ]\n}\n"
+        try writeAtomically(variantsPath, bytes: Array(text.utf8))
+    }
+
+    // MARK: files
+
+    private func readObject(_ path: String) throws(StateError) -> [String: Any]? {
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw StateError(description: "\(path): cannot be read")
+        }
+        guard let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
+            throw StateError(description: "\(path): not a JSON object (corrupt?); fix or delete the file to start")
+        }
+        return object
+    }
+
+    private func writeAtomically(_ path: String, _ object: [String: Any]) throws(StateError) {
+        let data: Data
+        do {
+            data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
+        } catch {
+            throw StateError(description: "cannot encode state for \(path): \(error)")
+        }
+        try writeAtomically(path, bytes: Array(data) + [0x0a])
+    }
+
+    private func writeAtomically(_ path: String, bytes: [UInt8]) throws(StateError) {
+        let temporary = "\(path).tmp.\(getpid())"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw StateError(description: "cannot create \(temporary): \(String(cString: strerror(errno)))") }
+        var written = 0
+        while written < bytes.count {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, bytes.count - written) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                let reason = String(cString: strerror(errno))
+                close(fd)
+                unlink(temporary)
+                throw StateError(description: "cannot write \(temporary): \(reason)")
+            }
+            written += n
+        }
+        guard fsync(fd) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            unlink(temporary)
+            throw StateError(description: "cannot fsync \(temporary): \(reason)")
+        }
+        close(fd)
+        guard rename(temporary, path) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            throw StateError(description: "cannot rename \(temporary) to \(path): \(reason)")
+        }
+        syncDirectory()
+    }
+
+    /// Makes the rename itself durable.
+    private func syncDirectory() {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if fd >= 0 {
+            fsync(fd)
+            close(fd)
+        }
+    }
+}

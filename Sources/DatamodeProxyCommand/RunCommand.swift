@@ -1,0 +1,164 @@
+import ArgumentParser
+import DatamodeAdmin
+import DatamodeConfig
+import DatamodeEngine
+import DatamodePolicy
+import Foundation
+import Logging
+
+/// `datamode-proxy run`: loads the configuration (flags > environment > file), starts the workers, and runs
+/// the control loop (signals) until SIGTERM/SIGINT, then drains.
+struct RunCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run",
+        abstract: "Start the proxy.",
+        discussion: """
+            Settings come from, highest first: these flags, the DATAMODE_* environment variables \
+            (DATAMODE_CONFIG, DATAMODE_LISTEN, DATAMODE_ADMIN_LISTEN, DATAMODE_MODE, DATAMODE_ADMIN_TOKEN, \
+            DATAMODE_STATE_DIR, DATAMODE_THREADS), the config file, built-in defaults. Without --config or \
+            DATAMODE_CONFIG the built-in defaults are used. SIGHUP reloads the file; SIGTERM/SIGINT drain and exit.
+            """
+    )
+
+    @Option(name: .long, help: "The YAML configuration file (e.g. config/datamode.yaml).")
+    var config: String?
+
+    @Option(name: .long, help: "Proxy listen address, e.g. 127.0.0.1:8877.")
+    var listen: String?
+
+    @Option(name: .customLong("admin-listen"), help: "Admin API listen address, e.g. 127.0.0.1:8878.")
+    var adminListen: String?
+
+    @Option(name: .long, help: "Data mode: normal, constrained, expensive, constrained-expensive (aliases low-data, cellular).")
+    var mode: String?
+
+    @Option(name: .customLong("state-dir"), help: "Where the API-set mode and API variants persist.")
+    var stateDir: String?
+
+    @Option(name: .long, help: "Worker threads; 0 = one per core.")
+    var threads: String?
+
+    func run() throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .info
+            return handler
+        }
+        let logger = Logger(label: "datamode-proxy")
+        let flags = ConfigOverrides(origin: .flags, configPath: config, listen: listen, adminListen: adminListen,
+                                    mode: mode, stateDirectory: stateDir, threads: threads)
+        let overrides = flags.overriding(ConfigOverrides.fromEnvironment(ProcessInfo.processInfo.environment))
+        let configPath = overrides.configPath
+
+        let snapshot: ConfigurationSnapshot
+        do {
+            snapshot = try ConfigurationSnapshot(configuration: try Self.load(configPath).applying(overrides))
+        } catch {
+            FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        let configuration = snapshot.configuration
+        let now = Int64(Date().timeIntervalSince1970)
+
+        // State the admin API persisted: it beats flags and the file (SPEC §2). Unreadable state stops start-up.
+        let store: StateStore
+        var mode = configuration.effectiveMode
+        var modeSource = configuration.modeSource
+        var modeSince = now
+        var policy = snapshot.policy
+        do {
+            store = try StateStore(directory: configuration.stateDirectory)
+            if let saved = try store.loadMode() {
+                mode = saved.mode
+                modeSource = .api
+                modeSince = saved.since
+            }
+            let apiVariants = try store.loadVariants()
+            if !apiVariants.isEmpty {
+                do {
+                    policy = try policy.replacingAPIVariants(apiVariants)
+                } catch {
+                    throw StateStore.StateError(description: "\(store.variantsPath): \(error); fix or delete the file")
+                }
+            }
+        } catch {
+            FileHandle.standardError.write(Data("datamode-proxy: state: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        let runtime = RuntimeState(RuntimeSnapshot(
+            configuration: configuration, policy: policy, mode: mode, modeSource: modeSource, modeSince: modeSince))
+
+        let server = ProxyServer(runtime: runtime, logger: logger)
+        let control: ControlLoop
+        let admin: AdminTransport
+        do {
+            try server.start()
+            control = try ControlLoop()
+            let api = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token, logger: logger,
+                               metrics: { server.metrics() })
+            admin = try AdminTransport(loop: control, address: configuration.admin.listen, handler: api.handle)
+        } catch {
+            FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        logger.info("datamode-proxy \(ProductVersion.string) ready", metadata: [
+            "listen": "\(server.listenAddress)", "admin": "\(admin.listenAddress)", "mode": "\(mode)",
+            "mode_source": "\(modeSource.rawValue)",
+            "config": "\(configPath ?? "(built-in defaults)")",
+        ])
+
+        var current = snapshot
+        control.onSignal(SIGHUP) { _ in
+            do {
+                let reloaded = try current.reloaded(with: try Self.load(configPath).applying(overrides))
+                current = reloaded
+                try runtime.update { state in
+                    let apiVariants = state.policy.variants.filter { $0.source == .api }
+                    state.configuration = reloaded.configuration
+                    state.policy = try reloaded.policy.replacingAPIVariants(apiVariants)
+                    if state.modeSource != .api {
+                        state.mode = reloaded.configuration.effectiveMode
+                        state.modeSource = reloaded.configuration.modeSource
+                    }
+                }
+                logger.info("configuration reloaded", metadata: ["generation": "\(reloaded.generation)"])
+            } catch {
+                logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(error)"])
+            }
+        }
+        let stop: (Int32) -> Void = { signal in
+            logger.info("stopping: draining in-flight requests", metadata: ["signal": "\(signal)"])
+            server.drain()
+            control.stop()
+        }
+        control.onSignal(SIGTERM, stop)
+        control.onSignal(SIGINT, stop)
+        control.run()
+        withExtendedLifetime(admin) {}
+        let graceful = server.wait(timeout: configuration.drainTimeout)
+        logger.info(graceful ? "stopped" : "stopped after drain-timeout with requests still in flight")
+    }
+
+    static func load(_ path: String?) throws -> ProxyConfiguration {
+        guard let path else { return .defaults }
+        return try ProxyConfiguration.load(path: path)
+    }
+}
+
+/// `datamode-proxy check --config F`: validates a configuration without starting anything.
+struct CheckCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "check", abstract: "Validate a configuration file and exit.")
+
+    @Option(name: .long, help: "The YAML configuration file.")
+    var config: String
+
+    func run() throws {
+        do {
+            let snapshot = try ConfigurationSnapshot(configuration: try ProxyConfiguration.load(path: config))
+            print("\(config): OK (\(snapshot.configuration.rules.count) rules, \(snapshot.configuration.variants.count) variants, mode \(snapshot.configuration.effectiveMode))")
+        } catch {
+            FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+    }
+}

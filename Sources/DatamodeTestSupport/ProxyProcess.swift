@@ -1,0 +1,180 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real `datamode-proxy` binary, started as a child process for end-to-end tests.
+///
+/// It listens on port 0 for both the proxy and the admin API and the ports are read back from its
+/// start-up log line (no fixed ports, no probing races). Output goes to files in a private temporary
+/// directory, which also holds the config file and the state directory.
+public final class ProxyProcess: @unchecked Sendable {
+    public let directory: String
+    public let configPath: String
+    public let stateDirectory: String
+    public private(set) var port: UInt16 = 0
+    public private(set) var adminPort: UInt16 = 0
+    public let process: Process
+    private let stdoutPath: String
+    private let stderrPath: String
+
+    public struct LaunchError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// The binary under test: `DATAMODE_PROXY_BIN`, else `datamode-proxy` next to the running test bundle,
+    /// else the package's `.build/debug`.
+    public static var binaryPath: String {
+        if let path = ProcessInfo.processInfo.environment["DATAMODE_PROXY_BIN"], !path.isEmpty { return path }
+        let testBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        var directory = testBinary.deletingLastPathComponent()
+        for _ in 0..<4 {
+            let candidate = directory.appendingPathComponent("datamode-proxy").path
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+            directory = directory.deletingLastPathComponent()
+        }
+        return packageRoot + "/.build/debug/datamode-proxy"
+    }
+
+    /// The repository root (this file is Sources/DatamodeTestSupport/ProxyProcess.swift).
+    public static var packageRoot: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+    }
+
+    /// Starts the proxy with `config` (YAML). `listen`, `admin.listen` and `state-dir` are set by flags unless
+    /// `arguments` sets them; `environment` is added to a clean environment (PATH, HOME only).
+    public init(config: String = "", arguments: [String] = [], environment: [String: String] = [:],
+                waitForReady: Bool = true, directory: String? = nil) throws {
+        let dir = directory ?? FileManager.default.temporaryDirectory
+            .appendingPathComponent("datamode-e2e-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        self.directory = dir
+        configPath = dir + "/datamode.yaml"
+        stateDirectory = dir + "/state"
+        stdoutPath = dir + "/stdout.log"
+        stderrPath = dir + "/stderr.log"
+        try config.write(toFile: configPath, atomically: true, encoding: .utf8)
+        FileManager.default.createFile(atPath: stdoutPath, contents: nil)
+        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.binaryPath)
+        var args = ["run", "--config", configPath]
+        if !arguments.contains("--listen") { args += ["--listen", "127.0.0.1:0"] }
+        if !arguments.contains("--admin-listen") { args += ["--admin-listen", "127.0.0.1:0"] }
+        if !arguments.contains("--state-dir") { args += ["--state-dir", stateDirectory] }
+        args += arguments
+        process.arguments = args
+        var env = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]
+        env["HOME"] = ProcessInfo.processInfo.environment["HOME"] ?? "/tmp"
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        process.currentDirectoryURL = URL(fileURLWithPath: dir)
+        process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
+        process.standardError = FileHandle(forWritingAtPath: stderrPath)
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        if waitForReady { try self.waitForReady() }
+    }
+
+    /// Waits for the "ready" log line and reads the two ports from it.
+    public func waitForReady(timeout: Double = 20) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            let log = stderr
+            if let line = log.split(separator: "\n").first(where: { $0.contains(" ready") }),
+               let listen = Self.port(after: "listen=", in: line), let admin = Self.port(after: "admin=", in: line) {
+                port = listen
+                adminPort = admin
+                return
+            }
+            if !process.isRunning {
+                throw LaunchError(description: "datamode-proxy exited with \(process.terminationStatus) before it was ready:\n\(log)")
+            }
+            usleep(20_000)
+        }
+        throw LaunchError(description: "datamode-proxy was not ready within \(timeout)s:\n\(stderr)")
+    }
+
+    private static func port(after key: String, in line: Substring) -> UInt16? {
+        guard let range = line.range(of: key) else { return nil }
+        let value = line[range.upperBound...].prefix { $0 != " " }
+        guard let colon = value.lastIndex(of: ":") else { return nil }
+        return UInt16(value[value.index(after: colon)...])
+    }
+
+    public var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
+    public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+
+    /// The access log lines written so far (one JSON object per line).
+    public var accessLog: [[String: Any]] {
+        stdout.split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
+    }
+
+    public func signal(_ signal: Int32) {
+        kill(process.processIdentifier, signal)
+    }
+
+    /// Waits for the process to exit; returns its status, or nil on timeout.
+    @discardableResult
+    public func waitForExit(timeout: Double = 15) -> Int32? {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if hasExited {
+                process.waitUntilExit()
+                return process.terminationStatus
+            }
+            usleep(10_000)
+        }
+        return nil
+    }
+
+    /// Whether the child has exited. `Process.isRunning` is not reliable here (it can stay true until
+    /// something reaps the child), so the kernel's view is read: a zombie (`Z`) or a vanished process.
+    public var hasExited: Bool {
+        if !process.isRunning { return true }
+        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return true }
+        let state = stat[stat.index(close, offsetBy: 2)...].prefix(1)
+        return state == "Z" || state == "X"
+    }
+
+    /// SIGTERM, wait, then SIGKILL if needed. Call at the end of every test.
+    public func stop() {
+        guard !hasExited else { return }
+        signal(SIGTERM)
+        if waitForExit(timeout: 15) == nil {
+            signal(SIGKILL)
+            waitForExit(timeout: 5)
+        }
+    }
+
+    deinit {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+        }
+    }
+
+    /// Runs the binary with `arguments` to completion (CLI tests): exit status, stdout, stderr.
+    public static func runCLI(_ arguments: [String], environment: [String: String] = [:], timeout: Double = 30) throws
+        -> (status: Int32, stdout: String, stderr: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaryPath)
+        process.arguments = arguments
+        var env = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        let out = Pipe()
+        let err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        let outData = out.fileHandleForReading.readDataToEndOfFile()
+        let errData = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
+    }
+}
