@@ -44,11 +44,21 @@ void dm_ignore_sigpipe(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+static void dm_process_signals(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+}
+
 void dm_block_process_signals(void) {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    dm_process_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+void dm_unblock_process_signals(void) {
+    sigset_t set;
+    dm_process_signals(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }

@@ -32,5 +32,8 @@ int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int
 void dm_ignore_sigpipe(void);
 /** Blocks SIGHUP, SIGTERM and SIGINT in the calling thread (workers), so only the main loop gets them. */
 void dm_block_process_signals(void);
+/** Unblocks them in the calling thread (the control loop). A process inherits its parent's signal mask, and
+    a parent that blocked SIGTERM (test runners, some supervisors) would otherwise make us unstoppable. */
+void dm_unblock_process_signals(void);
 
 #endif
