@@ -75,8 +75,12 @@ final class ClientConnection {
     func clientReadable() {
         switch state {
         case .readingHead: processInput()
-        case .busy: pumpRequestBody()
-        case .tunnel: pumpTunnel(fromClient: true)
+        case .busy:
+            readMoreIfPending()
+            pumpRequestBody()
+        case .tunnel:
+            readMoreIfPending()
+            pumpTunnel(fromClient: true)
         case .closing: evbuffer_drain(input, evbuffer_get_length(input))
         case .closed: break
         }
@@ -133,6 +137,14 @@ final class ClientConnection {
         default:
             break
         }
+    }
+
+    /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
+    @inline(__always)
+    private func readMoreIfPending() {
+        let buffered = evbuffer_get_length(input)
+        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
+        BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
     }
 
     // MARK: reading requests
