@@ -189,7 +189,10 @@ final class PolicyIndex: Sendable {
     let rulesByHost: [String: [Int32]]
     /// Rules whose host glob ends in a literal dotted suffix, by the suffix from its first dot.
     let rulesByHostSuffix: SliceIndex
-    /// Rules without a host criterion, or whose host glob has no dotted literal suffix.
+    /// Rules without a host criterion whose path glob starts with a literal directory (`/video/` for
+    /// `/video/*`), by that lowercased prefix up to its last `/`; found by trying each `/`-prefix of the path.
+    let rulesByPathPrefix: SliceIndex
+    /// Rules without a host criterion and no literal path directory, or whose host glob has no dotted suffix.
     let otherRules: [Int32]
     /// Whether any override rule sets each tag (if none, a header settles that tag without looking further).
     let overrideSetsConstrained: Bool
@@ -220,6 +223,7 @@ final class PolicyIndex: Sendable {
         var ruleGlobs = GlobTable(caseInsensitive: true)
         var byHost: [String: [Int32]] = [:]
         var bySuffix = SliceIndex()
+        var byPathPrefix = SliceIndex()
         var other: [Int32] = []
         var overrideC = false, overrideE = false
         for (i, rule) in rules.enumerated() {
@@ -233,6 +237,8 @@ final class PolicyIndex: Sendable {
                 } else {
                     other.append(n)
                 }
+            } else if let path = compiled.path, let prefix = PolicyIndex.directoryPrefix(ofGlob: path.pattern[...]) {
+                byPathPrefix.insert(prefix, n)
             } else {
                 other.append(n)
             }
@@ -254,6 +260,7 @@ final class PolicyIndex: Sendable {
         self.ruleGlobs = ruleGlobs
         self.rulesByHost = byHost
         self.rulesByHostSuffix = bySuffix
+        self.rulesByPathPrefix = byPathPrefix
         self.otherRules = other
         self.overrideSetsConstrained = overrideC
         self.overrideSetsExpensive = overrideE
@@ -336,6 +343,16 @@ final class PolicyIndex: Sendable {
     /// dot (`*.video.example` -> `.video.example`, `cdn*.example:8080` -> `.example:8080`). Any text the glob
     /// matches ends with it, and it starts at a dot, so it is one of the dot-suffixes of that text. `nil` when the
     /// tail has no dot (`*`, `*:8080`, `*.example.*`).
+    /// The literal text of a path glob up to the last `/` before its first `*` (`/video/` for `/video/*.mp4`,
+    /// `/a/b/` for the literal `/a/b/c`); nil when the pattern does not start with a literal `/…/`.
+    static func directoryPrefix(ofGlob glob: Substring) -> Substring? {
+        let utf8 = glob.utf8
+        guard utf8.first == UInt8(ascii: "/") else { return nil }
+        let literalEnd = utf8.firstIndex(of: UInt8(ascii: "*")) ?? utf8.endIndex
+        guard let slash = utf8[..<literalEnd].lastIndex(of: UInt8(ascii: "/")) else { return nil }
+        return glob[...slash]
+    }
+
     static func dottedSuffix(ofGlob glob: Substring) -> Substring? {
         guard let star = glob.utf8.lastIndex(of: UInt8(ascii: "*")) else { return nil }
         let tail = glob[glob.utf8.index(after: star)...]

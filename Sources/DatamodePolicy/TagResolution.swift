@@ -302,6 +302,20 @@ extension PolicyIndex {
                                 p += 1
                             }
                         }
+                        if !rulesByPathPrefix.isEmpty && !request.isConnect {
+                            // Keys are lowercased (rule paths are case-insensitive): look up the folded path.
+                            let folded = Glob.asciiLowercased(String(decoding: pathOnly, as: UTF8.self))
+                            let utf8 = folded.utf8
+                            var p = 0
+                            for byte in utf8 {
+                                p += 1
+                                guard scan.limit >= 0 else { break }
+                                if byte == UInt8(ascii: "/"), rulesByPathPrefix.mayHave(length: p),
+                                   let list = rulesByPathPrefix[folded[..<utf8.index(utf8.startIndex, offsetBy: p)]] {
+                                    scan.run(list, input)
+                                }
+                            }
+                        }
                         scan.run(otherRules, input)
                         return scan.resolution
                     }
