@@ -20,6 +20,7 @@ public final class ProxyProcess: @unchecked Sendable {
 
     public struct LaunchError: Error, CustomStringConvertible {
         public var description: String
+        public init(description: String) { self.description = description }
     }
 
     /// The binary under test: `DATAMODE_PROXY_BIN`, else `datamode-proxy` next to the running test bundle,
