@@ -46,6 +46,7 @@ final class ClientConnection {
     /// When the first byte of the head being read arrived (for `timeouts.client-header`).
     private var headStartedAt: UInt64?
     private var tunnelUpstream: UpstreamConnection?
+    private var writer = SpeculativeWriter()
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
@@ -66,7 +67,9 @@ final class ClientConnection {
         bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
         bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
         timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
-        bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+        // EV_WRITE stays off: writes are speculative (see SpeculativeWriter).
+        bufferevent_disable(bev, Int16(EV_WRITE))
+        bufferevent_enable(bev, Int16(EV_READ))
         armTimer(worker.settings.clientIdleMs)
     }
 
@@ -86,7 +89,16 @@ final class ClientConnection {
         }
     }
 
+    /// Writes what this exchange queued, towards the client and the upstream (called after every callback).
+    func flushPendingWrites() {
+        guard state != .closed else { return }
+        if let upstream = tunnelUpstream ?? exchange?.upstream { upstream.flushPendingWrites() }
+        writer.flush(bev, output: output)
+        if state == .closing && evbuffer_get_length(output) == 0 { close() }
+    }
+
     func clientWritable() {
+        defer { if state != .closed { writer.drained(bev, output: output) } }
         switch state {
         case .closing:
             if evbuffer_get_length(output) == 0 { close() }

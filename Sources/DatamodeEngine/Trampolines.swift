@@ -21,39 +21,71 @@ func context<T: AnyObject>(_ object: T) -> UnsafeMutableRawPointer {
 
 // MARK: client side
 
+// Every callback ends with `flushPendingWrites()`: writes are speculative (SpeculativeWriter), so whatever a
+// handler queued is written before control returns to the loop.
+
 let clientReadCallback: bufferevent_data_cb = { _, ctx in
-    owner(ctx, as: ClientConnection.self).clientReadable()
+    let client = owner(ctx, as: ClientConnection.self)
+    client.clientReadable()
+    client.flushPendingWrites()
 }
 let clientWriteCallback: bufferevent_data_cb = { _, ctx in
-    owner(ctx, as: ClientConnection.self).clientWritable()
+    let client = owner(ctx, as: ClientConnection.self)
+    client.clientWritable()
+    client.flushPendingWrites()
 }
 let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
-    owner(ctx, as: ClientConnection.self).clientEvent(what)
+    let client = owner(ctx, as: ClientConnection.self)
+    client.clientEvent(what)
+    client.flushPendingWrites()
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
-    owner(ctx, as: ClientConnection.self).clientTimerFired()
+    let client = owner(ctx, as: ClientConnection.self)
+    client.clientTimerFired()
+    client.flushPendingWrites()
 }
 
 // MARK: upstream side
 
 let upstreamReadCallback: bufferevent_data_cb = { _, ctx in
-    owner(ctx, as: UpstreamConnection.self).upstreamReadable()
+    let upstream = owner(ctx, as: UpstreamConnection.self)
+    let client = upstream.attachedClient
+    upstream.upstreamReadable()
+    client?.flushPendingWrites()
+    upstream.flushPendingWrites()
 }
 let upstreamWriteCallback: bufferevent_data_cb = { _, ctx in
-    owner(ctx, as: UpstreamConnection.self).upstreamWritable()
+    let upstream = owner(ctx, as: UpstreamConnection.self)
+    let client = upstream.attachedClient
+    upstream.upstreamWritable()
+    client?.flushPendingWrites()
+    upstream.flushPendingWrites()
 }
 let upstreamEventCallback: bufferevent_event_cb = { _, what, ctx in
-    owner(ctx, as: UpstreamConnection.self).upstreamEvent(what)
+    let upstream = owner(ctx, as: UpstreamConnection.self)
+    let client = upstream.attachedClient
+    upstream.upstreamEvent(what)
+    client?.flushPendingWrites()
+    upstream.flushPendingWrites()
 }
 let upstreamTimerCallback: event_callback_fn = { _, _, ctx in
-    owner(ctx, as: UpstreamConnection.self).upstreamTimerFired()
+    let upstream = owner(ctx, as: UpstreamConnection.self)
+    let client = upstream.attachedClient
+    upstream.upstreamTimerFired()
+    client?.flushPendingWrites()
+    upstream.flushPendingWrites()
 }
 
 // MARK: DNS
 
 let dnsResultCallback: evdns_getaddrinfo_cb = { result, addresses, ctx in
     let lookup = Unmanaged<DNSLookup>.fromOpaque(ctx!).takeRetainedValue()
+    let upstream = lookup.upstreamConnection
+    let client = upstream?.attachedClient
     lookup.completed(result: result, addresses: addresses)
+    // A failed lookup answers the client (502 dns-failure) from here: flush like any other callback.
+    client?.flushPendingWrites()
+    upstream?.flushPendingWrites()
 }
 
 // MARK: worker

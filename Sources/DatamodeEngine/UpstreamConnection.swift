@@ -48,6 +48,9 @@ final class UpstreamConnection {
     private var awaitingResponseHead = false
     /// The TLS state of an `https://` upstream (owned by the bufferevent, freed with it).
     private var ssl: OpaquePointer?
+    private var writer = SpeculativeWriter()
+    /// The client this connection serves now (for flushing after an upstream callback).
+    var attachedClient: ClientConnection? { client }
     private var responseTimeoutMs: Int64 = -1
 
     init(worker: Worker, key: UpstreamKey) {
@@ -59,6 +62,7 @@ final class UpstreamConnection {
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
         timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
         worker.upstreamOpened(self)
         resolve()
@@ -92,6 +96,8 @@ final class UpstreamConnection {
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
+        writer = SpeculativeWriter()
         evbuffer_add_buffer(output, pending)
         evbuffer_free(pending)
         connectNext()
@@ -208,7 +214,8 @@ final class UpstreamConnection {
             state = .busy
             if let timer { event_del(timer) }
             if awaitingResponseHead { armTimer(responseTimeoutMs) }
-            bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+            // Plain TCP: EV_WRITE stays off and writes are speculative; TLS keeps libevent's write path.
+            bufferevent_enable(bev, Int16(ssl == nil ? EV_READ : EV_READ | EV_WRITE))
             guard let client else { return }
             if responseTimeoutMs < 0 { client.tunnelConnected(self) } else { client.upstreamConnected(self) }
             return
@@ -256,7 +263,15 @@ final class UpstreamConnection {
         }
     }
 
+    /// Writes what is queued for the origin, once connected (plain TCP; TLS writes through libevent).
+    func flushPendingWrites() {
+        guard ssl == nil, state == .busy || state == .idle || state == .flushing else { return }
+        writer.flush(bev, output: output)
+        if state == .flushing && evbuffer_get_length(output) == 0 { close() }
+    }
+
     func upstreamWritable() {
+        defer { if state != .closed && ssl == nil { writer.drained(bev, output: output) } }
         switch state {
         case .busy: client?.upstreamWritable(self)
         case .flushing: if evbuffer_get_length(output) == 0 { close() }
@@ -397,6 +412,8 @@ final class DNSLookup {
     init(upstream: UpstreamConnection) {
         self.upstream = upstream
     }
+
+    var upstreamConnection: UpstreamConnection? { upstream }
 
     func start(dns: OpaquePointer, host: String, port: UInt16) {
         var hints = addrinfo()
