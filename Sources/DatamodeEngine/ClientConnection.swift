@@ -94,6 +94,7 @@ final class ClientConnection {
         guard state != .closed else { return }
         if let upstream = tunnelUpstream ?? exchange?.upstream { upstream.flushPendingWrites() }
         writer.flush(bev, output: output)
+        if state == .tunnel && (tunnelClientEnded || tunnelUpstreamEnded) { propagateTunnelEnds() }
         if state == .closing && evbuffer_get_length(output) == 0 { close() }
     }
 
@@ -270,10 +271,6 @@ final class ClientConnection {
         self.exchange?.url = target.absoluteURL
         if MessageHeads.hasOwnVia(head) {
             respondError(.loopDetected, detail: "the request already passed through this proxy", close: false)
-            return
-        }
-        if worker.isOwnListenAddress(host: target.host, port: target.port) {
-            respondError(.loopDetected, detail: "the request targets this proxy's own listener", close: false)
             return
         }
 
@@ -635,20 +632,45 @@ final class ClientConnection {
         }
     }
 
+    /// Which directions of a tunnel have ended (a half-close, `shutdown(SHUT_WR)`, is relayed as one: the
+    /// other direction keeps flowing, as TCP allows; e.g. a client that sends its request and half-closes).
+    private var tunnelClientEnded = false
+    private var tunnelUpstreamEnded = false
+    private var tunnelUpstreamShut = false
+    private var tunnelClientShut = false
+
     private func tunnelPeerClosed(client: Bool) {
-        // Flush what is buffered towards the side still open, then close both.
         if client {
+            tunnelClientEnded = true
             pumpTunnel(fromClient: true)
-            tunnelUpstream?.closeAfterFlush()
-            tunnelUpstream = nil
-            close()
         } else {
+            tunnelUpstreamEnded = true
             pumpTunnel(fromClient: false)
+        }
+        propagateTunnelEnds()
+    }
+
+    /// Once everything a side sent before its EOF has been written onwards, the other side's write half is shut
+    /// down; when both directions have ended, the tunnel closes after flushing.
+    private func propagateTunnelEnds() {
+        guard state == .tunnel, let upstream = tunnelUpstream else { return }
+        if tunnelClientEnded && tunnelUpstreamEnded {
+            upstream.closeAfterFlush()
             tunnelUpstream = nil
             exchange?.upstream = nil
             state = .closing
             bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
-            if evbuffer_get_length(output) == 0 { close() }
+            return
+        }
+        if tunnelClientEnded && !tunnelUpstreamShut && evbuffer_get_length(input) == 0
+            && evbuffer_get_length(upstream.output) == 0 {
+            tunnelUpstreamShut = true
+            upstream.shutdownWrite()
+        }
+        if tunnelUpstreamEnded && !tunnelClientShut && evbuffer_get_length(upstream.input) == 0
+            && evbuffer_get_length(output) == 0 {
+            tunnelClientShut = true
+            shutdown(bufferevent_getfd(bev), Int32(SHUT_WR))
         }
     }
 
@@ -706,7 +728,9 @@ final class ClientConnection {
     /// Writes a complete response made by the proxy. The request's body (if any) is read and discarded so the
     /// connection stays usable; `close` ends the connection after it instead (framing we cannot trust).
     private func respondLocal(status: Int, reason: String, fields: [(String, String)], body: [UInt8], close: Bool) {
-        if close { keepAlive = false }
+        // A refused CONNECT always closes: the client may already have sent tunnel bytes behind it
+        // (RFC 9110 §9.3.6), which must never be read as the next HTTP request (request smuggling).
+        if close || exchange?.method == "CONNECT" { keepAlive = false }
         if let upstream = exchange?.upstream {
             upstream.close()
             exchange?.upstream = nil

@@ -21,6 +21,37 @@ public final class ProxyServer: @unchecked Sendable {
     /// The address the proxy listens on (with the real port when 0 was asked for).
     public private(set) var listenAddress: ListenAddress
 
+    /// Other listeners of this process (the admin API) that proxied requests must never reach.
+    private var extraOwnAddresses: [(address: IPAddress, port: UInt16)] = []
+
+    /// Registers another listener of this process (call before `start()`).
+    public func addOwnAddress(_ address: ListenAddress) {
+        extraOwnAddresses.append((address: address.address, port: address.port))
+        if Worker.isLoopbackOrUnspecified(address.address) {
+            extraOwnAddresses += Self.localInterfaceAddresses().map { (address: $0, port: address.port) }
+        }
+    }
+
+    /// Every address of this machine's interfaces (for listeners on 0.0.0.0 / ::).
+    static func localInterfaceAddresses() -> [IPAddress] {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0 else { return [] }
+        defer { freeifaddrs(list) }
+        var out: [IPAddress] = []
+        var cursor = list
+        while let entry = cursor {
+            if let address = entry.pointee.ifa_addr {
+                let family = Int32(address.pointee.sa_family)
+                let length = socklen_t(family == AF_INET6 ? MemoryLayout<sockaddr_in6>.size : MemoryLayout<sockaddr_in>.size)
+                if family == AF_INET || family == AF_INET6, let ip = SocketAddress(address, length: length)?.ipAddress {
+                    out.append(ip)
+                }
+            }
+            cursor = entry.pointee.ifa_next
+        }
+        return out
+    }
+
     public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock()) {
         self.runtime = runtime
         self.logger = logger
@@ -38,7 +69,7 @@ public final class ProxyServer: @unchecked Sendable {
         guard var address = SocketAddress(ipLiteral: configuration.listen.host, port: configuration.listen.port) else {
             throw EngineError("listen: \(configuration.listen) is not an IP address and port")
         }
-        var own = [(host: configuration.admin.listen.host, port: configuration.admin.listen.port)]
+        var own = extraOwnAddresses
         for i in 0..<count {
             let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
                                     logger: logger, ownAddresses: [])
@@ -46,7 +77,10 @@ public final class ProxyServer: @unchecked Sendable {
             if i == 0 {
                 address.port = port
                 listenAddress = ListenAddress(address: configuration.listen.address, port: port)
-                own.append((host: configuration.listen.host, port: port))
+                own.append((address: configuration.listen.address, port: port))
+                if Worker.isLoopbackOrUnspecified(configuration.listen.address) {
+                    own += Self.localInterfaceAddresses().map { (address: $0, port: port) }
+                }
             }
             workers.append(worker)
         }

@@ -191,6 +191,12 @@ final class UpstreamConnection {
         }
         let address = addresses[nextAddress]
         nextAddress += 1
+        // Checked on the resolved address, so no spelling of it (0.0.0.0, [::ffff:127.0.0.1], a name that
+        // resolves to loopback) can make the proxy talk to itself: a loop, or an SSRF to the admin API.
+        if worker.isOwnAddress(address) {
+            fail(.loopDetected, "\(key.host):\(key.port) is this proxy's own listener")
+            return
+        }
         state = .connecting
         let result = address.withSockaddr { pointer, length in
             bufferevent_socket_connect(bev, UnsafeMutablePointer(mutating: pointer), Int32(length))
@@ -315,6 +321,12 @@ final class UpstreamConnection {
     func takenFromPool() {
         if let timer { event_del(timer) }
         state = .busy
+    }
+
+    /// Tunnels: the client half-closed and everything it sent was written; tell the origin.
+    func shutdownWrite() {
+        guard isConnected else { return }
+        shutdown(bufferevent_getfd(bev), Int32(SHUT_WR))
     }
 
     /// Tunnels: send what is buffered, then close.

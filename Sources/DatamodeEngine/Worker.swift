@@ -52,10 +52,10 @@ final class Worker {
     private(set) var tlsUnavailableReason: String?
     /// host:port pairs this process listens on; a request targeting one of them is a loop (or an SSRF to the
     /// admin API) and is refused.
-    private var ownAddresses: [(host: String, port: UInt16)]
+    private var ownAddresses: [(address: IPAddress, port: UInt16)]
 
     init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, logger: Logger,
-         ownAddresses: [(host: String, port: UInt16)]) throws(EngineError) {
+         ownAddresses: [(address: IPAddress, port: UInt16)]) throws(EngineError) {
         self.index = index
         self.runtime = runtime
         self.clock = clock
@@ -187,7 +187,7 @@ final class Worker {
     }
 
     /// Set once before the worker's thread starts.
-    func ownAddressesUpdate(_ addresses: [(host: String, port: UInt16)]) {
+    func ownAddressesUpdate(_ addresses: [(address: IPAddress, port: UInt16)]) {
         ownAddresses = addresses
     }
 
@@ -196,12 +196,20 @@ final class Worker {
         return settings.allow.contains { $0.contains(address) }
     }
 
-    func isOwnListenAddress(host: String, port: UInt16) -> Bool {
-        for own in ownAddresses where own.port == port {
-            if host == own.host || host == "localhost" || host.hasPrefix("127.") || host == "::1" { return true }
-            if own.host == "0.0.0.0" || own.host == "::" { return true }
+    /// Whether connecting to `address` would reach this process: one of its listeners (proxy or admin) by its
+    /// own address, by loopback, or by the unspecified address.
+    func isOwnAddress(_ address: SocketAddress) -> Bool {
+        guard let ip = address.ipAddress else { return false }
+        for own in ownAddresses where own.port == address.port {
+            if own.address == ip || Self.isLoopbackOrUnspecified(ip) { return true }
         }
         return false
+    }
+
+    static func isLoopbackOrUnspecified(_ ip: IPAddress) -> Bool {
+        let b = ip.bytes
+        if b.count == 4 { return b[0] == 127 || b == [0, 0, 0, 0] }
+        return b[0..<15].allSatisfy { $0 == 0 } && (b[15] == 1 || b[15] == 0)
     }
 
     // MARK: connections

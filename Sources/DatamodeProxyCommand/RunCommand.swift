@@ -92,11 +92,14 @@ struct RunCommand: ParsableCommand {
         let control: ControlLoop
         let admin: AdminTransport
         do {
-            try server.start()
+            // The admin listener is bound first, so the workers know its real port (it may be 0 in the
+            // config) and refuse to proxy to it.
             control = try ControlLoop()
             let api = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token, logger: logger,
                                metrics: { server.metrics() })
             admin = try AdminTransport(loop: control, address: configuration.admin.listen, handler: api.handle)
+            server.addOwnAddress(admin.listenAddress)
+            try server.start()
         } catch {
             FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
             throw ExitCode(1)
