@@ -8,30 +8,8 @@
 extension RequestHead {
     /// How this request's body is delimited, or why the framing is refused (400, connection closed).
     public func bodyFraming() -> Result<BodyFraming, HTTPWireError> {
-        let facts = FramingFields(fields)
-        if let error = facts.error { return .failure(error) }
-        if facts.hasTransferEncoding {
-            // RFC 9112 §6.1: Transfer-Encoding overrides Content-Length, and a sender MUST NOT send both,
-            // but intermediaries that honour the other one are exactly the CL.TE / TE.CL attack; refuse.
-            if facts.contentLength != nil {
-                return .failure(.malformed("both Transfer-Encoding and Content-Length"))
-            }
-            // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding MUST be treated as having faulty
-            // framing: 1.0 recipients do not know chunked and would read the chunks as the body.
-            if version == .http10 {
-                return .failure(.malformed("Transfer-Encoding in an HTTP/1.0 request"))
-            }
-            // RFC 9112 §6.3 rule 4: a request whose final coding is not chunked cannot be delimited: 400.
-            // We go further and accept only the single coding `chunked`: no other coding is used on requests,
-            // and `chunked, chunked` or `gzip, chunked` are read differently by different servers (TE.TE).
-            guard facts.transferEncodingIsChunkedOnly else {
-                return .failure(.malformed("Transfer-Encoding other than chunked"))
-            }
-            return .success(.chunked)
-        }
-        if let length = facts.contentLength { return .success(.contentLength(length)) }
-        // RFC 9112 §6.3 rule 7: a request with neither has no body.
-        return .success(.none)
+        // RFC 9112 §6.3 rule 7: a request with neither Transfer-Encoding nor Content-Length has no body.
+        FramingFields(fields).strictFraming(version: version, message: "request", otherwise: .none)
     }
 }
 
@@ -45,29 +23,39 @@ extension ResponseHead {
         if status < 200 || status == 204 || status == 304 { return .success(.none) }
         // Rule 2: a 2xx to CONNECT turns the connection into a tunnel; there is no body to frame.
         if requestMethod == "CONNECT" && status < 300 { return .success(.none) }
+        // Rule 8: with neither field the body runs until the origin closes the connection.
+        return FramingFields(fields).strictFraming(version: version, message: "response", otherwise: .untilClose)
+    }
+}
 
-        let facts = FramingFields(fields)
-        if let error = facts.error { return .failure(error) }
-        if facts.hasTransferEncoding {
-            // Rule 3 lets TE override CL, but a response carrying both is the TE.CL vector on the way back
-            // (response queue poisoning of a downstream cache or client): refuse it.
-            if facts.contentLength != nil {
+extension FramingFields {
+    /// The strict framing decision shared by requests and responses; `otherwise` is the framing of a message
+    /// with neither Transfer-Encoding nor Content-Length.
+    func strictFraming(version: HTTPVersion, message: String, otherwise: BodyFraming) -> Result<BodyFraming, HTTPWireError> {
+        if let error { return .failure(error) }
+        if hasTransferEncoding {
+            // RFC 9112 §6.1: Transfer-Encoding overrides Content-Length, and a sender MUST NOT send both, but
+            // intermediaries that honour the other one are exactly the CL.TE / TE.CL attack (on responses:
+            // response queue poisoning of a downstream cache or client); refuse.
+            if contentLength != nil {
                 return .failure(.malformed("both Transfer-Encoding and Content-Length"))
             }
-            // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing.
+            // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding MUST be treated as having faulty
+            // framing: 1.0 recipients do not know chunked and would read the chunks as the body.
             if version == .http10 {
-                return .failure(.malformed("Transfer-Encoding in an HTTP/1.0 response"))
+                return .failure(.malformed("Transfer-Encoding in an HTTP/1.0 \(message)"))
             }
-            // Rule 4 would read a non-chunked final coding until close; a proxy that re-frames it cannot do so
-            // safely, and no origin needs it: refuse anything but exactly `chunked`.
-            guard facts.transferEncodingIsChunkedOnly else {
+            // RFC 9112 §6.3 rule 4: a request whose final coding is not chunked cannot be delimited (400); a
+            // response's would be read until close, which a proxy that re-frames it cannot do safely. We go
+            // further and accept only the single coding `chunked`: `chunked, chunked` or `gzip, chunked` are
+            // read differently by different servers (TE.TE).
+            guard transferEncodingIsChunkedOnly else {
                 return .failure(.malformed("Transfer-Encoding other than chunked"))
             }
             return .success(.chunked)
         }
-        if let length = facts.contentLength { return .success(.contentLength(length)) }
-        // Rule 8: otherwise the body runs until the origin closes the connection.
-        return .success(.untilClose)
+        if let contentLength { return .success(.contentLength(contentLength)) }
+        return .success(otherwise)
     }
 }
 
