@@ -91,11 +91,52 @@ final class ClientConnection {
 
     /// Writes what this exchange queued, towards the client and the upstream (called after every callback).
     func flushPendingWrites() {
+        var rounds = 0
+        while state != .closed {
+            if let upstream = tunnelUpstream ?? exchange?.upstream { upstream.flushPendingWrites() }
+            writer.flush(bev, output: output)
+            rounds += 1
+            guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
+        }
         guard state != .closed else { return }
-        if let upstream = tunnelUpstream ?? exchange?.upstream { upstream.flushPendingWrites() }
-        writer.flush(bev, output: output)
         if state == .tunnel && (tunnelClientEnded || tunnelUpstreamEnded) { propagateTunnelEnds() }
         if state == .closing && evbuffer_get_length(output) == 0 { close() }
+    }
+
+    /// A pump moves only what fits below the destination's high water. If the write that follows empties the
+    /// destination, no write event is registered (writes are speculative), and the bytes left in the source
+    /// were already read from its socket, so no read event will come for them either: move them now.
+    /// Returns whether anything moved.
+    private func moveWhatFlushingMadeRoomFor() -> Bool {
+        let upstream = tunnelUpstream ?? exchange?.upstream
+        let before = evbuffer_get_length(input) + (upstream.map { evbuffer_get_length($0.input) } ?? 0)
+        switch state {
+        case .busy:
+            guard let exchange, let upstream, upstream.isConnected else { return false }
+            if exchange.response != nil && evbuffer_get_length(upstream.input) > 0
+                && evbuffer_get_length(output) < Flow.highWater {
+                pumpResponseBody()
+            }
+            if state == .busy, let current = self.exchange, current.upstream === upstream,
+               !current.requestBody.isComplete, evbuffer_get_length(input) > 0,
+               evbuffer_get_length(upstream.output) < Flow.highWater {
+                pumpRequestBody()
+            }
+        case .tunnel:
+            guard let upstream, upstream.isConnected else { return false }
+            if evbuffer_get_length(upstream.input) > 0 && evbuffer_get_length(output) < Flow.highWater {
+                pumpTunnel(fromClient: false)
+            }
+            if evbuffer_get_length(input) > 0 && evbuffer_get_length(upstream.output) < Flow.highWater {
+                pumpTunnel(fromClient: true)
+            }
+        default:
+            return false
+        }
+        guard state != .closed, let current = tunnelUpstream ?? self.exchange?.upstream, current === upstream else {
+            return false
+        }
+        return evbuffer_get_length(input) + evbuffer_get_length(current.input) < before
     }
 
     func clientWritable() {
