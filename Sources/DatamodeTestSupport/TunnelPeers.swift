@@ -260,7 +260,7 @@ public final class TLSFileServer: @unchecked Sendable {
         guard generated.status == 0 else { throw Failure(description: "openssl req failed: \(generated.output)") }
 
         outputPath = directory + "/s_server.log"
-        FileManager.default.createFile(atPath: outputPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
         process = Process()
         // stdbuf: s_server's stdout is a file here, block-buffered; the ACCEPT line must reach it at once.
         process.executableURL = URL(fileURLWithPath: "/usr/bin/stdbuf")
@@ -331,8 +331,8 @@ public enum ExternalCommand {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let outPath = directory + "/out"
         let allPath = directory + "/all"
-        FileManager.default.createFile(atPath: outPath, contents: nil)
-        FileManager.default.createFile(atPath: allPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: allPath, contents: nil)
         let out = FileHandle(forWritingAtPath: outPath)!
         let all = FileHandle(forWritingAtPath: allPath)!
         process.standardOutput = out
@@ -376,8 +376,8 @@ public final class LaunchedProxy: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         stdoutPath = directory + "/launched-stdout.log"
         stderrPath = directory + "/launched-stderr.log"
-        FileManager.default.createFile(atPath: stdoutPath, contents: nil)
-        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: stdoutPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
         process = Process()
         let command = launcher + [ProxyProcess.binaryPath] + arguments
         process.executableURL = URL(fileURLWithPath: command[0])
@@ -702,4 +702,19 @@ private func endOfHTTPHead(_ bytes: [UInt8]) -> Int? {
         return i + 4
     }
     return nil
+}
+
+/// A fresh private directory under the system temporary directory, for one test's files.
+public enum ScratchDirectory {
+    /// Creates `<tmp>/<prefix>-<random>` and returns its path.
+    public static func make(_ prefix: String) throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    /// Removes it and everything in it (errors ignored: a leftover temporary directory is harmless).
+    public static func remove(_ path: String) {
+        try? FileManager.default.removeItem(atPath: path)
+    }
 }

@@ -165,8 +165,8 @@ import Glibc
     /// thread of a JVM, a test runner, some supervisors) inherits them blocked. The proxy must unblock the
     /// signals it handles, or reload and shutdown silently never happen.
     @Test func signalsAreHandledEvenWhenStartedWithThemBlocked() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sigmask-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try ScratchDirectory.make("sigmask")
+        defer { ScratchDirectory.remove(directory) }
         let configPath = directory + "/datamode.yaml"
         try "mode: normal\n".write(toFile: configPath, atomically: true, encoding: .utf8)
         // perl-base is part of every Debian system; it blocks the three signals and execs the proxy in place.
@@ -237,8 +237,8 @@ import Glibc
     @Test func environmentChoosesTheFileTheListenersAndTheStateDirectory() throws {
         let origin = try RecordingOrigin { _ in .ok("via env") }
         defer { origin.stop() }
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("env-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try ScratchDirectory.make("env")
+        defer { ScratchDirectory.remove(directory) }
         // The file's addresses are not on this machine (TEST-NET-1): starting on them would fail.
         let configPath = directory + "/from-env.yaml"
         try "listen: 192.0.2.1:8877\nadmin: {listen: 192.0.2.1:8878, token: t0ken}\nmode: expensive\n"
@@ -260,8 +260,8 @@ import Glibc
     }
 
     @Test func aBadEnvironmentValueIsNamed() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("envbad-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try ScratchDirectory.make("envbad")
+        defer { ScratchDirectory.remove(directory) }
         try "".write(toFile: directory + "/empty.yaml", atomically: true, encoding: .utf8)
         let run = try ProxyProcess.runCLI(["run", "--config", directory + "/empty.yaml", "--listen", "127.0.0.1:0",
                                            "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/state"],
@@ -276,8 +276,8 @@ import Glibc
     func anAddressAlreadyInUseIsAnErrorNotACrash(flag: String) throws {
         let holder = try EchoServer()  // keeps 127.0.0.1:<port> bound and listening
         defer { holder.stop() }
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("inuse-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try ScratchDirectory.make("inuse")
+        defer { ScratchDirectory.remove(directory) }
         try "".write(toFile: directory + "/empty.yaml", atomically: true, encoding: .utf8)
         var arguments = ["run", "--config", directory + "/empty.yaml", "--state-dir", directory + "/state"]
         for name in ["--listen", "--admin-listen"] {
@@ -341,8 +341,8 @@ import Glibc
     @Test func runningOutOfDescriptorsIsLoggedAndSurvived() throws {
         let origin = try RecordingOrigin { _ in .ok("recovered") }
         defer { origin.stop() }
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("fd-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try ScratchDirectory.make("fd")
+        defer { ScratchDirectory.remove(directory) }
         try "threads: 1\n".write(toFile: directory + "/datamode.yaml", atomically: true, encoding: .utf8)
         let proxy = try LaunchedProxy(
             launcher: ["/bin/bash", "-c", "ulimit -n 64 && exec \"$0\" \"$@\""],
