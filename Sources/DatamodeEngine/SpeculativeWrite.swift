@@ -12,10 +12,22 @@ struct SpeculativeWriter {
     /// Whether EV_WRITE is on (data is waiting for the socket to drain).
     private(set) var waiting = false
 
+    /// Outputs larger than this go through libevent's own write path. Speculating on bulk bodies measured
+    /// worse (1.37 against 0.92 CPU s/GB for 100 MiB in the same bench), and the saving is per exchange, not
+    /// per byte: heads and small responses are where the epoll_ctl pairs were.
+    static let speculativeLimit = 16 * 1024
+
     /// Writes what `bev`'s output holds; enables EV_WRITE only if some remains. Errors are left for libevent
     /// to report: data stays queued, EV_WRITE goes on, and its write fails again with the error event.
     mutating func flush(_ bev: OpaquePointer, output: OpaquePointer) {
-        guard !waiting, evbuffer_get_length(output) > 0 else { return }
+        guard !waiting else { return }
+        let pending = evbuffer_get_length(output)
+        guard pending > 0 else { return }
+        guard pending <= Self.speculativeLimit else {
+            bufferevent_enable(bev, Int16(EV_WRITE))
+            waiting = true
+            return
+        }
         let fd = bufferevent_getfd(bev)
         if fd >= 0 {
             // A socket bufferevent keeps the front of its output frozen except inside its own write; do the
