@@ -74,6 +74,7 @@ public final class ProxyProcess: @unchecked Sendable {
         process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
         process.standardError = FileHandle(forWritingAtPath: stderrPath)
         process.standardInput = FileHandle.nullDevice
+        ownsDirectory = directory == nil
         try process.run()
         if waitForReady { try self.waitForReady() }
     }
@@ -152,10 +153,15 @@ public final class ProxyProcess: @unchecked Sendable {
         }
     }
 
+    /// Whether `directory` was made here (and so is removed with this value).
+    private var ownsDirectory = false
+
     deinit {
-        if process.isRunning {
+        if !hasExited {
             kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
         }
+        if ownsDirectory { try? FileManager.default.removeItem(atPath: directory) }
     }
 
     /// Runs the binary with `arguments` to completion (CLI tests): exit status, stdout, stderr.
