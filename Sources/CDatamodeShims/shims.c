@@ -1,4 +1,7 @@
+#define _GNU_SOURCE
 #include "CDatamodeShims.h"
+#include <fcntl.h>
+#include <unistd.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <pthread.h>
@@ -61,4 +64,14 @@ void dm_unblock_process_signals(void) {
     sigset_t set;
     dm_process_signals(&set);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+long dm_splice(int fd_in, int fd_out, size_t length) {
+    return (long)splice(fd_in, NULL, fd_out, NULL, length, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+}
+
+int dm_splice_pipe(int fds[2], int size) {
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return -1;
+    fcntl(fds[1], F_SETPIPE_SZ, size);
+    return 0;
 }

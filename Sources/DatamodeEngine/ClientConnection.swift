@@ -100,6 +100,7 @@ final class ClientConnection {
         }
         guard state != .closed else { return }
         if state == .tunnel && (tunnelClientEnded || tunnelUpstreamEnded) { propagateTunnelEnds() }
+        if state == .tunnel && SpliceRelay.enabled && splices.isEmpty { switchTunnelToSpliceIfIdle() }
         if state == .closing && evbuffer_get_length(output) == 0 { close() }
     }
 
@@ -673,6 +674,44 @@ final class ClientConnection {
         }
     }
 
+    /// The splice(2) relay of an established tunnel, one per direction (see SpliceRelay).
+    private var splices: [SpliceRelay] = []
+    private var splicedBytes: [UInt64] = [0, 0]
+
+    /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
+    /// order is kept: everything read so far has been written before the kernel takes over.
+    private func switchTunnelToSpliceIfIdle() {
+        guard tunnelEstablished, !tunnelClientEnded, !tunnelUpstreamEnded, let upstream = tunnelUpstream,
+              upstream.isConnected, upstream.isPlainTCP,
+              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0,
+              evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
+        let clientFD = bufferevent_getfd(bev)
+        let upstreamFD = upstream.socket
+        guard let up = SpliceRelay(base: worker.base, source: clientFD, sink: upstreamFD),
+              let down = SpliceRelay(base: worker.base, source: upstreamFD, sink: clientFD) else { return }
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        upstream.suspendIO()
+        up.onProgress = { [unowned self] relay in self.spliceProgressed(relay, index: 0) }
+        down.onProgress = { [unowned self] relay in self.spliceProgressed(relay, index: 1) }
+        splices = [up, down]
+        worker.metrics.tunnelSpliced()
+        up.start()
+        down.start()
+    }
+
+    private func spliceProgressed(_ relay: SpliceRelay, index: Int) {
+        let delta = Int(relay.moved - splicedBytes[index])
+        splicedBytes[index] = relay.moved
+        if delta > 0 {
+            if index == 0 { worker.metrics.add(bytesIn: delta) } else { worker.metrics.add(bytesOut: delta) }
+        }
+        if relay.failed {
+            abort(reason: "tunnel relay failed")
+        } else if splices.allSatisfy(\.ended) {
+            close()
+        }
+    }
+
     /// Which directions of a tunnel have ended (a half-close, `shutdown(SHUT_WR)`, is relayed as one: the
     /// other direction keeps flowing, as TCP allows; e.g. a client that sends its request and half-closes).
     private var tunnelClientEnded = false
@@ -861,6 +900,8 @@ final class ClientConnection {
 
     /// Something failed after the response started, or the client vanished: no answer is possible any more.
     func abort(reason: String) {
+        for relay in splices { relay.stop() }
+        splices = []
         if let upstream = exchange?.upstream { upstream.close() }
         if let upstream = tunnelUpstream { upstream.close() }
         exchange?.upstream = nil
@@ -877,6 +918,8 @@ final class ClientConnection {
     /// Frees the connection. Safe to call more than once.
     func close() {
         guard state != .closed else { return }
+        for relay in splices { relay.stop() }
+        splices = []
         if let upstream = exchange?.upstream { upstream.close() }
         if let upstream = tunnelUpstream { upstream.close() }
         exchange = nil

@@ -20,6 +20,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let bytesIn = Atomic<Int>(0)
     private let bytesOut = Atomic<Int>(0)
     private let connections = Atomic<Int>(0)
+    private let splices = Atomic<Int>(0)
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -62,6 +63,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
     func connectionOpened() { connections.add(1, ordering: .relaxed) }
     func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
+    func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
 
     /// Adds this worker's values into `total`.
     func accumulate(into total: inout MetricsSnapshot) {
@@ -77,6 +79,7 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.bytesIn += bytesIn.load(ordering: .relaxed)
         total.bytesOut += bytesOut.load(ordering: .relaxed)
         total.connectionsActive += connections.load(ordering: .relaxed)
+        total.tunnelSplices += splices.load(ordering: .relaxed)
     }
 }
 
@@ -99,5 +102,6 @@ public struct MetricsSnapshot: Sendable {
     public var bytesIn = 0
     public var bytesOut = 0
     public var connectionsActive = 0
+    public var tunnelSplices = 0
     public init() {}
 }

@@ -112,3 +112,12 @@ let adminRequestCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointe
     guard let request else { return }
     owner(ctx, as: AdminTransport.self).handle(request)
 }
+
+// MARK: splice tunnels (experimental)
+
+let spliceReadableCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: SpliceRelay.self).sourceReadable()
+}
+let spliceWritableCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: SpliceRelay.self).sinkWritable()
+}

@@ -103,6 +103,15 @@ final class UpstreamConnection {
         connectNext()
     }
 
+    /// Not TLS: the socket carries the payload itself (splice needs that).
+    var isPlainTCP: Bool { ssl == nil }
+    var socket: Int32 { bufferevent_getfd(bev) }
+
+    /// The splice relay took over this socket: libevent must not read or write it any more.
+    func suspendIO() {
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+    }
+
     var isConnected: Bool { state == .busy || state == .idle }
 
     /// Why the connection failed, when it failed before anyone was attached (a lookup answered inline).

@@ -96,6 +96,27 @@ import Testing
         #expect(echo.connectionCount == 1)
     }
 
+    /// An established tunnel is handed to the kernel's splice(2) relay (the default), or kept on the evbuffer
+    /// path with `DATAMODE_TUNNEL_SPLICE=0`; either way every byte arrives, and the metric says which ran.
+    @Test(arguments: [true, false])
+    func establishedTunnelsUseSpliceUnlessTurnedOff(splice: Bool) throws {
+        let echo = try EchoServer()
+        defer { echo.stop() }
+        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
+                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
+        defer { proxy.stop() }
+        let client = try TunnelClient(port: proxy.port)
+        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
+        #expect(try client.readHead().status == 200)
+        let payload = PatternBody(length: 4 << 20, seed: 5).bytes
+        let back = try client.echoRoundTrip(payload)
+        #expect(back.count == payload.count)
+        #expect(StreamChecksum.of(back) == StreamChecksum.of(payload))
+        let metrics = try AdminAPIClient(port: proxy.adminPort).get("/metrics").bodyText
+        let line = metrics.split(separator: "\n").first { $0.hasPrefix("datamode_tunnel_splices_total ") }
+        #expect(line == (splice ? "datamode_tunnel_splices_total 1" : "datamode_tunnel_splices_total 0"))
+    }
+
     /// Several tunnels at once, each moving 4 MiB both ways at full speed: every byte of every tunnel arrives
     /// (a lost wake-up in the relay shows up as a tunnel that stops short of the end).
     @Test func concurrentTunnelsDeliverEveryByte() throws {

@@ -36,4 +36,9 @@ void dm_block_process_signals(void);
     a parent that blocked SIGTERM (test runners, some supervisors) would otherwise make us unstoppable. */
 void dm_unblock_process_signals(void);
 
+/** splice(2) with SPLICE_F_MOVE | SPLICE_F_NONBLOCK (a GNU extension Swift's Glibc module does not export). */
+long dm_splice(int fd_in, int fd_out, size_t length);
+/** A non-blocking, close-on-exec pipe for splice, its capacity raised to `size` when possible. */
+int dm_splice_pipe(int fds[2], int size);
+
 #endif

