@@ -265,6 +265,7 @@ final class ClientConnection {
         let settings = worker.settings
         let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
         let tokens = head.connectionTokens
+        exchange.connectionTokens = tokens
         keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
         if peerClosed { keepAlive = false }
 
@@ -369,14 +370,14 @@ final class ClientConnection {
 
     private func forward(_ head: RequestHead, to target: RequestTarget, tags: RequestTags, variant: String?) {
         let settings = worker.settings
-        let upgrade = head.contains("upgrade") && head.connectionTokens.contains("upgrade")
+        let tokens = exchange?.connectionTokens ?? head.connectionTokens
+        let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
         let bytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
                                                   mode: settings.mode, upgrade: upgrade,
-                                                  framing: exchange?.requestFraming ?? .none)
+                                                  framing: exchange?.requestFraming ?? .none, connectionTokens: tokens)
         exchange?.headBytes = bytes
         exchange?.variant = variant
         exchange?.upgradeRequested = upgrade
-        exchange?.expectsContinue = head.values(of: "expect").contains { $0.lowercased() == "100-continue" }
         state = .busy
         connectUpstream(key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"), reuse: true)
     }
@@ -569,7 +570,8 @@ final class ClientConnection {
             && !upstreamTokens.contains("close")
             && (head.version == .http11 || upstreamTokens.contains("keep-alive"))
         let bytes = MessageHeads.relayedResponse(head, keepAlive: keepAlive, clientVersion: exchange.clientVersion,
-                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing)
+                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
+                                                 connectionTokens: upstreamTokens)
         evbuffer_add(output, bytes, bytes.count)
         exchange.response = head
         exchange.status = head.status

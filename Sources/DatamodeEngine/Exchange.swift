@@ -24,12 +24,13 @@ final class Exchange {
     /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
     var headBytes: [UInt8] = []
     var requestFraming: BodyFraming = .none
+    /// The request's `Connection` tokens, computed once per request (keep-alive, upgrade, hop-by-hop removal).
+    var connectionTokens: Set<String> = []
     var requestBody = BodyRelay(framing: .none)
     var upstream: UpstreamConnection?
     var upstreamReused = false
     var retried = false
     var upgradeRequested = false
-    var expectsContinue = false
     var response: ResponseHead?
     var responseStarted = false
     var responseBody = BodyRelay(framing: .none)

@@ -36,11 +36,11 @@ enum MessageHeads {
     /// `framing` is the request's validated framing: a `Content-Length` is written once, as the number the
     /// parser accepted (a `5, 5` list or duplicate fields become one `Content-Length: 5`, RFC 9110 §8.6).
     static func forwardedRequest(_ head: RequestHead, target: RequestTarget, tags: RequestTags,
-                                 settings: TagSettings, mode: DataMode, upgrade: Bool, framing: BodyFraming) -> [UInt8] {
+                                 settings: TagSettings, mode: DataMode, upgrade: Bool, framing: BodyFraming,
+                                 connectionTokens listed: Set<String>) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.requestLine(method: head.method, target: target.path, version: .http11)
         writer.field("Host", target.hostHeaderValue)
-        let listed = head.connectionTokens
         let addSaveData = settings.saveData && mode.constrained
         for field in head.fields {
             let name = field.name.lowercased()
@@ -69,10 +69,10 @@ enum MessageHeads {
     /// `Data-Mode-Variant` when a variant served it.
     static func relayedResponse(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
                                 stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
-                                framing: BodyFraming? = nil) -> [UInt8] {
+                                framing: BodyFraming? = nil, connectionTokens: Set<String>? = nil) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.statusLine(version: .http11, status: head.status, reason: head.reason)
-        let listed = head.connectionTokens
+        let listed = connectionTokens ?? head.connectionTokens
         for field in head.fields {
             let name = field.name.lowercased()
             if responseHopByHop.contains(name) {

@@ -416,7 +416,6 @@ final class UpstreamPool {
         for connection in all { connection.close() }
     }
 
-    var idleCount: Int { count }
 }
 
 /// One asynchronous evdns lookup. Retained while libevent holds it; its callback fires exactly once, also

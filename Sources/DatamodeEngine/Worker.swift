@@ -262,8 +262,6 @@ final class Worker {
         upstreams.removeValue(forKey: ObjectIdentifier(upstream))
     }
 
-    var openClientCount: Int { clients.count }
-
     // MARK: accounting
 
     func record(_ exchange: Exchange, client: String) {
