@@ -43,15 +43,10 @@ public enum HTTP1Parser {
         case .incomplete: return .incomplete
         case .invalid(let error): return .invalid(error)
         case .complete(let line):
-            var fields: [HTTPField] = []
-            fields.reserveCapacity(16)
-            switch FieldSection.scan(
-                bytes, from: line.next, sizeLimit: limits.headerSection, countLimit: limits.headerCount,
-                collect: true, fields: &fields
-            ) {
+            switch fieldSection(bytes, from: line.next, limits: limits) {
             case .incomplete: return .incomplete
             case .invalid(let error): return .invalid(error)
-            case .complete(let end):
+            case .complete(let fields, let end):
                 let head = RequestHead(
                     method: ASCII.string(bytes, line.methodStart, line.methodEnd),
                     target: ASCII.string(bytes, line.targetStart, line.targetEnd),
@@ -60,6 +55,21 @@ public enum HTTP1Parser {
                 )
                 return .complete(head, length: end)
             }
+        }
+    }
+
+    /// The header section after a start line (requests and responses alike): the fields, and where the head
+    /// ends (after the empty line).
+    private static func fieldSection(_ bytes: UnsafeRawBufferPointer, from start: Int, limits: HTTPLimits)
+        -> HeadParseResult<[HTTPField]>
+    {
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(16)
+        switch FieldSection.scan(bytes, from: start, sizeLimit: limits.headerSection, countLimit: limits.headerCount,
+                                 collect: true, fields: &fields) {
+        case .incomplete: return .incomplete
+        case .invalid(let error): return .invalid(error)
+        case .complete(let end): return .complete(fields, length: end)
         }
     }
 
@@ -74,15 +84,10 @@ public enum HTTP1Parser {
         case .incomplete: return .incomplete
         case .invalid(let error): return .invalid(error)
         case .complete(let line):
-            var fields: [HTTPField] = []
-            fields.reserveCapacity(16)
-            switch FieldSection.scan(
-                bytes, from: line.next, sizeLimit: limits.headerSection, countLimit: limits.headerCount,
-                collect: true, fields: &fields
-            ) {
+            switch fieldSection(bytes, from: line.next, limits: limits) {
             case .incomplete: return .incomplete
             case .invalid(let error): return .invalid(error)
-            case .complete(let end):
+            case .complete(let fields, let end):
                 let reason = ASCII.string(bytes, line.reasonStart, line.reasonEnd)
                 let head = ResponseHead(version: line.version, status: line.status, reason: reason, fields: fields)
                 return .complete(head, length: end)
