@@ -8,41 +8,37 @@ import Glibc
 // Upgrade (a TCP echo server, an origin that really switches protocols, a TLS server), plus process probes
 // (RSS, CPU time, open descriptors) and descriptor-limit helpers for the robustness tests.
 
-/// A TCP echo server on 127.0.0.1 (port 0, read back): every byte received on a connection is sent back on it;
-/// when the peer shuts down its sending side, the server finishes echoing and closes its own.
-///
-/// The far end of a CONNECT tunnel whose bytes must come back unchanged (any dropped, duplicated, reordered or
-/// injected byte shows up in the echo). One thread per connection; `stop()` shuts every socket down.
-public final class EchoServer: @unchecked Sendable {
-    public let port: UInt16
-    /// Answers only once the client has shut down its sending side: everything it sent, then EOF (a
-    /// request/response protocol that uses the half-close as its end-of-request marker).
-    public let repliesAfterEOF: Bool
+/// The listener shared by the peers here: 127.0.0.1, port 0 read back, one thread per accepted connection
+/// running the peer's `serve`, and `stop()` that shuts every socket down. Descriptors are closed only by the
+/// thread that owns them, so a stopped peer can never close a descriptor number another test now uses.
+final class LoopbackAcceptor: @unchecked Sendable {
+    let port: UInt16
 
     private struct State {
         var stopped = false
         var listenFD: Int32
         var open: [Int: Int32] = [:]
         var accepted = 0
-        var bytesEchoed: UInt64 = 0
     }
 
     private let state: Mutex<State>
 
-    public init(repliesAfterEOF: Bool = false) throws {
+    init() throws {
         let (fd, port) = try Socket.listen()
         self.port = port
-        self.repliesAfterEOF = repliesAfterEOF
         state = Mutex(State(listenFD: fd))
-        Thread.detachNewThread { [self] in acceptLoop(fd) }
+    }
+
+    /// Starts accepting; `serve` runs on its own thread per connection and the socket is closed after it.
+    func start(_ serve: @escaping @Sendable (Int32) -> Void) {
+        let fd = state.withLock { $0.listenFD }
+        Thread.detachNewThread { [self] in acceptLoop(fd, serve) }
     }
 
     /// Connections accepted so far.
-    public var connectionCount: Int { state.withLock { $0.accepted } }
-    /// Bytes echoed so far, over every connection.
-    public var bytesEchoed: UInt64 { state.withLock { $0.bytesEchoed } }
+    var accepted: Int { state.withLock { $0.accepted } }
 
-    public func stop() {
+    func stop() {
         state.withLock { state in
             guard !state.stopped else { return }
             state.stopped = true
@@ -51,117 +47,7 @@ public final class EchoServer: @unchecked Sendable {
         }
     }
 
-    deinit { stop() }
-
-    private func acceptLoop(_ listenFD: Int32) {
-        while true {
-            let fd = accept(listenFD, nil, nil)
-            if fd < 0 {
-                let stopped = state.withLock { state -> Bool in
-                    if state.stopped { Glibc.close(listenFD) }
-                    return state.stopped
-                }
-                if stopped { return }
-                continue
-            }
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            let number: Int? = state.withLock { state in
-                if state.stopped { return nil }
-                state.accepted += 1
-                state.open[state.accepted] = fd
-                return state.accepted
-            }
-            guard let number else {
-                Glibc.close(fd)
-                continue
-            }
-            Thread.detachNewThread { [self] in
-                echo(fd)
-                state.withLock { _ = $0.open.removeValue(forKey: number) }
-                Glibc.close(fd)
-            }
-        }
-    }
-
-    private func echo(_ fd: Int32) {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 256 * 1024, alignment: 8)
-        defer { buffer.deallocate() }
-        if repliesAfterEOF {
-            var everything: [UInt8] = []
-            while true {
-                guard let n = try? Socket.receive(fd, into: buffer, until: .now + .seconds(60)), n > 0 else { break }
-                everything.append(contentsOf: buffer[0..<n])
-            }
-            do {
-                try everything.withUnsafeBytes { try Socket.sendAll(fd, $0, until: .now + .seconds(60)) }
-            } catch {
-                return
-            }
-            state.withLock { $0.bytesEchoed += UInt64(everything.count) }
-            _ = shutdown(fd, Int32(SHUT_WR))
-            return
-        }
-        while true {
-            guard let n = try? Socket.receive(fd, into: buffer, until: .now + .seconds(60)), n > 0 else { break }
-            do {
-                try Socket.sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[0..<n]), until: .now + .seconds(60))
-            } catch {
-                return
-            }
-            state.withLock { $0.bytesEchoed += UInt64(n) }
-        }
-        _ = shutdown(fd, Int32(SHUT_WR))
-    }
-}
-
-/// An HTTP origin that answers an `Upgrade` request with a real `101 Switching Protocols` and from then on
-/// echoes raw bytes (like a WebSocket echo server that does not look inside frames), closing its side when the
-/// client shuts down its own. A request without `Upgrade` gets `400` and the connection is closed.
-///
-/// The request head is kept exactly as the proxy forwarded it, so a test can check the hop-by-hop rules of an
-/// upgrade (RFC 9110 §7.8: `Upgrade` and `Connection: upgrade` are forwarded for it).
-public final class UpgradeEchoOrigin: @unchecked Sendable {
-    public let port: UInt16
-    /// The `Upgrade` value sent back in the 101 (the protocol switched to).
-    public let protocolName: String
-
-    private struct State {
-        var stopped = false
-        var listenFD: Int32
-        var open: [Int: Int32] = [:]
-        var accepted = 0
-        var heads: [String] = []
-    }
-
-    private let state: Mutex<State>
-
-    public init(protocolName: String = "websocket") throws {
-        let (fd, port) = try Socket.listen()
-        self.port = port
-        self.protocolName = protocolName
-        state = Mutex(State(listenFD: fd))
-        Thread.detachNewThread { [self] in acceptLoop(fd) }
-    }
-
-    /// `http://127.0.0.1:<port>` + `path`.
-    public func url(_ path: String = "/") -> String { "http://127.0.0.1:\(port)\(path)" }
-
-    /// Every request head received, exactly (through the empty line), in arrival order.
-    public var requestHeads: [String] { state.withLock { $0.heads } }
-    public var connectionCount: Int { state.withLock { $0.accepted } }
-
-    public func stop() {
-        state.withLock { state in
-            guard !state.stopped else { return }
-            state.stopped = true
-            _ = shutdown(state.listenFD, Int32(SHUT_RDWR))
-            for fd in state.open.values { _ = shutdown(fd, Int32(SHUT_RDWR)) }
-        }
-    }
-
-    deinit { stop() }
-
-    private func acceptLoop(_ listenFD: Int32) {
+    private func acceptLoop(_ listenFD: Int32, _ serve: @escaping @Sendable (Int32) -> Void) {
         while true {
             let fd = accept(listenFD, nil, nil)
             if fd < 0 {
@@ -190,6 +76,100 @@ public final class UpgradeEchoOrigin: @unchecked Sendable {
             }
         }
     }
+}
+
+/// A TCP echo server on 127.0.0.1 (port 0, read back): every byte received on a connection is sent back on it;
+/// when the peer shuts down its sending side, the server finishes echoing and closes its own.
+///
+/// The far end of a CONNECT tunnel whose bytes must come back unchanged (any dropped, duplicated, reordered or
+/// injected byte shows up in the echo). One thread per connection; `stop()` shuts every socket down.
+public final class EchoServer: @unchecked Sendable {
+    public let port: UInt16
+    /// Answers only once the client has shut down its sending side: everything it sent, then EOF (a
+    /// request/response protocol that uses the half-close as its end-of-request marker).
+    public let repliesAfterEOF: Bool
+
+    private let acceptor: LoopbackAcceptor
+    private let echoed = Mutex<UInt64>(0)
+
+    public init(repliesAfterEOF: Bool = false) throws {
+        acceptor = try LoopbackAcceptor()
+        port = acceptor.port
+        self.repliesAfterEOF = repliesAfterEOF
+        acceptor.start { [self] fd in echo(fd) }
+    }
+
+    /// Connections accepted so far.
+    public var connectionCount: Int { acceptor.accepted }
+    /// Bytes echoed so far, over every connection.
+    public var bytesEchoed: UInt64 { echoed.withLock { $0 } }
+
+    public func stop() { acceptor.stop() }
+
+    deinit { stop() }
+
+    private func echo(_ fd: Int32) {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 256 * 1024, alignment: 8)
+        defer { buffer.deallocate() }
+        if repliesAfterEOF {
+            var everything: [UInt8] = []
+            while true {
+                guard let n = try? Socket.receive(fd, into: buffer, until: .now + .seconds(60)), n > 0 else { break }
+                everything.append(contentsOf: buffer[0..<n])
+            }
+            do {
+                try everything.withUnsafeBytes { try Socket.sendAll(fd, $0, until: .now + .seconds(60)) }
+            } catch {
+                return
+            }
+            echoed.withLock { $0 += UInt64(everything.count) }
+            _ = shutdown(fd, Int32(SHUT_WR))
+            return
+        }
+        while true {
+            guard let n = try? Socket.receive(fd, into: buffer, until: .now + .seconds(60)), n > 0 else { break }
+            do {
+                try Socket.sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[0..<n]), until: .now + .seconds(60))
+            } catch {
+                return
+            }
+            echoed.withLock { $0 += UInt64(n) }
+        }
+        _ = shutdown(fd, Int32(SHUT_WR))
+    }
+}
+
+/// An HTTP origin that answers an `Upgrade` request with a real `101 Switching Protocols` and from then on
+/// echoes raw bytes (like a WebSocket echo server that does not look inside frames), closing its side when the
+/// client shuts down its own. A request without `Upgrade` gets `400` and the connection is closed.
+///
+/// The request head is kept exactly as the proxy forwarded it, so a test can check the hop-by-hop rules of an
+/// upgrade (RFC 9110 §7.8: `Upgrade` and `Connection: upgrade` are forwarded for it).
+public final class UpgradeEchoOrigin: @unchecked Sendable {
+    public let port: UInt16
+    /// The `Upgrade` value sent back in the 101 (the protocol switched to).
+    public let protocolName: String
+
+    private let acceptor: LoopbackAcceptor
+    private let heads = Mutex<[String]>([])
+
+    public init(protocolName: String = "websocket") throws {
+        acceptor = try LoopbackAcceptor()
+        port = acceptor.port
+        self.protocolName = protocolName
+        acceptor.start { [self] fd in serve(fd) }
+    }
+
+    /// `http://127.0.0.1:<port>` + `path`.
+    public func url(_ path: String = "/") -> String { "http://127.0.0.1:\(port)\(path)" }
+
+    /// Every request head received, exactly (through the empty line), in arrival order.
+    public var requestHeads: [String] { heads.withLock { $0 } }
+    public var connectionCount: Int { acceptor.accepted }
+
+    public func stop() { acceptor.stop() }
+
+    deinit { stop() }
 
     private func serve(_ fd: Int32) {
         let deadline = ContinuousClock.now + .seconds(30)
@@ -206,7 +186,7 @@ public final class UpgradeEchoOrigin: @unchecked Sendable {
         }
         let head = String(decoding: received[0..<headEnd!], as: UTF8.self)
         let rest = Array(received[headEnd!...])
-        state.withLock { $0.heads.append(head) }
+        heads.withLock { $0.append(head) }
         let wantsUpgrade = head.lowercased().split(separator: "\r\n").contains { $0.hasPrefix("upgrade:") }
         guard wantsUpgrade else {
             let refusal = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
