@@ -59,8 +59,8 @@ public final class ProxyHarness: @unchecked Sendable {
     }
 
     /// A new client connection to the proxy.
-    public func connect(timeout: Duration = .seconds(10)) throws -> RawHTTPClient {
-        try RawHTTPClient(port: port, timeout: timeout)
+    public func connect(timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil) throws -> RawHTTPClient {
+        try RawHTTPClient(port: port, timeout: timeout, receiveBuffer: receiveBuffer)
     }
 
     /// Stops the proxy (graceful, 5 s at most) and removes the state directory. Idempotent.

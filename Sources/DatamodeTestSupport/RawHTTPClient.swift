@@ -61,11 +61,11 @@ public final class RawHTTPClient {
 
     private static let responseLimits = HTTPLimits(requestLine: 64 * 1024, headerSection: 1 << 20, headerCount: 10_000)
 
-    /// Connects to 127.0.0.1:`port`.
-    public init(port: UInt16, timeout: Duration = .seconds(10)) throws {
+    /// Connects to 127.0.0.1:`port`. `receiveBuffer` shrinks the socket's receive buffer (a slow reader).
+    public init(port: UInt16, timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil) throws {
         self.port = port
         self.timeout = timeout
-        self.fd = try Socket.connect(port: port, timeout: timeout)
+        self.fd = try Socket.connect(port: port, timeout: timeout, receiveBuffer: receiveBuffer)
     }
 
     deinit { close() }

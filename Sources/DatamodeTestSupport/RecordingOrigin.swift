@@ -132,6 +132,12 @@ public final class RecordingOrigin: @unchecked Sendable {
     public let maxRecordedBodyBytes: Int
     /// Whether a request with `Expect: 100-continue` gets `100 Continue` as soon as its head is read.
     public let sendsContinue: Bool
+    /// The version in every status line (`HTTP/1.0` makes an origin like `python3 -m http.server`: it closes
+    /// after each response).
+    public let responseVersion: HTTPVersion
+    /// A slow reader: the pause before each read of at most 16 KiB (with a small receive buffer), so that what
+    /// the proxy sends piles up in its own buffers.
+    public let readPause: Duration?
 
     private struct State {
         var stopped = false
@@ -150,9 +156,12 @@ public final class RecordingOrigin: @unchecked Sendable {
 
     /// Starts listening at once. `handler` answers every request (default: `200 ok`).
     public init(maxRecordedBodyBytes: Int = 16 << 20, sendsContinue: Bool = true,
+                responseVersion: HTTPVersion = .http11, readPause: Duration? = nil,
                 handler: @escaping Handler = { _ in .ok() }) throws {
-        let (fd, port) = try Socket.listen()
+        let (fd, port) = try Socket.listen(receiveBuffer: readPause == nil ? nil : 16 * 1024)
         self.port = port
+        self.responseVersion = responseVersion
+        self.readPause = readPause
         self.maxRecordedBodyBytes = maxRecordedBodyBytes
         self.sendsContinue = sendsContinue
         self.state = Mutex(State(handler: handler, listenFD: fd))
@@ -287,7 +296,8 @@ public final class RecordingOrigin: @unchecked Sendable {
                 index += 1
                 let handler = state.withLock { $0.handler }
                 let keepOpen = try respond(handler(request), to: request, fd: fd)
-                if !keepOpen || request.head.connectionTokens.contains("close") || request.head.version == .http10 {
+                if !keepOpen || request.head.connectionTokens.contains("close") || request.head.version == .http10
+                    || responseVersion == .http10 {
                     return
                 }
             }
@@ -298,7 +308,11 @@ public final class RecordingOrigin: @unchecked Sendable {
 
     /// Reads more bytes into `queue`; `false` at EOF.
     private func fill(_ fd: Int32, _ queue: inout ByteQueue, connection: Int) throws -> Bool {
-        var chunk = [UInt8](repeating: 0, count: 256 * 1024)
+        if let readPause {
+            let (seconds, attoseconds) = readPause.components
+            Thread.sleep(forTimeInterval: Double(seconds) + Double(attoseconds) / 1e18)
+        }
+        var chunk = [UInt8](repeating: 0, count: readPause == nil ? 256 * 1024 : 16 * 1024)
         let n = try chunk.withUnsafeMutableBytes { buffer in
             try Socket.receive(fd, into: buffer, until: .now + Self.idleTimeout)
         }
@@ -435,8 +449,8 @@ public final class RecordingOrigin: @unchecked Sendable {
         try bytes.withUnsafeBytes { try Socket.sendAll(fd, $0, until: .now + Self.idleTimeout) }
     }
 
-    private static func head(status: Int, reason: String?, headers: [HTTPField], framingField: HTTPField?) -> [UInt8] {
-        var text = "HTTP/1.1 \(status) \(reason ?? HTTPStatus.phrase(status))\r\n"
+    private func head(status: Int, reason: String?, headers: [HTTPField], framingField: HTTPField?) -> [UInt8] {
+        var text = "\(responseVersion == .http10 ? "HTTP/1.0" : "HTTP/1.1") \(status) \(reason ?? HTTPStatus.phrase(status))\r\n"
         for field in headers { text += "\(field.name): \(field.value)\r\n" }
         if let framingField { text += "\(framingField.name): \(framingField.value)\r\n" }
         text += "\r\n"
@@ -471,11 +485,11 @@ public final class RecordingOrigin: @unchecked Sendable {
             }
             return try respond(next, to: request, fd: fd)
         case .interim(let status, let headers, let next):
-            try send(fd, Self.head(status: status, reason: nil, headers: headers, framingField: nil))
+            try send(fd, head(status: status, reason: nil, headers: headers, framingField: nil))
             return try respond(next, to: request, fd: fd)
         case .respond(let status, let reason, let headers, let body, let framing):
             let field = Self.framingField(framing, length: UInt64(body.count), headers: headers)
-            var out = Self.head(status: status, reason: reason, headers: headers, framingField: field)
+            var out = head(status: status, reason: reason, headers: headers, framingField: field)
             switch framing {
             case .bodiless:
                 break
@@ -494,7 +508,7 @@ public final class RecordingOrigin: @unchecked Sendable {
             return framing != .closeDelimited && !Self.saysClose(headers)
         case .stream(let status, let headers, let generator, let framing):
             let field = Self.framingField(framing, length: generator.length, headers: headers)
-            try send(fd, Self.head(status: status, reason: nil, headers: headers, framingField: field))
+            try send(fd, head(status: status, reason: nil, headers: headers, framingField: field))
             if framing == .bodiless { return !Self.saysClose(headers) }
             let chunkSize: Int
             if case .chunked(let size) = framing { chunkSize = max(size, 1) } else { chunkSize = 256 * 1024 }

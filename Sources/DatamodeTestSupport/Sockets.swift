@@ -31,11 +31,16 @@ public enum TestSocketError: Error, CustomStringConvertible, Sendable {
 /// process with SIGPIPE.
 enum Socket {
     /// A listening TCP socket on 127.0.0.1 and the port the kernel picked (port 0 = any free port).
-    static func listen(port: UInt16 = 0, backlog: Int32 = 128) throws(TestSocketError) -> (fd: Int32, port: UInt16) {
+    /// `receiveBuffer` (SO_RCVBUF, inherited by accepted sockets) makes a slow reader's backlog show at the peer.
+    static func listen(port: UInt16 = 0, backlog: Int32 = 128,
+                       receiveBuffer: Int32? = nil) throws(TestSocketError) -> (fd: Int32, port: UInt16) {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
         var one: Int32 = 1
         _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        if var size = receiveBuffer {
+            _ = setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var address = loopback(port: port)
         let bound = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
@@ -54,9 +59,14 @@ enum Socket {
     }
 
     /// A connected TCP socket to 127.0.0.1:`port`, with TCP_NODELAY.
-    static func connect(port: UInt16, timeout: Duration) throws(TestSocketError) -> Int32 {
+    /// `receiveBuffer` (SO_RCVBUF, set before connecting so the window starts small) makes a slow reader whose
+    /// kernel buffers cannot hide how slowly it reads.
+    static func connect(port: UInt16, timeout: Duration, receiveBuffer: Int32? = nil) throws(TestSocketError) -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
+        if var size = receiveBuffer {
+            _ = setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var address = loopback(port: port)
         let result = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
