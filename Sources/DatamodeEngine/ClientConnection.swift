@@ -159,20 +159,21 @@ final class ClientConnection {
             peerClosed = true
             switch state {
             case .readingHead:
-                // Half-close: any complete requests still buffered are answered, then the connection closes.
+                // Half-close: any complete requests still buffered are answered, then the connection closes
+                // once every response byte has been written.
                 keepAlive = false
                 processInput()
-                if state == .readingHead { close() }
+                if state == .readingHead { closeWhenFlushed() }
             case .busy:
-                if let exchange, exchange.requestBody.isComplete {
-                    keepAlive = false  // answer what was asked, then close
-                } else {
-                    abort(reason: "client closed mid-request")
-                }
+                // Answer what was asked, then close. A request body still buffered (the origin reads slower
+                // than the client sent) is relayed first; only a body that ends short is an abort
+                // (see pumpRequestBody).
+                keepAlive = false
+                if let exchange, !exchange.requestBody.isComplete { pumpRequestBody() }
             case .tunnel:
                 tunnelPeerClosed(client: true)
             case .closing:
-                close()
+                break  // a half-close: the client may still be reading what is being flushed
             case .closed:
                 break
             }
@@ -188,7 +189,13 @@ final class ClientConnection {
             // Idle keep-alive expired, or a head trickled in too slowly (slowloris): cut it without a word.
             close()
         case .closing:
-            close()
+            let backlog = evbuffer_get_length(output)
+            if backlog > 0 && backlog < closingBacklog {
+                closingBacklog = backlog  // a slow reader that still reads: let it finish
+                armTimer(worker.settings.drainMs)
+            } else {
+                close()
+            }
         default:
             break
         }
@@ -213,7 +220,7 @@ final class ClientConnection {
             let available = evbuffer_get_length(input)
             if available == 0 {
                 headStartedAt = nil
-                if peerClosed { close(); return }
+                if peerClosed { closeWhenFlushed(); return }
                 armTimer(worker.settings.clientIdleMs)
                 return
             }
@@ -223,7 +230,7 @@ final class ClientConnection {
             }
             switch parseHead(available: available) {
             case .incomplete:
-                if peerClosed { close() }
+                if peerClosed { closeWhenFlushed() }
                 return
             case .invalid(let error):
                 worker.refreshSnapshot()
@@ -404,12 +411,15 @@ final class ClientConnection {
         if exchange.requestBody.isComplete { return }
         let room = Flow.highWater - evbuffer_get_length(upstream.output)
         guard room > 0 else { return }
+        let before = evbuffer_get_length(input)
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
         exchange.bytesIn = exchange.requestBody.transferred
-        self.exchange = exchange
         switch progress {
         case .inProgress:
-            if peerClosed { abort(reason: "client closed mid-body") }
+            // After the client's EOF the body can only end short: once what it sent has been relayed (or what
+            // is left cannot move: a chunk-size line cut by the close), the request is abandoned.
+            let left = evbuffer_get_length(input)
+            if peerClosed && (left == 0 || left == before) { abort(reason: "client-aborted") }
         case .complete:
             break
         case .invalid(let error):
@@ -475,28 +485,22 @@ final class ClientConnection {
         }
     }
 
-    /// The upstream closed its side.
+    /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than
+    /// the client's buffer takes now (a slow reader): the response goes on draining it, and ends only when it is
+    /// empty (see `pumpResponseBody`). Ending it here lost the tail of large responses (SPEC §6).
     func upstreamClosed(_ upstream: UpstreamConnection) {
         if state == .tunnel, tunnelUpstream === upstream { tunnelPeerClosed(client: false); return }
         guard let exchange, exchange.upstream === upstream else { return }
+        exchange.upstreamEnded = true
+        exchange.upstreamReusable = false
         if exchange.response == nil {
-            // Bytes may have arrived with the EOF: try to read a head first.
+            // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
             readResponseHead(upstream)
-            guard self.exchange?.upstream === upstream, self.exchange?.response == nil else {
-                if self.exchange?.upstream === upstream { upstreamClosed(upstream) }
-                return
-            }
+            guard let current = self.exchange, current.upstream === upstream, current.response == nil else { return }
             upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
             return
         }
         pumpResponseBody()
-        guard let current = self.exchange, current.upstream === upstream else { return }
-        if case .untilClose = current.responseBody.mode {
-            current.upstreamReusable = false
-            finishExchange()
-        } else if !current.responseBody.isComplete {
-            abort(reason: "the origin closed the connection mid-body")
-        }
     }
 
     private func readResponseHead(_ upstream: UpstreamConnection) {
@@ -588,18 +592,39 @@ final class ClientConnection {
         guard let exchange, let upstream = exchange.upstream, exchange.response != nil else { return }
         let room = Flow.highWater - evbuffer_get_length(output)
         guard room > 0 else { return }
+        let before = evbuffer_get_length(upstream.input)
         let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
         exchange.bytesOut = exchange.responseBody.transferred
-        self.exchange = exchange
         switch progress {
         case .inProgress:
-            break
+            // After the origin's EOF nothing more will arrive: the body ends when what it sent has been moved
+            // (or when what is left cannot move: a chunk-size line cut by the close).
+            let left = evbuffer_get_length(upstream.input)
+            guard exchange.upstreamEnded, left == 0 || left == before else { return }
+            if case .untilClose = exchange.responseBody.mode {
+                finishExchange()
+            } else {
+                finishTruncated(reason: "upstream-aborted")
+            }
         case .complete:
             finishExchange()
         case .invalid:
             upstream.close()
-            abort(reason: "invalid chunked response body from the origin")
+            exchange.upstream = nil
+            finishTruncated(reason: "upstream-protocol-error")
         }
+    }
+
+    /// The response cannot be completed (the origin closed mid-body, or broke its framing) after part of it was
+    /// relayed: what was relayed is still written, then the connection closes, so the client sees a short
+    /// body, never a different message.
+    private func finishTruncated(reason: String) {
+        guard let exchange else { return }
+        exchange.outcome = .error
+        if exchange.reason == nil { exchange.reason = reason }
+        exchange.upstreamReusable = false
+        keepAlive = false
+        finishExchange()
     }
 
     // MARK: CONNECT tunnels
@@ -709,7 +734,7 @@ final class ClientConnection {
         }
         if relay.failed {
             abort(reason: "tunnel relay failed")
-        } else if splices.allSatisfy(\.ended) {
+        } else if splices.allSatisfy(\.finished) {
             close()
         }
     }
@@ -734,16 +759,10 @@ final class ClientConnection {
 
     /// Once everything a side sent before its EOF has been written onwards, the other side's write half is shut
     /// down; when both directions have ended, the tunnel closes after flushing.
+    /// The tunnel closes only when both directions have been shut down this way: closing as soon as both EOFs
+    /// had been read lost whatever still sat in the buffers of the slower direction.
     private func propagateTunnelEnds() {
         guard state == .tunnel, let upstream = tunnelUpstream else { return }
-        if tunnelClientEnded && tunnelUpstreamEnded {
-            upstream.closeAfterFlush()
-            tunnelUpstream = nil
-            exchange?.upstream = nil
-            state = .closing
-            bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
-            return
-        }
         if tunnelClientEnded && !tunnelUpstreamShut && evbuffer_get_length(input) == 0
             && evbuffer_get_length(upstream.output) == 0 {
             tunnelUpstreamShut = true
@@ -753,6 +772,12 @@ final class ClientConnection {
             && evbuffer_get_length(output) == 0 {
             tunnelClientShut = true
             shutdown(bufferevent_getfd(bev), Int32(SHUT_WR))
+        }
+        if tunnelClientShut && tunnelUpstreamShut {
+            upstream.close()
+            tunnelUpstream = nil
+            exchange?.upstream = nil
+            close()
         }
     }
 
@@ -865,7 +890,12 @@ final class ClientConnection {
             keepAlive = false
             finishExchange()
         case .inProgress:
-            if peerClosed { close() }
+            // The client closed mid-body: the local response already queued is still written.
+            if peerClosed {
+                discarding = false
+                keepAlive = false
+                finishExchange()
+            }
         }
     }
 
@@ -884,15 +914,26 @@ final class ClientConnection {
         logExchange()
         self.exchange = nil
         if !keepAlive || worker.isDraining {
-            state = .closing
-            bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
-            armTimer(worker.settings.drainMs)
-            if evbuffer_get_length(output) == 0 { close() }
+            closeWhenFlushed()
             return
         }
         state = .readingHead
         processInput()
     }
+
+    /// Ends the connection after everything queued for the client has been written, however slowly it reads:
+    /// the timer cuts it only when a whole `drain-timeout` passes without the client taking a byte.
+    private func closeWhenFlushed() {
+        guard state != .closed else { return }
+        state = .closing
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+        if evbuffer_get_length(output) == 0 { close(); return }
+        closingBacklog = evbuffer_get_length(output)
+        armTimer(worker.settings.drainMs)
+    }
+
+    /// What the output held when the closing timer was last armed (progress re-arms it).
+    private var closingBacklog = 0
 
     private func logExchange() {
         guard let exchange, !exchange.logged else { return }

@@ -35,6 +35,9 @@ final class Exchange {
     var responseStarted = false
     var responseBody = BodyRelay(framing: .none)
     var upstreamReusable = false
+    /// The origin closed its side (EOF): what it sent before is still relayed, to the last byte (SPEC §6
+    /// "No byte is lost"); the response ends only once its source buffer is empty.
+    var upstreamEnded = false
     var logged = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {

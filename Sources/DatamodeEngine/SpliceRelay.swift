@@ -22,7 +22,10 @@ final class SpliceRelay {
     private var inPipe = 0
     private var readEvent: OpaquePointer?
     private var writeEvent: OpaquePointer?
+    /// The source reached EOF (what it sent may still be in the pipe).
     private(set) var ended = false
+    /// EOF was read and everything before it was written to the sink: this direction is over.
+    var finished: Bool { ended && inPipe == 0 }
     private(set) var failed = false
     private(set) var moved: UInt64 = 0
     /// Called after every step that may have changed `ended` / `failed` / `moved`.
