@@ -50,10 +50,16 @@ enum MessageHeads {
             }
             if listed.contains(name) { continue }
             if addSaveData && name == "save-data" { continue }
-            if name == "content-length" { continue }
+            // The framing sent is always our own, written from the parse below, never what survived filtering:
+            // `Connection: Transfer-Encoding` once removed the header but not the chunks (request smuggling).
+            if name == "content-length" || name == "transfer-encoding" { continue }
             writer.field(field.name, field.value)
         }
-        if case .contentLength(let length) = framing { writer.field("Content-Length", String(length)) }
+        switch framing {
+        case .contentLength(let length): writer.field("Content-Length", String(length))
+        case .chunked: writer.field("Transfer-Encoding", "chunked")
+        case .none, .untilClose: break
+        }
         if upgrade { writer.field("Connection", "upgrade") }
         writer.field("Via", viaValue)
         if settings.forward {
@@ -73,6 +79,13 @@ enum MessageHeads {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.statusLine(version: .http11, status: head.status, reason: head.reason)
         let listed = connectionTokens ?? head.connectionTokens
+        // A body's framing is written from the parse, never copied (see forwardedRequest); only bodiless
+        // responses (HEAD, 204, 304) keep the origin's Content-Length, which then describes the resource.
+        let ownFraming: Bool
+        switch framing {
+        case .contentLength?, .chunked?, .untilClose?: ownFraming = true
+        case .none?, nil: ownFraming = false
+        }
         for field in head.fields {
             let name = field.name.lowercased()
             if responseHopByHop.contains(name) {
@@ -82,10 +95,14 @@ enum MessageHeads {
             if listed.contains(name) { continue }
             if stripTransferEncoding && name == "transfer-encoding" { continue }
             if variant != nil && name == "data-mode-variant" { continue }
-            if name == "content-length", case .contentLength = framing { continue }
+            if ownFraming && (name == "content-length" || name == "transfer-encoding") { continue }
             writer.field(field.name, field.value)
         }
-        if case .contentLength(let length) = framing { writer.field("Content-Length", String(length)) }
+        switch framing {
+        case .contentLength(let length)?: writer.field("Content-Length", String(length))
+        case .chunked? where !stripTransferEncoding: writer.field("Transfer-Encoding", "chunked")
+        default: break
+        }
         writer.field("Via", viaValue)
         if let variant { writer.field("Data-Mode-Variant", variant) }
         if upgrade {

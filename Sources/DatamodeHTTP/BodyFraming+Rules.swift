@@ -83,9 +83,37 @@ struct FramingFields {
                 Self.scanCodings(field.value, count: &codings, allChunked: &allChunked)
             } else if nameCount == 14 && ASCII.equalsIgnoringCase(field.name, "content-length") {
                 if error == nil { scanContentLength(field.value) }
+            } else if nameCount == 10 && ASCII.equalsIgnoringCase(field.name, "connection") {
+                if error == nil, let named = Self.framingFieldNamed(inConnection: field.value) {
+                    error = .malformed("Connection names \(named)")
+                }
             }
         }
         transferEncodingIsChunkedOnly = hasTransferEncoding && codings == 1 && allChunked
+    }
+
+    /// RFC 9110 §7.6.1 lets `Connection` name fields to remove before forwarding. Naming a framing field asks
+    /// a proxy to forward the body without the field that delimits it: the chunks of `Connection:
+    /// Transfer-Encoding` + `Transfer-Encoding: chunked` reach the origin raw, and their data is read as the
+    /// next request on a pooled connection (request smuggling; on responses, a desynchronised client).
+    /// `Host` is refused for the same reason: removing it would leave the origin to guess the authority.
+    /// Returns the first such token found.
+    static let framingFieldNames = ["Content-Length", "Transfer-Encoding", "Host"]
+
+    static func framingFieldNamed(inConnection value: String) -> String? {
+        var value = value
+        return value.withUTF8 { u -> String? in
+            var start = 0
+            for i in 0...u.count where i == u.count || u[i] == 0x2C {
+                let (a, b) = ASCII.trimOWS(u, start, i)
+                start = i + 1
+                for name in Self.framingFieldNames where b - a == name.utf8.count {
+                    let token = String(decoding: UnsafeBufferPointer(rebasing: u[a..<b]), as: UTF8.self)
+                    if ASCII.equalsIgnoringCase(token, name) { return name }
+                }
+            }
+            return nil
+        }
     }
 
     /// Counts the comma-separated codings of one Transfer-Encoding field value. An empty element counts as a

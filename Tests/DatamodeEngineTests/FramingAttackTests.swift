@@ -46,6 +46,21 @@ import Testing
          "GET http://{o}/ HTTP/1.1\r\nHost: {o}\r\nHost: other.example\r\n\r\n"),
         ("two spaces in the request line",
          "GET  http://{o}/ HTTP/1.1\r\nHost: {o}\r\n\r\n"),
+        // Connection naming a framing field: filtering would drop the field and forward its body unframed, and
+        // the chunk data (a whole second request here) would reach a pooled origin connection raw.
+        ("Connection: Transfer-Encoding",
+         "POST http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + "2a\r\nGET /smuggled HTTP/1.1\r\nHost: {o}\r\nX: yyyyyyy\r\n\r\n0\r\n\r\n"),
+        ("Connection: keep-alive, Transfer-Encoding",
+         "POST http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: keep-alive, Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + "5\r\nhello\r\n0\r\n\r\n"),
+        ("Connection: TRANSFER-ENCODING in another case, in a second Connection field",
+         "POST http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: keep-alive\r\nConnection:  TRANSFER-ENCODING \r\n"
+            + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+        ("Connection: Content-Length",
+         "POST http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: Content-Length\r\nContent-Length: 5\r\n\r\nhello"),
+        ("Connection: Host",
+         "GET http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: close, host\r\n\r\n"),
     ]
 
     @Test(arguments: attempts)
@@ -63,6 +78,48 @@ import Testing
         #expect(response.values(of: "Connection").map { $0.lowercased() } == ["close"], "\(name)")
         #expect(client.isClosedByPeer(), "\(name): connection left open")
         expectOriginUntouched(origin)
+    }
+
+    /// The response side of `Connection: Transfer-Encoding`: an origin that names its own framing field in
+    /// Connection would have its chunked body relayed unframed on a kept-alive client connection (the client
+    /// hangs, the next response is read as part of this one). Refused with 502 before anything is relayed, and
+    /// the client connection stays in step.
+    @Test(arguments: ["Transfer-Encoding", "keep-alive, transfer-encoding", "Content-Length"])
+    func anOriginNamingItsFramingInConnectionGets502(connection: String) throws {
+        let framing = connection.lowercased().contains("transfer") ? "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+            : "Content-Length: 5\r\n\r\nhello"
+        let origin = try RecordingOrigin { request in
+            request.target == "/next" ? .ok("next") : .raw("HTTP/1.1 200 OK\r\nConnection: \(connection)\r\n\(framing)")
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+
+        try client.send(RequestText.make("GET", origin.url("/framed")))
+        let response = try client.readResponse()
+        expectProblem(response, status: 502, error: "upstream-protocol-error")
+        #expect(response.problem?.detail?.contains("Connection names") == true, "\(response.bodyText)")
+
+        try client.send(RequestText.make("GET", origin.url("/next")))
+        #expect(try client.readResponse().bodyText == "next")
+    }
+
+    /// Whatever survives header filtering, the forwarded framing is the proxy's own: a chunked request reaches
+    /// the origin with exactly one `Transfer-Encoding: chunked` written by the proxy.
+    @Test func theForwardedFramingIsWrittenFromTheParse() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+
+        try client.send("POST \(origin.url("/c")) HTTP/1.1\r\nHost: \(origin.authority)\r\nTransfer-Encoding:  Chunked \r\n\r\n"
+            + "5\r\nhello\r\n0\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+        let request = try #require(origin.waitForRequests(1).first)
+        #expect(request.values(of: "Transfer-Encoding") == ["chunked"])
+        #expect(request.payloadLength == 5)
     }
 
     // MARK: bad chunked framing in the body
