@@ -31,6 +31,8 @@ struct BodyRelay {
     private(set) var mode: Mode
     /// Bytes taken from the source so far (framing included).
     private(set) var transferred: UInt64 = 0
+    /// Bytes put into the destination so far (framing that is stripped is not).
+    private(set) var delivered: UInt64 = 0
 
     init(framing: BodyFraming, stripChunkFraming: Bool = false) {
         switch framing {
@@ -117,6 +119,7 @@ struct BodyRelay {
     private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {
         if let destination {
             evbuffer_remove_buffer(source, destination, n)
+            delivered += UInt64(n)
         } else {
             evbuffer_drain(source, n)
         }

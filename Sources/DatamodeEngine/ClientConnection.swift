@@ -289,6 +289,9 @@ final class ClientConnection {
         }
         exchange.requestBody = BodyRelay(framing: framing)
         exchange.requestFraming = framing
+        if !exchange.requestBody.isComplete {
+            exchange.expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
+        }
         self.exchange = exchange
 
         if head.values(of: "host").count > 1 {
@@ -398,7 +401,7 @@ final class ClientConnection {
         upstream.attach(self)
         guard self.exchange?.upstream === upstream else { return }  // it had already failed; answered
         upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
-        if upstream.isConnected { pumpRequestBody() }
+        if exchange.requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody() }
     }
 
     /// Moves request body bytes from the client to the upstream, as far as the upstream's buffer has room.
@@ -407,12 +410,15 @@ final class ClientConnection {
             discardRequestBody()
             return
         }
-        guard let exchange, let upstream = exchange.upstream, upstream.isConnected else { return }
+        // The body is relayed (and its framing checked) while the upstream is still connecting too, so a bad
+        // chunk is refused with 400 however the client's bytes and the connect race.
+        guard let exchange, let upstream = exchange.upstream, upstream.acceptsRequestBytes else { return }
         if exchange.requestBody.isComplete { return }
         let room = Flow.highWater - evbuffer_get_length(upstream.output)
         guard room > 0 else { return }
         let before = evbuffer_get_length(input)
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
+        upstream.requestBytesAdded(before - evbuffer_get_length(input))
         exchange.bytesIn = exchange.requestBody.transferred
         switch progress {
         case .inProgress:
@@ -421,7 +427,7 @@ final class ClientConnection {
             let left = evbuffer_get_length(input)
             if peerClosed && (left == 0 || left == before) { abort(reason: "client-aborted") }
         case .complete:
-            break
+            upstream.requestComplete()
         case .invalid(let error):
             // Nothing of this request may reach the origin (SPEC §6: never forwarded). The head and any valid
             // chunks are still only queued: libevent writes them after this callback returns (for a fresh
@@ -577,6 +583,7 @@ final class ClientConnection {
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
         evbuffer_add(output, bytes, bytes.count)
+        exchange.responseHeadLength = bytes.count
         exchange.response = head
         exchange.status = head.status
         exchange.responseStarted = true
@@ -608,11 +615,36 @@ final class ClientConnection {
             }
         case .complete:
             finishExchange()
-        case .invalid:
+        case .invalid(let error):
             upstream.close()
             exchange.upstream = nil
-            finishTruncated(reason: "upstream-protocol-error")
+            if retractUnsentResponse(exchange) {
+                // Nothing of it reached the client yet: a clean answer is still possible (SPEC §6).
+                respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + Self.detail(for: error),
+                             close: !exchange.requestBody.isComplete)
+            } else {
+                finishTruncated(reason: "upstream-protocol-error")
+            }
         }
+    }
+
+    /// Removes this exchange's response from the client's output if not one byte of it has been written yet
+    /// (it is still whole at the tail of the output; anything before it belongs to earlier responses).
+    private func retractUnsentResponse(_ exchange: Exchange) -> Bool {
+        let queued = exchange.responseHeadLength + Int(exchange.responseBody.delivered)
+        let length = evbuffer_get_length(output)
+        guard queued > 0, length >= queued else { return false }
+        let earlier = evbuffer_new()!
+        // The front of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter).
+        evbuffer_unfreeze(output, 1)
+        evbuffer_remove_buffer(output, earlier, length - queued)
+        evbuffer_drain(output, queued)
+        evbuffer_add_buffer(output, earlier)
+        evbuffer_freeze(output, 1)
+        evbuffer_free(earlier)
+        exchange.response = nil
+        exchange.responseStarted = false
+        return true
     }
 
     /// The response cannot be completed (the origin closed mid-body, or broke its framing) after part of it was
@@ -838,6 +870,9 @@ final class ClientConnection {
         // A refused CONNECT always closes: the client may already have sent tunnel bytes behind it
         // (RFC 9110 §9.3.6), which must never be read as the next HTTP request (request smuggling).
         if close || exchange?.method == "CONNECT" { keepAlive = false }
+        // RFC 9110 §10.1.1: a client that sent `Expect: 100-continue` waits for a 100 that will not come now; it
+        // will not send the body, so waiting to discard it would hang both sides. Close after the answer.
+        if let exchange, exchange.expectsContinue, !exchange.requestBody.isComplete { keepAlive = false }
         if let upstream = exchange?.upstream {
             upstream.close()
             exchange?.upstream = nil

@@ -31,9 +31,14 @@ final class Exchange {
     var upstreamReused = false
     var retried = false
     var upgradeRequested = false
+    /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
+    var expectsContinue = false
     var response: ResponseHead?
     var responseStarted = false
     var responseBody = BodyRelay(framing: .none)
+    /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
+    /// towards the client (to tell whether any of it has been written yet).
+    var responseHeadLength = 0
     var upstreamReusable = false
     /// The origin closed its side (EOF): what it sent before is still relayed, to the last byte (SPEC §6
     /// "No byte is lost"); the response ends only once its source buffer is empty.

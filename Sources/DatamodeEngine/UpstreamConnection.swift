@@ -113,6 +113,9 @@ final class UpstreamConnection {
     }
 
     var isConnected: Bool { state == .busy || state == .idle }
+    /// Request bytes may be queued: connected, or still resolving/connecting (they are written once connected,
+    /// and moved along if another address is tried).
+    var acceptsRequestBytes: Bool { state == .busy || state == .resolving || state == .connecting }
 
     /// Why the connection failed, when it failed before anyone was attached (a lookup answered inline).
     private var earlyFailure: (code: ProxyErrorCode, detail: String)?
@@ -133,13 +136,56 @@ final class UpstreamConnection {
         client = nil
     }
 
-    /// Queues the request head (sent as soon as the connection is up) and starts the response timer.
+    /// Queues the request head (sent as soon as the connection is up) and starts the response timer in its
+    /// first role, the send watchdog (see `ResponseTimer`).
     func send(_ head: [UInt8], responseTimeoutMs: Int64) {
         guard state != .closed else { return }
         if !head.isEmpty { evbuffer_add(output, head, head.count) }
         self.responseTimeoutMs = responseTimeoutMs
         awaitingResponseHead = responseTimeoutMs > 0
-        if state == .busy && awaitingResponseHead { armTimer(responseTimeoutMs) }
+        responseTimer = .sending
+        if state == .busy && awaitingResponseHead { armSendWatchdog() }
+    }
+
+    /// The response timer's two roles (SPEC §6: the response-head timeout counts from the moment the whole
+    /// request, body included, has been sent; an upload that keeps making progress is never cut by it).
+    /// Starting it with the head cut a 3 MB upload at 512 KiB/s with `upstream-response: 3s` while bytes flowed.
+    enum ResponseTimer {
+        /// The request is still being sent: the timer fires only after a whole period in which the origin took
+        /// no request byte (nginx's `proxy_send_timeout`), so a stalled upload still ends.
+        case sending
+        /// Everything was handed over; the timer starts once the last byte has been written to the socket.
+        case sent
+        /// The last byte was written: the timer counts the origin's silence (nginx's `proxy_read_timeout`).
+        case awaitingHead
+    }
+    private var responseTimer = ResponseTimer.sending
+    /// Request bytes moved into `output` so far, and what the watchdog saw when last armed.
+    private var requestBytesQueued: UInt64 = 0
+    private var watchdogMark: (queued: UInt64, pending: Int) = (0, 0)
+
+    /// The client moved `n` more request bytes into `output`.
+    func requestBytesAdded(_ n: Int) {
+        requestBytesQueued &+= UInt64(n)
+    }
+
+    /// The whole request (head and body) is in `output`.
+    func requestComplete() {
+        guard awaitingResponseHead, responseTimer == .sending else { return }
+        responseTimer = .sent
+        startHeadTimerIfSent()
+    }
+
+    private func armSendWatchdog() {
+        watchdogMark = (requestBytesQueued, evbuffer_get_length(output))
+        armTimer(responseTimeoutMs)
+    }
+
+    /// Called after writes: once the whole request has left `output`, the head timeout starts counting.
+    private func startHeadTimerIfSent() {
+        guard responseTimer == .sent, state == .busy, evbuffer_get_length(output) == 0 else { return }
+        responseTimer = .awaitingHead
+        armTimer(responseTimeoutMs)
     }
 
     /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`).
@@ -228,7 +274,7 @@ final class UpstreamConnection {
             if fd >= 0 { dm_set_nodelay(fd) }
             state = .busy
             if let timer { event_del(timer) }
-            if awaitingResponseHead { armTimer(responseTimeoutMs) }
+            if awaitingResponseHead { armSendWatchdog() }
             // Plain TCP: EV_WRITE stays off and writes are speculative; TLS keeps libevent's write path.
             bufferevent_enable(bev, Int16(ssl == nil ? EV_READ : EV_READ | EV_WRITE))
             guard let client else { return }
@@ -280,15 +326,19 @@ final class UpstreamConnection {
 
     /// Writes what is queued for the origin, once connected (plain TCP; TLS writes through libevent).
     func flushPendingWrites() {
-        guard ssl == nil, state == .busy || state == .idle || state == .flushing else { return }
-        writer.flush(bev, output: output)
-        if state == .flushing && evbuffer_get_length(output) == 0 { close() }
+        if ssl == nil, state == .busy || state == .idle || state == .flushing {
+            writer.flush(bev, output: output)
+            if state == .flushing && evbuffer_get_length(output) == 0 { close(); return }
+        }
+        startHeadTimerIfSent()
     }
 
     func upstreamWritable() {
         defer { if state != .closed && ssl == nil { writer.drained(bev, output: output) } }
         switch state {
-        case .busy: client?.upstreamWritable(self)
+        case .busy:
+            client?.upstreamWritable(self)
+            startHeadTimerIfSent()
         case .flushing: if evbuffer_get_length(output) == 0 { close() }
         default: break
         }
@@ -298,6 +348,14 @@ final class UpstreamConnection {
         switch state {
         case .resolving, .connecting:
             fail(.upstreamTimeout, "connecting to \(key.host):\(key.port) took longer than timeouts.upstream-connect")
+        case .busy where awaitingResponseHead && responseTimer != .awaitingHead:
+            // Still sending: progress (bytes the client queued, or the origin took) re-arms the watchdog.
+            let pending = evbuffer_get_length(output)
+            if requestBytesQueued != watchdogMark.queued || pending != watchdogMark.pending {
+                armSendWatchdog()
+            } else {
+                fail(.upstreamTimeout, "\(key.host):\(key.port) made no progress sending the request within timeouts.upstream-response")
+            }
         case .busy where awaitingResponseHead:
             fail(.upstreamTimeout, "\(key.host):\(key.port) sent no response head within timeouts.upstream-response")
         case .idle:
