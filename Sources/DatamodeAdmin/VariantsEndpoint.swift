@@ -57,7 +57,7 @@ struct VariantsEndpoint {
         do {
             compiled = try current.replacingAPIVariants(apiVariants)
         } catch {
-            return AdminProblem.response(400, "invalid-variant", "\(error)")
+            return AdminProblem.response(ProxyErrorCode.invalidVariant.status, ProxyErrorCode.invalidVariant.rawValue, "\(error)")
         }
         do {
             try api.store.saveVariants(apiVariants)
@@ -167,7 +167,7 @@ enum VariantJSON {
                 var isDirectory: ObjCBool = false
                 guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
                       FileManager.default.isReadableFile(atPath: path) else {
-                    return .failure(AdminFailure(400, "invalid-variant", "variant \"\(id)\": file \(path) is not a readable file"))
+                    return .failure(AdminFailure(ProxyErrorCode.invalidVariant.status, ProxyErrorCode.invalidVariant.rawValue, "variant \"\(id)\": file \(path) is not a readable file"))
                 }
                 resource = .file(path: path, contentType: contentType)
             default:

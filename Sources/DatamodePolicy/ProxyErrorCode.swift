@@ -19,10 +19,12 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case overloaded = "overloaded"
     case constrained = "constrained"
     case expensive = "expensive"
+    /// A variant refused when it is declared (`PUT /variants/{id}`), e.g. a `file` outside the variants directory.
+    case invalidVariant = "invalid-variant"
 
     public var status: Int {
         switch self {
-        case .badRequest, .invalidTag, .notAProxyRequest: 400
+        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant: 400
         case .uriTooLong: 414
         case .headersTooLarge: 431
         case .accessDenied, .connectPortDenied, .constrained, .expensive: 403
@@ -52,6 +54,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .overloaded: "Proxy overloaded"
         case .constrained: "Not allowed on a constrained network"
         case .expensive: "Not allowed on an expensive network"
+        case .invalidVariant: "Invalid variant"
         }
     }
 
