@@ -15,15 +15,18 @@ struct ConfigParser {
     private var provenance: Provenance
     /// Lines of each rule and variant and of their fields, to place policy errors.
     private var itemLines: [String: Int] = [:]
+    /// Where variant files may be (set from `variants-dir` before the variants are read).
+    private var variantFiles: VariantFiles
 
     init(source: String, baseDirectory: String) {
         self.source = source
         self.baseDirectory = baseDirectory
-        self.provenance = Provenance(source: source)
+        self.variantFiles = VariantFiles(baseDirectory: baseDirectory, directory: baseDirectory + "/variants")
+        self.provenance = Provenance(source: source, baseDirectory: baseDirectory)
     }
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
-                               "connect", "access", "limits", "timeouts", "drain-timeout", "log"]
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -57,6 +60,11 @@ struct ConfigParser {
         }
         if let node = section["tags"] { configuration.tags = try tags(node) }
         if let node = section["rules"] { configuration.rules = try rules(node) }
+        // Before `variants`: their files are checked against it.
+        if let node = section["variants-dir"], !node.isNull {
+            configuration.variantsDirectory = try variantsDirectory(node)
+            variantFiles.directory = configuration.variantsDirectory!
+        }
         if let node = section["variants"] { configuration.variants = try variants(node) }
         if let node = section["connect"] { configuration.connect = try connect(node) }
         if let node = section["access"] { configuration.access = try access(node) }
@@ -234,23 +242,26 @@ struct ConfigParser {
         return variants
     }
 
-    /// The absolute path of a variant's file, which must be a readable regular file now: a variant that
-    /// would fail on its first request is refused at load time instead.
+    /// The real path of a variant's file, which must be a readable regular file inside the variants directory
+    /// now: a variant that would fail on its first request, or serve a file it was never meant to, is refused
+    /// at load time instead.
     private func variantFile(_ node: ConfigNode, id: String) throws(ConfigError) -> String {
         let written = try node.nonEmptyString("a file path")
+        switch variantFiles.resolve(written) {
+        case .success(let path): return path
+        case .failure(let problem): throw node.error("variant \(quoted(id)): \(problem)")
+        }
+    }
+
+    /// `variants-dir`: an existing directory, relative to the config file's directory.
+    private func variantsDirectory(_ node: ConfigNode) throws(ConfigError) -> String {
+        let written = try node.nonEmptyString("a directory path")
         let path = ProxyConfiguration.absolutePath(written.hasPrefix("/") ? written : baseDirectory + "/" + written)
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw node.error("variant \(quoted(id)): file \(quoted(path)) does not exist")
+            throw node.error("the variants directory \(quoted(path)) does not exist")
         }
-        guard !isDirectory.boolValue,
-              let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-              attributes[.type] as? FileAttributeType == .typeRegular else {
-            throw node.error("variant \(quoted(id)): \(quoted(path)) is not a regular file")
-        }
-        guard FileManager.default.isReadableFile(atPath: path) else {
-            throw node.error("variant \(quoted(id)): file \(quoted(path)) is not readable")
-        }
+        guard isDirectory.boolValue else { throw node.error("\(quoted(path)) is not a directory") }
         return path
     }
 

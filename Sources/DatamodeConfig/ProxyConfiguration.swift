@@ -23,8 +23,11 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var tags: TagSettings
     /// Tagging rules, in order (SPEC §3 step 2).
     public var rules: [Rule]
-    /// Variants of the file, in order, with source `.config`; file paths are absolute.
+    /// Variants of the file, in order, with source `.config`; file paths are real paths inside `variantFiles.directory`.
     public var variants: [Variant]
+    /// `variants-dir` made absolute against the config file's directory; `nil` when not set (then `variants/`
+    /// beside the config file, see `variantFiles`).
+    public var variantsDirectory: String?
     /// `CONNECT` tunnels.
     public var connect: ConnectSection
     /// Client access control and Basic proxy authentication.
@@ -45,7 +48,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
 
     public init(listen: ListenAddress = .defaultProxy, admin: AdminSection = AdminSection(), mode: DataMode? = nil,
                 stateDirectory: String = "./state", threads: Int = 0, tags: TagSettings = TagSettings(),
-                rules: [Rule] = [], variants: [Variant] = [], connect: ConnectSection = ConnectSection(),
+                rules: [Rule] = [], variants: [Variant] = [], variantsDirectory: String? = nil,
+                connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
                 log: LogSection = LogSection()) {
@@ -57,6 +61,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.tags = tags
         self.rules = rules
         self.variants = variants
+        self.variantsDirectory = variantsDirectory
         self.connect = connect
         self.access = access
         self.limits = limits
@@ -79,6 +84,14 @@ public struct ProxyConfiguration: Sendable, Equatable {
         return modeSetByOverride ? .flag : .config
     }
 
+    /// Where file variants may live and what a relative `file` is relative to (SPEC §5): the variants directory
+    /// (`variants-dir`, default `variants/` beside the config file) and the config file's directory. Without a
+    /// config file both are taken from the working directory (`./variants`). API variants use the same.
+    public var variantFiles: VariantFiles {
+        let base = provenance.baseDirectory ?? Self.absolutePath(".")
+        return VariantFiles(baseDirectory: base, directory: variantsDirectory ?? Self.absolutePath(base + "/variants"))
+    }
+
     /// The number of worker threads to start: `threads`, or the core count when it is 0.
     public func workerCount(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int {
         threads > 0 ? threads : max(1, cores)
@@ -86,8 +99,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
 
     // MARK: Loading
 
-    /// Reads and parses the file at `path`. Relative variant `file:` paths are resolved against the file's
-    /// directory. An unreadable file is an error naming it.
+    /// Reads and parses the file at `path`. Relative variant `file:` paths and `variants-dir` are resolved
+    /// against the file's directory. An unreadable file is an error naming it.
     public static func load(path: String) throws(ConfigError) -> ProxyConfiguration {
         let manager = FileManager.default
         var isDirectory: ObjCBool = false
@@ -108,7 +121,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
     }
 
     /// Parses and validates YAML text. `source` names it in errors; `baseDirectory` anchors relative
-    /// variant file paths (a relative `baseDirectory` is taken from the working directory).
+    /// variant file paths and `variants-dir` (a relative `baseDirectory` is taken from the working directory).
     public static func parse(yaml: String, source: String, baseDirectory: String) throws(ConfigError) -> ProxyConfiguration {
         var parser = ConfigParser(source: source, baseDirectory: absolutePath(baseDirectory))
         return try parser.parse(yaml)
@@ -148,6 +161,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
 /// the same settings are the same configuration wherever they were read from.
 struct Provenance: Sendable, Equatable {
     var source: String
+    /// The directory of the file (relative paths in it are relative to it); nil for the built-in defaults.
+    var baseDirectory: String?
     /// Line of each key path read from the file.
     var lines: [String: Int] = [:]
     /// Key path to the override (`--listen`, `DATAMODE_LISTEN`) that set it.

@@ -24,6 +24,7 @@ let defaultCases: [DefaultCase] = [
     DefaultCase(key: "tags.defaults.allow-expensive") { $0.tags.defaults.allowExpensive },
     DefaultCase(key: "rules") { $0.rules.isEmpty },
     DefaultCase(key: "variants") { $0.variants.isEmpty },
+    DefaultCase(key: "variants-dir") { $0.variantsDirectory == nil },
     DefaultCase(key: "connect.ports") { $0.connect.ports == [443] && $0.connect.allows(port: 443) && !$0.connect.allows(port: 80) },
     DefaultCase(key: "access.allow") { $0.access.allow.map(\.description) == ["127.0.0.0/8", "::1/128"] },
     DefaultCase(key: "access.users") { $0.access.users.isEmpty && !$0.access.requiresAuthentication },
@@ -97,7 +98,7 @@ struct DefaultsTests {
         "  save-data:", "  prefetch-is-discretionary:", "  defaults:", "    allow-constrained:", "    allow-expensive:",
         "rules:", "variants:", "connect:", "  ports:", "access:", "  allow:", "  users:", "limits:",
         "  request-line:", "  header-section:", "  header-count:", "timeouts:", "  client-header:", "  client-idle:",
-        "  upstream-connect:", "  upstream-response:", "drain-timeout:", "log:", "  access:",
+        "  upstream-connect:", "  upstream-response:", "drain-timeout:", "log:", "  access:", "variants-dir:",
     ])
     func shippedConfigNamesEveryKey(_ key: String) throws {
         let text = try String(contentsOfFile: shippedConfigPath, encoding: .utf8)
@@ -157,6 +158,7 @@ struct DefaultsTests {
             timeouts: {client-header: 500ms, client-idle: 2m, upstream-connect: 3, upstream-response: 1h}
             drain-timeout: 30s
             log: {access: /var/log/datamode/access.log}
+            variants-dir: .
             """)
         #expect(configuration.listen.host == "::1")
         #expect(configuration.listen.port == 9000)
@@ -181,6 +183,7 @@ struct DefaultsTests {
                                                           upstreamConnect: .seconds(3), upstreamResponse: .seconds(3600)))
         #expect(configuration.drainTimeout == .seconds(30))
         #expect(configuration.log.access == .file("/var/log/datamode/access.log"))
+        #expect(configuration.variantsDirectory == configuration.variantFiles.baseDirectory)
     }
 
     @Test("log.access stdout, off and a path", arguments: [

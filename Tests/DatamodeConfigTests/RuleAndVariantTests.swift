@@ -72,11 +72,11 @@ struct RuleTests {
 
 @Suite("Variants")
 struct VariantTests {
-    /// A directory with `poster.jpg` and `variants/promo.jpg`.
+    /// A directory with `variants/poster.jpg` and `variants/promo.jpg` (`variants/` is the default variants-dir).
     static func fixture() throws -> String {
         let directory = try makeTemporaryDirectory()
         try FileManager.default.createDirectory(atPath: directory + "/variants", withIntermediateDirectories: true)
-        _ = FileManager.default.createFile(atPath: directory + "/poster.jpg", contents: Data([1, 2, 3]))
+        _ = FileManager.default.createFile(atPath: directory + "/variants/poster.jpg", contents: Data([1, 2, 3]))
         _ = FileManager.default.createFile(atPath: directory + "/variants/promo.jpg", contents: Data([1, 2, 3]))
         return directory
     }
@@ -102,11 +102,11 @@ struct VariantTests {
                 when: constrained
               - id: poster
                 match: "http://cdn.example/poster.mp4"
-                file: ./variants/../poster.jpg
+                file: ./variants/../variants/poster.jpg
                 when: expensive
               - id: absolute
                 match: "http://cdn.example/a.mp4"
-                file: \(directory)/poster.jpg
+                file: \(directory)/variants/poster.jpg
             """, base: directory)
         #expect(configuration.variants == [
             Variant(id: "hero-small", match: "http://cdn.example/img/*.jpg",
@@ -116,9 +116,9 @@ struct VariantTests {
             Variant(id: "promo", match: "http://cdn.example/promo.mp4",
                     resource: .file(path: directory + "/variants/promo.jpg", contentType: "image/jpeg"), when: .constrained),
             Variant(id: "poster", match: "http://cdn.example/poster.mp4",
-                    resource: .file(path: directory + "/poster.jpg", contentType: nil), when: .expensive),
+                    resource: .file(path: directory + "/variants/poster.jpg", contentType: nil), when: .expensive),
             Variant(id: "absolute", match: "http://cdn.example/a.mp4",
-                    resource: .file(path: directory + "/poster.jpg", contentType: nil)),
+                    resource: .file(path: directory + "/variants/poster.jpg", contentType: nil)),
         ])
     }
 

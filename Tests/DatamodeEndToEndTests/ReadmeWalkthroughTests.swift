@@ -7,6 +7,8 @@ import Testing
 /// config/examples/demo.yaml, the mode flipped with `datamode-proxy mode`, and curl as the client.
 @Suite struct ReadmeWalkthroughTests {
     static let www = ProxyProcess.packageRoot + "/config/examples/www"
+    /// The demo's variants directory (the config is copied elsewhere, so it is named explicitly).
+    static let variants = ProxyProcess.packageRoot + "/config/examples/variants"
 
     /// Serves config/examples/www like `python3 -m http.server` would.
     static func staticOrigin() throws -> RecordingOrigin {
@@ -38,7 +40,8 @@ import Testing
         defer { origin.stop() }
         var config = try String(contentsOfFile: ProxyProcess.packageRoot + "/config/examples/demo.yaml", encoding: .utf8)
         config = config.replacingOccurrences(of: "127.0.0.1:8080", with: origin.authority)
-            .replacingOccurrences(of: "file: www/poster.jpg", with: "file: \(Self.www)/poster.jpg")
+            .replacingOccurrences(of: "file: variants/poster.jpg", with: "file: \(Self.variants)/poster.jpg")
+            + "\nvariants-dir: \(Self.variants)\n"
         let proxy = try ProxyProcess(config: config)
         defer { proxy.stop() }
         let hero = origin.url("/img/hero.jpg")

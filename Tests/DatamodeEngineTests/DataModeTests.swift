@@ -310,10 +310,10 @@ import Testing
 
     @Test func aFileVariantIsServedWithItsLengthTypeAndExactBytes() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("datamode-variant-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: directory.appendingPathComponent("variants"), withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let pattern = PatternBody(length: 300_001, seed: 99)
-        let file = directory.appendingPathComponent("promo-poster.jpg")
+        let file = directory.appendingPathComponent("variants/promo-poster.jpg")
         try Data(pattern.bytes).write(to: file)
 
         let origin = try RecordingOrigin { _ in .ok() }
@@ -322,7 +322,7 @@ import Testing
             variants:
               - id: promo-video-poster
                 match: "\(origin.url("/promo.mp4"))"
-                file: "promo-poster.jpg"
+                file: "variants/promo-poster.jpg"
             """, mode: Self.constrained, baseDirectory: directory.path)
         defer { proxy.stop() }
         let client = try proxy.connect()
