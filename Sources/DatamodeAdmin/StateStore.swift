@@ -1,3 +1,4 @@
+import DatamodeConfig
 import DatamodePolicy
 import Foundation
 #if canImport(Glibc)
@@ -64,7 +65,10 @@ public final class StateStore: @unchecked Sendable {
 
     // MARK: variants
 
-    public func loadVariants() throws(StateError) -> [Variant] {
+    /// The persisted API variants. Each is checked as a new `PUT` would be, `file`s against `files`: a variant
+    /// that no longer passes (its file is gone, or lies outside the variants directory, as one written before
+    /// `variants-dir` existed may) stops start-up with an error naming this file, rather than being dropped.
+    public func loadVariants(files: VariantFiles) throws(StateError) -> [Variant] {
         guard let object = try readObject(variantsPath) else { return [] }
         guard let list = object["variants"] as? [[String: Any]] else {
             throw StateError(description: "\(variantsPath): \"variants\" is missing or not a list; fix or delete the file")
@@ -77,13 +81,25 @@ public final class StateStore: @unchecked Sendable {
             var fields = item
             fields.removeValue(forKey: "source")
             let body = (try? JSONSerialization.data(withJSONObject: fields)) ?? Data()
-            switch VariantJSON.parse(Array(body), id: id) {
+            switch VariantJSON.parse(Array(body), id: id, files: files) {
             case .success(let variant): variants.append(variant)
             case .failure(let failure):
-                throw StateError(description: "\(variantsPath): variant \"\(id)\": \(failure.detail)")
+                throw StateError(description: "\(variantsPath): variant \"\(id)\": \(failure.detail); fix or delete the file")
             }
         }
         return variants
+    }
+
+    /// Checks that the file of every API file variant still passes against `files`: a reload of the config
+    /// file may move the variants directory, and an API variant left outside it must not keep being served.
+    public func checkFiles(of variants: [Variant], against files: VariantFiles) throws(StateError) {
+        for variant in variants {
+            guard case .file(let path, _) = variant.resource, variant.source == .api else { continue }
+            if case .failure(let problem) = files.resolve(path) {
+                throw StateError(description: "\(variantsPath): API variant \"\(variant.id)\": \(problem); "
+                    + "delete it (DELETE /variants/\(variant.id)) or keep its file inside the variants directory")
+            }
+        }
     }
 
     public func saveVariants(_ variants: [Variant]) throws(StateError) {

@@ -1,3 +1,4 @@
+import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
 import Foundation
@@ -27,7 +28,7 @@ struct VariantsEndpoint {
                 return AdminProblem.response(409, "conflict", "variant \"\(id)\" is defined in the configuration file and is read-only here")
             }
             let variant: Variant
-            switch VariantJSON.parse(request.body, id: id) {
+            switch VariantJSON.parse(request.body, id: id, files: api.runtime.load().snapshot.configuration.variantFiles) {
             case .success(let parsed): variant = parsed
             case .failure(let failure): return failure.response
             }
@@ -109,8 +110,10 @@ enum VariantJSON {
 
     static let keys: Set<String> = ["id", "match", "target", "file", "content-type", "when", "action", "source"]
 
-    /// A variant from a PUT body; `id` comes from the path (a body `id` must agree).
-    static func parse(_ body: [UInt8], id: String) -> Result<Variant, AdminFailure> {
+    /// A variant from a PUT body; `id` comes from the path (a body `id` must agree). A `file` is resolved and
+    /// confined by `files` exactly as a config variant's (SPEC §5): relative to the config file's directory (the
+    /// working directory without one), and only a regular file inside the variants directory.
+    static func parse(_ body: [UInt8], id: String, files: VariantFiles) -> Result<Variant, AdminFailure> {
         let object: [String: Any]
         switch AdminJSON.object(body) {
         case .success(let o): object = o
@@ -163,13 +166,13 @@ enum VariantJSON {
                 guard action == nil else {
                     return .failure(AdminFailure(400, "bad-request", "\"action\" applies to target variants only"))
                 }
-                let path = (file as NSString).isAbsolutePath ? file : FileManager.default.currentDirectoryPath + "/" + file
-                var isDirectory: ObjCBool = false
-                guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
-                      FileManager.default.isReadableFile(atPath: path) else {
-                    return .failure(AdminFailure(ProxyErrorCode.invalidVariant.status, ProxyErrorCode.invalidVariant.rawValue, "variant \"\(id)\": file \(path) is not a readable file"))
+                switch files.resolve(file) {
+                case .success(let path):
+                    resource = .file(path: path, contentType: contentType)
+                case .failure(let problem):
+                    let code = ProxyErrorCode.invalidVariant
+                    return .failure(AdminFailure(code.status, code.rawValue, "\(problem)"))
                 }
-                resource = .file(path: path, contentType: contentType)
             default:
                 return .failure(AdminFailure(400, "bad-request", "give exactly one of \"target\" (a URL) or \"file\" (a local path)"))
             }

@@ -65,7 +65,8 @@ struct VariantsCommand: ParsableCommand {
         @Argument(help: "The variant id.") var id: String
         @Option(help: "Absolute URL pattern; each * is captured as $1..$9.") var match: String
         @Option(help: "Target URL (may use $1..$9).") var target: String?
-        @Option(help: "A local file to serve instead.") var file: String?
+        @Option(help: "A local file to serve instead, inside the proxy's variants-dir (a relative path is relative to the proxy's config directory).")
+        var file: String?
         @Option(name: .customLong("content-type"), help: "Content type of a file variant.") var contentType: String?
         @Option(help: "disallowed (default), constrained, expensive or always.") var when: String?
         @Option(help: "forward (default) or redirect, for target variants.") var action: String?

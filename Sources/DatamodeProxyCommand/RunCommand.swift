@@ -73,7 +73,7 @@ struct RunCommand: ParsableCommand {
                 modeSource = .api
                 modeSince = saved.since
             }
-            let apiVariants = try store.loadVariants()
+            let apiVariants = try store.loadVariants(files: configuration.variantFiles)
             if !apiVariants.isEmpty {
                 do {
                     policy = try policy.replacingAPIVariants(apiVariants)
@@ -114,16 +114,19 @@ struct RunCommand: ParsableCommand {
         control.onSignal(SIGHUP) { _ in
             do {
                 let reloaded = try current.reloaded(with: try Self.load(configPath).applying(overrides))
-                current = reloaded
                 try runtime.update { state in
+                    // Every check before the first change: a refused reload leaves the running state whole.
                     let apiVariants = state.policy.variants.filter { $0.source == .api }
+                    try store.checkFiles(of: apiVariants, against: reloaded.configuration.variantFiles)
+                    let policy = try reloaded.policy.replacingAPIVariants(apiVariants)
                     state.configuration = reloaded.configuration
-                    state.policy = try reloaded.policy.replacingAPIVariants(apiVariants)
+                    state.policy = policy
                     if state.modeSource != .api {
                         state.mode = reloaded.configuration.effectiveMode
                         state.modeSource = reloaded.configuration.modeSource
                     }
                 }
+                current = reloaded
                 logger.info("configuration reloaded", metadata: ["generation": "\(reloaded.generation)"])
             } catch {
                 logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(error)"])

@@ -62,7 +62,9 @@ struct AdminEndToEndCLITests {
             #expect(added["target"] as? String == "http://cdn.example/v/$1-240p.mp4")
             #expect(added["when"] as? String == "constrained" && added["source"] as? String == "api", "\(added)")
 
-            let poster = proxy.directory + "/poster.jpg"
+            // The default variants directory: variants/ beside the config file (SPEC §5).
+            try FileManager.default.createDirectory(atPath: proxy.directory + "/variants", withIntermediateDirectories: true)
+            let poster = proxy.directory + "/variants/poster.jpg"
             try Data([0xFF, 0xD8]).write(to: URL(fileURLWithPath: poster))
             let addFile = try ProxyProcess.runCLI(["variants", "add", "cli-poster", "--match", "http://cdn.example/promo.mp4",
                                                    "--file", poster, "--content-type", "image/jpeg", "--admin", address])

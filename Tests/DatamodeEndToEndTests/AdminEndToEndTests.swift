@@ -251,7 +251,9 @@ struct AdminEndToEndTests {
                 target: "http://cdn.example/img/$1@small.jpg"
             """
         try withAdminProxy(config: config) { proxy, admin throws in
-            let poster = proxy.directory + "/poster.jpg"
+            // The default variants directory: variants/ beside the config file (SPEC §5).
+            try FileManager.default.createDirectory(atPath: proxy.directory + "/variants", withIntermediateDirectories: true)
+            let poster = proxy.directory + "/variants/poster.jpg"
             try Data([0xFF, 0xD8, 0xFF, 0xD9]).write(to: URL(fileURLWithPath: poster))
 
             let initial = try admin.get("/variants")

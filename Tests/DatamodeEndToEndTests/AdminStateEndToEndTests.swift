@@ -187,6 +187,8 @@ struct AdminEndToEndStateTests {
               ("variants.json", #"{"variants": [{"id": "a"}]}"#),
               ("variants.json", #"{"variants": [{"id": "a", "match": "http://a.example/*/*", "target": "http://b.example/$3"}]}"#),
               ("variants.json", #"["not", "an", "object"]"#),
+              // Written by a version without variants-dir: a file outside it is refused, never served or dropped.
+              ("variants.json", #"{"variants": [{"id": "old", "match": "http://a.example/x", "file": "/etc/passwd", "when": "always"}]}"#),
               ("mode.json", "garbage"),
               ("mode.json", #"{"mode": "warp-speed", "since": 0}"#),
               ("mode.json", "\u{0}\u{0}\u{0}\u{0}"),
