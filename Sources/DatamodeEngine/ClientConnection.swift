@@ -821,7 +821,12 @@ final class ClientConnection {
                          body: [], close: false)
             return
         }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        // The path was checked when the variant was declared (a regular file inside the variants directory), but
+        // it may have been replaced since. O_NONBLOCK: opening a FIFO would otherwise wait for a writer, stalling
+        // this worker and every connection on it. O_NOFOLLOW: a symbolic link swapped in is not followed out of
+        // the directory (the declared path is a real path, so a link there is never legitimate). Then only a
+        // regular file is served; anything else is an error response, not a hang.
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
         var info = stat()
         guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
             if fd >= 0 { Glibc.close(fd) }
