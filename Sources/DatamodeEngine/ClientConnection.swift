@@ -384,7 +384,8 @@ final class ClientConnection {
         let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
         let bytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
                                                   mode: settings.mode, upgrade: upgrade,
-                                                  framing: exchange?.requestFraming ?? .none, connectionTokens: tokens)
+                                                  framing: exchange?.requestFraming ?? .none, connectionTokens: tokens,
+                                                  variantTarget: variant != nil)
         exchange?.headBytes = bytes
         exchange?.variant = variant
         exchange?.upgradeRequested = upgrade
@@ -817,7 +818,8 @@ final class ClientConnection {
 
     private func serveFile(_ head: RequestHead, path: String, contentType: String, variant: String) {
         guard head.method == "GET" || head.method == "HEAD" else {
-            respondLocal(status: 405, reason: "Method Not Allowed", fields: [("Allow", "GET, HEAD"), ("Data-Mode-Variant", variant)],
+            respondLocal(status: 405, reason: "Method Not Allowed",
+                         fields: [("Allow", "GET, HEAD"), ("Cache-Control", "no-store"), ("Data-Mode-Variant", variant)],
                          body: [], close: false)
             return
         }
@@ -835,7 +837,8 @@ final class ClientConnection {
         }
         let size = Int(info.st_size)
         let headBytes = MessageHeads.local(status: 200, reason: "OK",
-                                           fields: [("Content-Type", contentType), ("Data-Mode-Variant", variant)],
+                                           fields: [("Content-Type", contentType), ("Cache-Control", "no-store"),
+                                                    ("Data-Mode-Variant", variant)],
                                            bodyLength: size, keepAlive: keepAlive,
                                            clientVersion: head.version)
         evbuffer_add(output, headBytes, headBytes.count)
