@@ -69,6 +69,10 @@ public final class ProxyServer: @unchecked Sendable {
         guard var address = SocketAddress(ipLiteral: configuration.listen.host, port: configuration.listen.port) else {
             throw EngineError("listen: \(configuration.listen) is not an IP address and port")
         }
+        // Refuses an address any process listens on, before SO_REUSEPORT could let the workers join it (SPEC §6).
+        // Held until every worker listens.
+        let listenGuard = try ListenGuard(address)
+        address.port = listenGuard.port
         var own = extraOwnAddresses
         for i in 0..<count {
             let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
@@ -84,6 +88,7 @@ public final class ProxyServer: @unchecked Sendable {
             }
             workers.append(worker)
         }
+        _ = consume listenGuard
         // Workers learn the final own addresses (the real port is known only after the first bind).
         for worker in workers { worker.ownAddressesUpdate(own) }
         for worker in workers {

@@ -103,9 +103,7 @@ final class Worker {
         let created = address.withSockaddr { pointer, length in
             evconnlistener_new_bind(base, listenerAcceptCallback, context(self), flags, 1024, pointer, Int32(length))
         }
-        guard let created else {
-            throw EngineError("cannot listen on \(address.description): \(String(cString: strerror(errno)))")
-        }
+        guard let created else { throw ListenGuard.bindError(address, errno) }
         listener = created
         evconnlistener_set_error_cb(created, listenerErrorCallback)
         let fd = evconnlistener_get_fd(created)

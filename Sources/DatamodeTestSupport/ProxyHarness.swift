@@ -6,7 +6,8 @@ import Logging
 
 /// An in-process proxy for loopback tests: the real `ProxyServer` with a configuration given as YAML.
 ///
-/// Whatever the YAML says, the proxy listens on 127.0.0.1 port 0 (the real port is read back into `port`),
+/// Whatever the YAML says, the proxy listens on 127.0.0.1 port `listenPort`, 0 unless a test of the listen
+/// address itself asks for one (the real port is read back into `port`),
 /// keeps its state in a fresh temporary directory, and writes no access log unless asked; the admin address
 /// is moved to port 0 too, so that no test depends on a fixed port.
 public final class ProxyHarness: @unchecked Sendable {
@@ -23,10 +24,11 @@ public final class ProxyHarness: @unchecked Sendable {
     /// the proxy. `mode` overrides the file's mode; `accessLog` keeps the file's `log.access` (default stdout)
     /// instead of turning it off; `threads` replaces 0 (one worker per core) when the file does not set it.
     public init(yaml: String = "", mode: DataMode? = nil, accessLog: Bool = false,
-                baseDirectory: String = FileManager.default.temporaryDirectory.path, threads: Int = 2) throws {
+                baseDirectory: String = FileManager.default.temporaryDirectory.path, threads: Int = 2,
+                listenPort: UInt16 = 0) throws {
         var configuration = try ProxyConfiguration.parse(yaml: yaml, source: "test.yaml", baseDirectory: baseDirectory)
         let loopback = IPAddress(bytes: [127, 0, 0, 1])!
-        configuration.listen = ListenAddress(address: loopback, port: 0)
+        configuration.listen = ListenAddress(address: loopback, port: listenPort)
         configuration.admin.listen = ListenAddress(address: loopback, port: 0)
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-test-\(UUID().uuidString)").path

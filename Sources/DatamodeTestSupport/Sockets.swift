@@ -32,8 +32,9 @@ public enum TestSocketError: Error, CustomStringConvertible, Sendable {
 enum Socket {
     /// A listening TCP socket on 127.0.0.1 and the port the kernel picked (port 0 = any free port).
     /// `receiveBuffer` (SO_RCVBUF, inherited by accepted sockets) makes a slow reader's backlog show at the peer.
-    static func listen(port: UInt16 = 0, backlog: Int32 = 128,
-                       receiveBuffer: Int32? = nil) throws(TestSocketError) -> (fd: Int32, port: UInt16) {
+    /// `reusePort` sets SO_REUSEPORT, as servers that spread accepts over processes do (nginx `reuseport`).
+    static func listen(port: UInt16 = 0, backlog: Int32 = 128, receiveBuffer: Int32? = nil,
+                       reusePort: Bool = false) throws(TestSocketError) -> (fd: Int32, port: UInt16) {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
         var one: Int32 = 1
@@ -41,6 +42,7 @@ enum Socket {
         if var size = receiveBuffer {
             _ = setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
+        if reusePort { _ = setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size)) }
         var address = loopback(port: port)
         let bound = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
@@ -203,4 +205,23 @@ public final class StalledListener: @unchecked Sendable {
         fillers = []
         Glibc.close(listenFD)
     }
+}
+
+/// Another program's listening socket on 127.0.0.1 that never accepts: for tests of a listen address that is
+/// already taken. Closed by `close()` or when released.
+public final class ForeignListener: @unchecked Sendable {
+    public let port: UInt16
+    private var fd: Int32
+
+    /// `port` 0 lets the kernel choose; `reusePort` sets SO_REUSEPORT on it.
+    public init(port: UInt16 = 0, reusePort: Bool = false) throws {
+        (fd, self.port) = try Socket.listen(port: port, reusePort: reusePort)
+    }
+
+    public func close() {
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+    }
+
+    deinit { close() }
 }
