@@ -122,7 +122,10 @@ struct RunCommand: ParsableCommand {
                     state.configuration = reloaded.configuration
                     state.policy = policy
                     if state.modeSource != .api {
-                        state.mode = reloaded.configuration.effectiveMode
+                        // `since` is when the mode last changed (SPEC §7), whatever changed it.
+                        let mode = reloaded.configuration.effectiveMode
+                        if mode != state.mode { state.modeSince = Int64(Date().timeIntervalSince1970) }
+                        state.mode = mode
                         state.modeSource = reloaded.configuration.modeSource
                     }
                 }

@@ -94,6 +94,34 @@ import Glibc
         #expect(try Self.get(origin.url("/a.mp4"), via: proxy.port).status == 200)
     }
 
+    /// `GET /mode` `since` says when the mode last changed: a reload that changes the file's mode moves it, one that
+    /// keeps the mode does not.
+    @Test func sighupThatChangesTheFilesModeMovesSince() throws {
+        let proxy = try ProxyProcess(config: "mode: normal\n")
+        defer { proxy.stop() }
+        let admin = AdminAPIClient(port: proxy.adminPort)
+        let initial = try admin.get("/mode").object
+        #expect(initial["mode"] as? String == "normal")
+        #expect(initial["source"] as? String == "config")
+        let startedSince = try #require(initial["since"] as? String)
+
+        // `since` has one-second resolution: let a second pass so a change is visible.
+        Thread.sleep(forTimeInterval: 1.1)
+        try "mode: normal\nthreads: 1\n".write(toFile: proxy.configPath, atomically: true, encoding: .utf8)
+        proxy.signal(SIGHUP)
+        try #require(AdminPolling.until { proxy.stderr.contains("configuration reloaded") }, "\(proxy.stderr)")
+        #expect(try admin.get("/mode").object["since"] as? String == startedSince, "the mode did not change")
+
+        try "mode: constrained\n".write(toFile: proxy.configPath, atomically: true, encoding: .utf8)
+        proxy.signal(SIGHUP)
+        try #require(AdminPolling.until { proxy.stderr.components(separatedBy: "configuration reloaded").count == 3 })
+        let reloaded = try admin.get("/mode").object
+        #expect(reloaded["mode"] as? String == "constrained")
+        #expect(reloaded["source"] as? String == "config")
+        let since = try #require(reloaded["since"] as? String)
+        #expect(since > startedSince, "since \(since) is not later than \(startedSince)")
+    }
+
     // MARK: SIGTERM / SIGINT
 
     @Test func sigtermLetsTheInFlightRequestFinishThenExitsZero() throws {
