@@ -103,5 +103,7 @@ public struct MetricsSnapshot: Sendable {
     public var bytesOut = 0
     public var connectionsActive = 0
     public var tunnelSplices = 0
+    /// Access log lines dropped because the destination did not keep up (SPEC §8).
+    public var logDropped = 0
     public init() {}
 }

@@ -18,6 +18,7 @@ public final class ProxyServer: @unchecked Sendable {
     private let clock: any EngineClock
     private var workers: [Worker] = []
     private var threads: [pthread_t] = []
+    private var accessLog: AccessLog?
     /// The address the proxy listens on (with the real port when 0 was asked for).
     public private(set) var listenAddress: ListenAddress
 
@@ -64,6 +65,7 @@ public final class ProxyServer: @unchecked Sendable {
         let snapshot = runtime.load().snapshot
         let configuration = snapshot.configuration
         let accessLog = try AccessLog(destination: configuration.log.access)
+        self.accessLog = accessLog
         var count = configuration.threads
         if count <= 0 { count = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
         guard var address = SocketAddress(ipLiteral: configuration.listen.host, port: configuration.listen.port) else {
@@ -130,6 +132,8 @@ public final class ProxyServer: @unchecked Sendable {
         }
         threads = []
         workers = []
+        // Every line of the finished requests reaches the log, unless its reader has stopped reading.
+        accessLog?.finish(timeout: .seconds(2))
         return graceful
     }
 
@@ -144,6 +148,7 @@ public final class ProxyServer: @unchecked Sendable {
     public func metrics() -> MetricsSnapshot {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }
+        total.logDropped = accessLog?.dropped ?? 0
         return total
     }
 }

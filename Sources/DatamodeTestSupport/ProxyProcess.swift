@@ -43,9 +43,10 @@ public final class ProxyProcess: @unchecked Sendable {
     }
 
     /// Starts the proxy with `config` (YAML). `listen`, `admin.listen` and `state-dir` are set by flags unless
-    /// `arguments` sets them; `environment` is added to a clean environment (PATH, HOME only).
+    /// `arguments` sets them; `environment` is added to a clean environment (PATH, HOME only). `standardOutput`
+    /// replaces the stdout file (then `stdout` and `accessLog` stay empty): e.g. a pipe nobody reads.
     public init(config: String = "", arguments: [String] = [], environment: [String: String] = [:],
-                waitForReady: Bool = true, directory: String? = nil) throws {
+                waitForReady: Bool = true, directory: String? = nil, standardOutput: FileHandle? = nil) throws {
         let dir = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-e2e-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
@@ -71,7 +72,7 @@ public final class ProxyProcess: @unchecked Sendable {
         for (key, value) in environment { env[key] = value }
         process.environment = env
         process.currentDirectoryURL = URL(fileURLWithPath: dir)
-        process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
+        process.standardOutput = standardOutput ?? FileHandle(forWritingAtPath: stdoutPath)
         process.standardError = FileHandle(forWritingAtPath: stderrPath)
         process.standardInput = FileHandle.nullDevice
         ownsDirectory = directory == nil
