@@ -7,7 +7,8 @@ import Glibc
 #endif
 
 /// One JSON line per request (SPEC §8): time, client, method, url, status, bytes, outcome, reason, variant,
-/// duration.
+/// duration; `bytesIn` / `bytesOut` are the body (or tunnel) bytes from and to the client, `bytes` repeats
+/// `bytesOut`. A tunnel's line is written when it ends, so its counts and duration cover the whole tunnel.
 ///
 /// Writing it never blocks a worker (SPEC §8). Workers only append the line to a bounded backlog (a mutex held
 /// for one copy); a dedicated writer thread does the write(2)s, in batches. When the reader of stdout stalls (a
@@ -58,12 +59,12 @@ public final class AccessLog: Sendable {
         while !output.writerDone.load(ordering: .acquiring) && ContinuousClock.now < deadline { usleep(2_000) }
     }
 
-    func write(time: Int64, client: String, method: String, url: String, status: Int, bytes: UInt64,
+    func write(time: Int64, client: String, method: String, url: String, status: Int, bytesIn: UInt64, bytesOut: UInt64,
                outcome: String, reason: String?, variant: String?, durationSeconds: Double) {
         guard let output else { return }
         var line = "{\"time\":\"\(Timestamp.rfc3339(wallNanoseconds: time))\",\"client\":\(JSONText.quote(client))"
         line += ",\"method\":\(JSONText.quote(method)),\"url\":\(JSONText.quote(url)),\"status\":\(status)"
-        line += ",\"bytes\":\(bytes),\"outcome\":\"\(outcome)\""
+        line += ",\"bytes\":\(bytesOut),\"bytesIn\":\(bytesIn),\"bytesOut\":\(bytesOut),\"outcome\":\"\(outcome)\""
         line += ",\"reason\":" + (reason.map(JSONText.quote) ?? "null")
         line += ",\"variant\":" + (variant.map(JSONText.quote) ?? "null")
         let micros = Int((durationSeconds * 1_000_000).rounded())

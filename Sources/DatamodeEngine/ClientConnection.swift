@@ -701,7 +701,7 @@ final class ClientConnection {
         let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
         _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
         exchange?.status = 200
-        logExchange()
+        // Logged when the tunnel ends (SPEC §8), with the bytes of both directions: see `close()`.
         // Bytes the client sent before our 200 (RFC 9110 §9.3.6 lets a client optimistically send the TLS
         // ClientHello) are relayed now, in order, after the tunnel is established, never interpreted as HTTP.
         pumpTunnel(fromClient: true)
@@ -712,7 +712,6 @@ final class ClientConnection {
         keepAlive = false
         tunnelUpstream = upstream
         tunnelEstablished = true
-        logExchange()
         pumpTunnel(fromClient: true)
         pumpTunnel(fromClient: false)
     }
@@ -723,13 +722,21 @@ final class ClientConnection {
             let room = Flow.highWater - evbuffer_get_length(upstream.output)
             if room > 0 {
                 let n = min(evbuffer_get_length(input), room)
-                if n > 0 { evbuffer_remove_buffer(input, upstream.output, n); worker.metrics.add(bytesIn: n) }
+                if n > 0 {
+                    evbuffer_remove_buffer(input, upstream.output, n)
+                    worker.metrics.add(bytesIn: n)
+                    exchange?.bytesIn += UInt64(n)
+                }
             }
         } else {
             let room = Flow.highWater - evbuffer_get_length(output)
             if room > 0 {
                 let n = min(evbuffer_get_length(upstream.input), room)
-                if n > 0 { evbuffer_remove_buffer(upstream.input, output, n); worker.metrics.add(bytesOut: n) }
+                if n > 0 {
+                    evbuffer_remove_buffer(upstream.input, output, n)
+                    worker.metrics.add(bytesOut: n)
+                    exchange?.bytesOut += UInt64(n)
+                }
             }
         }
     }
@@ -764,6 +771,7 @@ final class ClientConnection {
         splicedBytes[index] = relay.moved
         if delta > 0 {
             if index == 0 { worker.metrics.add(bytesIn: delta) } else { worker.metrics.add(bytesOut: delta) }
+            if index == 0 { exchange?.bytesIn += UInt64(delta) } else { exchange?.bytesOut += UInt64(delta) }
         }
         if relay.failed {
             abort(reason: "tunnel relay failed")
@@ -1008,6 +1016,8 @@ final class ClientConnection {
         splices = []
         if let upstream = exchange?.upstream { upstream.close() }
         if let upstream = tunnelUpstream { upstream.close() }
+        // A tunnel's line is written here, when it ends; so is that of an exchange cut short without a word.
+        logExchange()
         exchange = nil
         tunnelUpstream = nil
         state = .closed

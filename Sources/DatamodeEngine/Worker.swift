@@ -270,7 +270,8 @@ final class Worker {
         metrics.add(bytesOut: Int(exchange.bytesOut))
         if accessLog.isEnabled {
             accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
-                            status: exchange.status, bytes: exchange.bytesOut, outcome: outcome.rawValue,
+                            status: exchange.status, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
+                            outcome: outcome.rawValue,
                             reason: exchange.reason, variant: exchange.variant, durationSeconds: duration)
         }
     }

@@ -81,6 +81,70 @@ import Testing
         #expect(proxy.stdout.split(separator: "\n").count == 1000)
     }
 
+    /// The access log's lines with this method, polled until `count` are there (the writer is asynchronous).
+    static func lines(_ proxy: ProxyProcess, method: String, count: Int = 1) -> [[String: Any]] {
+        var found: [[String: Any]] = []
+        _ = AdminPolling.until(timeout: .seconds(5)) {
+            found = proxy.accessLog.filter { $0["method"] as? String == method }
+            return found.count >= count
+        }
+        return found
+    }
+
+    /// SPEC §8: a tunnel is logged when it ends, with the bytes of each direction and its duration; not when it
+    /// opens with `bytes: 0`. The splice(2) relay and the evbuffer path count alike.
+    @Test(arguments: [true, false])
+    func aConnectTunnelIsLoggedWhenItEndsWithBothDirections(splice: Bool) throws {
+        let origin = try RecordingOrigin { _ in .ok(String(repeating: "x", count: 5000)) }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "connect: {ports: [\(origin.port)]}\n",
+                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        try client.send(RequestText.make("CONNECT", origin.authority, host: origin.authority))
+        #expect(try client.readResponse(method: "CONNECT").status == 200)
+        let inner = RequestText.make("GET", "/inside", host: origin.authority)
+        try client.send(inner)
+        let response = try client.readResponse()
+        #expect(response.status == 200)
+        Thread.sleep(forTimeInterval: 0.3)
+        #expect(proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }.isEmpty, "logged while still open")
+
+        client.close()
+        let line = try #require(Self.lines(proxy, method: "CONNECT").first, "no line once the tunnel ended")
+        #expect(line["status"] as? Int == 200)
+        #expect(line["outcome"] as? String == "forwarded")
+        #expect(line["reason"] is NSNull)
+        #expect(line["bytesIn"] as? Int == inner.utf8.count)
+        #expect(line["bytesOut"] as? Int == response.headBytes.count + response.body.count)
+        #expect(line["bytes"] as? Int == line["bytesOut"] as? Int)
+        #expect((line["duration"] as? Double ?? 0) >= 0.3)
+    }
+
+    @Test func anUpgradeIsLoggedWhenItsTunnelEnds() throws {
+        let origin = try UpgradeEchoOrigin()
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer { proxy.stop() }
+        let client = try TunnelClient(port: proxy.port)
+        try client.send(RequestText.make("GET", origin.url("/chat"), headers: [("Connection", "Upgrade"), ("Upgrade", "websocket")]))
+        #expect(try client.readHead().status == 101)
+        let payload = PatternBody(length: 300_000, seed: 3).bytes
+        #expect(try client.echoRoundTrip(payload) == payload)
+        Thread.sleep(forTimeInterval: 0.2)
+        #expect(proxy.accessLog.isEmpty, "logged while still open")
+
+        client.shutdownWrite()
+        _ = try client.readToEnd()
+        client.close()
+        let line = try #require(Self.lines(proxy, method: "GET").first, "no line once the tunnel ended")
+        #expect(line["status"] as? Int == 101)
+        #expect(line["outcome"] as? String == "forwarded")
+        #expect(line["bytesIn"] as? Int == payload.count)
+        #expect(line["bytesOut"] as? Int == payload.count)
+        #expect((line["duration"] as? Double ?? 0) >= 0.2)
+    }
+
     @Test func offWritesNothing() throws {
         let origin = try RecordingOrigin()
         defer { origin.stop() }

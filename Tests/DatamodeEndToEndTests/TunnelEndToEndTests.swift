@@ -195,9 +195,15 @@ import Testing
         #expect(curl.stdout.count == document.count)
         #expect(StreamChecksum.of(curl.stdout) == StreamChecksum.of(document))
 
-        // The access log records the tunnel as a CONNECT to that authority.
-        let entries = proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }
+        // The access log records the tunnel as a CONNECT to that authority, once it has ended (curl has closed it;
+        // the proxy notices and writes the line a moment later), with at least the document's bytes out.
+        var entries: [[String: Any]] = []
+        _ = AdminPolling.until {
+            entries = proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }
+            return !entries.isEmpty
+        }
         #expect(entries.contains { ($0["url"] as? String) == "localhost:\(server.port)" && ($0["status"] as? Int) == 200 })
+        #expect(entries.contains { ($0["bytesOut"] as? Int ?? 0) > document.count })
     }
 
     @Test func connectToAPortOutsideConnectPortsIsRefused() throws {
