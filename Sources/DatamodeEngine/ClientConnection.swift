@@ -180,7 +180,7 @@ final class ClientConnection {
             return
         }
         // BEV_EVENT_ERROR (reset, write failure): nothing more can be sent to this client.
-        abort(reason: "client connection error")
+        abort(.clientAborted, detail: "client connection error")
     }
 
     func clientTimerFired() {
@@ -426,7 +426,7 @@ final class ClientConnection {
             // After the client's EOF the body can only end short: once what it sent has been relayed (or what
             // is left cannot move: a chunk-size line cut by the close), the request is abandoned.
             let left = evbuffer_get_length(input)
-            if peerClosed && (left == 0 || left == before) { abort(reason: "client-aborted") }
+            if peerClosed && (left == 0 || left == before) { abort(.clientAborted, detail: "client closed mid-body") }
         case .complete:
             upstream.requestComplete()
         case .invalid(let error):
@@ -437,7 +437,7 @@ final class ClientConnection {
             upstream.close()
             self.exchange?.upstream = nil
             if exchange.responseStarted {
-                abort(reason: "invalid chunked request body")
+                abort(.badRequest, detail: "invalid chunked request body")
             } else {
                 respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
             }
@@ -470,7 +470,7 @@ final class ClientConnection {
     /// The upstream failed before or while answering.
     func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
         if state == .tunnel, tunnelUpstream === upstream {
-            if tunnelEstablished { abort(reason: detail) } else {
+            if tunnelEstablished { abort(.upstreamAborted, detail: detail) } else {
                 tunnelUpstream = nil
                 respondError(code, detail: detail, close: true)
             }
@@ -488,7 +488,7 @@ final class ClientConnection {
             }
             respondError(code, detail: detail, close: !exchange.requestBody.isComplete)
         } else {
-            abort(reason: detail)
+            abort(.upstreamAborted, detail: detail)
         }
     }
 
@@ -612,7 +612,7 @@ final class ClientConnection {
             if case .untilClose = exchange.responseBody.mode {
                 finishExchange()
             } else {
-                finishTruncated(reason: "upstream-aborted")
+                finishTruncated(.upstreamAborted)
             }
         case .complete:
             finishExchange()
@@ -624,7 +624,7 @@ final class ClientConnection {
                 respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + Self.detail(for: error),
                              close: !exchange.requestBody.isComplete)
             } else {
-                finishTruncated(reason: "upstream-protocol-error")
+                finishTruncated(.upstreamProtocolError)
             }
         }
     }
@@ -651,10 +651,10 @@ final class ClientConnection {
     /// The response cannot be completed (the origin closed mid-body, or broke its framing) after part of it was
     /// relayed: what was relayed is still written, then the connection closes, so the client sees a short
     /// body, never a different message.
-    private func finishTruncated(reason: String) {
+    private func finishTruncated(_ reason: AbortReason) {
         guard let exchange else { return }
         exchange.outcome = .error
-        if exchange.reason == nil { exchange.reason = reason }
+        if exchange.reason == nil { exchange.reason = reason.rawValue }
         exchange.upstreamReusable = false
         keepAlive = false
         finishExchange()
@@ -774,7 +774,9 @@ final class ClientConnection {
             if index == 0 { exchange?.bytesIn += UInt64(delta) } else { exchange?.bytesOut += UInt64(delta) }
         }
         if relay.failed {
-            abort(reason: "tunnel relay failed")
+            // Relay 0 reads the client and writes the upstream; relay 1 the reverse.
+            let clientSide = (index == 0) != relay.failedWriting
+            abort(clientSide ? .clientAborted : .upstreamAborted, detail: "tunnel relay failed")
         } else if splices.allSatisfy(\.finished) {
             close()
         }
@@ -993,7 +995,8 @@ final class ClientConnection {
     }
 
     /// Something failed after the response started, or the client vanished: no answer is possible any more.
-    func abort(reason: String) {
+    /// `reason` names the side that broke off (the access log's and metrics' reason); `detail` is for debugging.
+    func abort(_ reason: AbortReason, detail: String) {
         for relay in splices { relay.stop() }
         splices = []
         if let upstream = exchange?.upstream { upstream.close() }
@@ -1001,10 +1004,12 @@ final class ClientConnection {
         exchange?.upstream = nil
         tunnelUpstream = nil
         if let current = exchange, current.outcome != .rejected {
-            current.outcome = .error
-            if current.reason == nil { current.reason = "aborted" }
+            // An established tunnel was forwarded, whichever way it ends; the reason says how it ended.
+            if !tunnelEstablished { current.outcome = .error }
+            if current.reason == nil { current.reason = reason.rawValue }
             exchange = current
         }
+        worker.logger.debug("exchange aborted", metadata: ["reason": "\(reason.rawValue)", "detail": "\(detail)"])
         logExchange()
         close()
     }

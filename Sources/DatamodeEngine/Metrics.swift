@@ -8,8 +8,9 @@ import Synchronization
 /// `Atomic` values, so every access through them is atomic.
 public final class WorkerMetrics: @unchecked Sendable {
     public static let outcomes = ["forwarded", "rewritten", "rejected", "error"]
-    /// `""` = no reason; the SPEC error codes; `aborted` for exchanges cut mid-way.
-    public static let reasons = [""] + ProxyErrorCode.allCases.map(\.rawValue) + ["aborted"]
+    /// `""` = no reason; the SPEC error codes; the sides that broke off an exchange mid-way (`AbortReason`).
+    public static let reasons = [""] + ProxyErrorCode.allCases.map(\.rawValue)
+        + AbortReason.allCases.map(\.rawValue).filter { ProxyErrorCode(rawValue: $0) == nil }
     /// Upper bounds (seconds) of the request duration histogram.
     public static let durationBuckets: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
@@ -49,7 +50,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         case .rejected: o = 2
         case .error: o = 3
         }
-        let r = reasonIndex[reason ?? ""] ?? reasonIndex["aborted"]!
+        // Every reason comes from `ProxyErrorCode` or `AbortReason`; anything else would be counted without one.
+        let r = reasonIndex[reason ?? ""] ?? 0
         requests[o * Self.reasons.count + r].add(1, ordering: .relaxed)
         for (i, bound) in Self.durationBuckets.enumerated() where durationSeconds <= bound {
             buckets[i].add(1, ordering: .relaxed)

@@ -27,6 +27,8 @@ final class SpliceRelay {
     /// EOF was read and everything before it was written to the sink: this direction is over.
     var finished: Bool { ended && inPipe == 0 }
     private(set) var failed = false
+    /// The failure was writing to the sink (else reading the source): tells which peer broke off.
+    private(set) var failedWriting = false
     private(set) var moved: UInt64 = 0
     /// Called after every step that may have changed `ended` / `failed` / `moved`.
     var onProgress: ((SpliceRelay) -> Void)?
@@ -105,6 +107,7 @@ final class SpliceRelay {
                 return false
             }
             failed = true
+            failedWriting = true
             return false
         }
         return true

@@ -603,6 +603,14 @@ public final class TunnelClient {
         if fd >= 0 { _ = shutdown(fd, Int32(SHUT_WR)) }
     }
 
+    /// Closes with a reset (RST, SO_LINGER 0) instead of an orderly FIN: the peer reads ECONNRESET.
+    public func reset() {
+        guard fd >= 0 else { return }
+        var option = linger(l_onoff: 1, l_linger: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        close()
+    }
+
     public func send(_ bytes: [UInt8]) throws {
         try bytes.withUnsafeBytes { try Socket.sendAll(fd, $0, until: .now + timeout) }
     }

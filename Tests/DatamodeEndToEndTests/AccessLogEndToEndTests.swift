@@ -145,6 +145,64 @@ import Testing
         #expect((line["duration"] as? Double ?? 0) >= 0.2)
     }
 
+    /// SPEC §6 has no code for an exchange cut short after its response started; the log and the metrics name
+    /// which side cut it (README: the table of `reason` values), never a bare `aborted`.
+    @Test func aClientThatLeavesMidRequestIsClientAborted() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        try client.send(RequestText.make("POST", origin.url("/upload"), headers: [("Content-Length", "100000")]) + "only ten b")
+        Thread.sleep(forTimeInterval: 0.2)
+        client.close()
+        let line = try #require(Self.lines(proxy, method: "POST").first)
+        #expect(line["outcome"] as? String == "error")
+        #expect(line["reason"] as? String == "client-aborted")
+        #expect(try AdminAPIClient(port: proxy.adminPort).scrape()
+            .counter("datamode_requests_total", ["outcome": "error", "reason": "client-aborted"]) == 1)
+    }
+
+    @Test(arguments: [
+        ("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nonly a few bytes", "upstream-aborted"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nworld\r\n", "upstream-protocol-error"),
+    ])
+    func anOriginThatBreaksOffMidBodyIsNamed(response: String, reason: String) throws {
+        let origin = try RecordingOrigin { _ in .raw(response, thenClose: true) }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        try client.send(RequestText.make("GET", origin.url("/cut")))
+        _ = try? client.readResponse()
+        #expect(client.isClosedByPeer())
+        let line = try #require(Self.lines(proxy, method: "GET").first)
+        #expect(line["outcome"] as? String == "error")
+        #expect(line["reason"] as? String == reason)
+        #expect(try AdminAPIClient(port: proxy.adminPort).scrape()
+            .counter("datamode_requests_total", ["outcome": "error", "reason": reason]) == 1)
+    }
+
+    /// A tunnel the client resets was still forwarded; the reason says how it ended.
+    @Test(arguments: [true, false])
+    func aTunnelResetByTheClientIsForwardedAndClientAborted(splice: Bool) throws {
+        let echo = try EchoServer()
+        defer { echo.stop() }
+        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
+                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
+        defer { proxy.stop() }
+        let client = try TunnelClient(port: proxy.port)
+        try client.send(RequestText.make("CONNECT", "127.0.0.1:\(echo.port)", host: "127.0.0.1:\(echo.port)"))
+        #expect(try client.readHead().status == 200)
+        #expect(try client.echoRoundTrip(Array("ping".utf8)) == Array("ping".utf8))
+        client.reset()
+        let line = try #require(Self.lines(proxy, method: "CONNECT").first)
+        #expect(line["outcome"] as? String == "forwarded")
+        #expect(line["reason"] as? String == "client-aborted")
+        #expect(line["bytesIn"] as? Int == 4)
+        #expect(line["bytesOut"] as? Int == 4)
+    }
+
     @Test func offWritesNothing() throws {
         let origin = try RecordingOrigin()
         defer { origin.stop() }
