@@ -9,6 +9,7 @@ import Glibc
 /// One JSON line per request (SPEC §8): time, client, method, url, status, bytes, outcome, reason, variant,
 /// duration; `bytesIn` / `bytesOut` are the body (or tunnel) bytes from and to the client, `bytes` repeats
 /// `bytesOut`. A tunnel's line is written when it ends, so its counts and duration cover the whole tunnel.
+/// `tags`, `rule` and `tagSources` say why a request was allowed or refused (README: the access log).
 ///
 /// Writing it never blocks a worker (SPEC §8). Workers only append the line to a bounded backlog (a mutex held
 /// for one copy); a dedicated writer thread does the write(2)s, in batches. When the reader of stdout stalls (a
@@ -60,13 +61,22 @@ public final class AccessLog: Sendable {
     }
 
     func write(time: Int64, client: String, method: String, url: String, status: Int, bytesIn: UInt64, bytesOut: UInt64,
-               outcome: String, reason: String?, variant: String?, durationSeconds: Double) {
+               outcome: String, reason: String?, variant: String?, tags: RequestTags?, tagSources: TagProvenance,
+               rule: String?, durationSeconds: Double) {
         guard let output else { return }
         var line = "{\"time\":\"\(Timestamp.rfc3339(wallNanoseconds: time))\",\"client\":\(JSONText.quote(client))"
         line += ",\"method\":\(JSONText.quote(method)),\"url\":\(JSONText.quote(url)),\"status\":\(status)"
         line += ",\"bytes\":\(bytesOut),\"bytesIn\":\(bytesIn),\"bytesOut\":\(bytesOut),\"outcome\":\"\(outcome)\""
         line += ",\"reason\":" + (reason.map(JSONText.quote) ?? "null")
         line += ",\"variant\":" + (variant.map(JSONText.quote) ?? "null")
+        if let tags {
+            line += ",\"tags\":{\"allow-constrained\":\(tags.allowConstrained),\"allow-expensive\":\(tags.allowExpensive)}"
+            line += ",\"rule\":" + (rule.map(JSONText.quote) ?? "null")
+            line += ",\"tagSources\":{\"allow-constrained\":\"\(tagSources.constrained.name)\""
+            line += ",\"allow-expensive\":\"\(tagSources.expensive.name)\"}"
+        } else {
+            line += ",\"tags\":null,\"rule\":null,\"tagSources\":null"
+        }
         let micros = Int((durationSeconds * 1_000_000).rounded())
         line += ",\"duration\":\(micros / 1_000_000).\(Self.sixDigits(micros % 1_000_000))}\n"
         line.withUTF8 { output.append(UnsafeRawBufferPointer($0)) }

@@ -330,7 +330,13 @@ final class ClientConnection {
         let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
                                  path: target.path, isConnect: target.form == .authority, client: peerAddress,
                                  fields: head.fields.map { (name: $0.name, value: $0.value) })
-        let decision = decide(facts, mode: settings.mode, policy: settings.policy)
+        var provenance = TagProvenance()
+        let decision = decide(facts, mode: settings.mode, policy: settings.policy, provenance: &provenance)
+        if let tags = decision.tags, let exchange = self.exchange {
+            exchange.tags = tags
+            exchange.tagSources = provenance
+            exchange.rule = settings.policy.ruleName(for: decision, provenance: provenance)
+        }
 
         if target.form == .authority {
             beginTunnel(head, target: target, decision: decision)

@@ -1,4 +1,5 @@
 import DatamodeHTTP
+import DatamodePolicy
 
 /// What the access log and metrics say about a request (SPEC §7 `outcome`).
 enum Outcome: String {
@@ -31,6 +32,11 @@ final class Exchange {
     /// The SPEC error code behind a rejection or an error.
     var reason: String?
     var variant: String?
+    /// The resolved tags (nil when the request never got that far), where each came from, and the rule behind
+    /// them (SPEC §8: a log line says why).
+    var tags: RequestTags?
+    var tagSources = TagProvenance()
+    var rule: String?
     var status: Int = 0
     var bytesIn: UInt64 = 0
     var bytesOut: UInt64 = 0

@@ -271,8 +271,9 @@ final class Worker {
         if accessLog.isEnabled {
             accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
                             status: exchange.status, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
-                            outcome: outcome.rawValue,
-                            reason: exchange.reason, variant: exchange.variant, durationSeconds: duration)
+                            outcome: outcome.rawValue, reason: exchange.reason, variant: exchange.variant,
+                            tags: exchange.tags, tagSources: exchange.tagSources, rule: exchange.rule,
+                            durationSeconds: duration)
         }
     }
 }

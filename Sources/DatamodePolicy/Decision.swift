@@ -86,8 +86,15 @@ public struct InvalidTagError: Error, Sendable, Hashable, CustomStringConvertibl
 /// Decides what to do with one request head under `mode` (SPEC §3–5). Pure and allocation-light:
 /// it reads the facts and the compiled policy and returns a value.
 public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapshot) -> Decision {
+    var provenance = TagProvenance()
+    return decide(request, mode: mode, policy: policy, provenance: &provenance)
+}
+
+/// `decide`, also saying where each tag came from (see `PolicySnapshot.ruleName(for:provenance:)`).
+public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapshot,
+                   provenance: inout TagProvenance) -> Decision {
     let tags: RequestTags
-    switch resolveTags(request, policy: policy) {
+    switch resolveTags(request, policy: policy, provenance: &provenance) {
     case .success(let resolved): tags = resolved
     case .failure(let error): return .invalidTag(error.detail)
     }
@@ -102,4 +109,26 @@ public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapsh
     if violatesConstrained { reasons.append(.constrained) }
     if violatesExpensive { reasons.append(.expensive) }
     return .reject(tags, Rejection(reasons: reasons))
+}
+
+extension PolicySnapshot {
+    /// The name of the rule behind a decision's tags, for the access log (SPEC §8): for a rejection, the rule that
+    /// set the first violated tag (constrained, then expensive); otherwise the rule that set `allow-constrained`,
+    /// else the one that set `allow-expensive`; nil when no rule set the tag in question. A copy of the stored
+    /// name (no allocation), taken with the decision so a later reload cannot change what it refers to.
+    public func ruleName(for decision: Decision, provenance: TagProvenance) -> String? {
+        switch decision {
+        case .invalidTag:
+            return nil
+        case .reject(_, let rejection):
+            return name(of: rejection.reasons.first == .expensive ? provenance.expensive : provenance.constrained)
+        case .forward, .serveVariant:
+            return name(of: provenance.constrained) ?? name(of: provenance.expensive)
+        }
+    }
+
+    private func name(of source: TagSource) -> String? {
+        guard case .rule(let index) = source, rules.indices.contains(index) else { return nil }
+        return rules[index].name
+    }
 }

@@ -11,6 +11,14 @@
 /// self-contradicting `Allow-*` is a client bug that must surface as `400 invalid-tag` whatever the
 /// configuration, so a client behaves the same behind every proxy configuration.
 public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot) -> Result<RequestTags, InvalidTagError> {
+    var provenance = TagProvenance()
+    return resolveTags(request, policy: policy, provenance: &provenance)
+}
+
+/// `resolveTags`, also saying where each tag's value came from (for the access log, SPEC §8). Same cost: the
+/// provenance is two small enum values the resolution knows anyway.
+public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot,
+                        provenance: inout TagProvenance) -> Result<RequestTags, InvalidTagError> {
     var client = ClientTagFields()
     if let error = client.scan(request.fields) { return .failure(error) }
 
@@ -25,6 +33,15 @@ public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot) -> Resu
         ?? (prefetch ? false : settings.defaults.allowConstrained)
     let allowExpensive = resolution.overrideExpensive ?? client.expensive ?? resolution.ruleExpensive
         ?? (prefetch ? false : settings.defaults.allowExpensive)
+    provenance = TagProvenance(
+        constrained: TagSource(override: resolution.overrideConstrained != nil ? resolution.overrideConstrainedRule : -1,
+                               header: client.constrained != nil,
+                               rule: resolution.ruleConstrained != nil ? resolution.ruleConstrainedRule : -1,
+                               prefetch: prefetch),
+        expensive: TagSource(override: resolution.overrideExpensive != nil ? resolution.overrideExpensiveRule : -1,
+                             header: client.expensive != nil,
+                             rule: resolution.ruleExpensive != nil ? resolution.ruleExpensiveRule : -1,
+                             prefetch: prefetch))
     return .success(RequestTags(allowConstrained: allowConstrained, allowExpensive: allowExpensive))
 }
 
@@ -174,6 +191,53 @@ struct RuleResolution {
     var overrideExpensive: Bool? = nil
     var ruleConstrained: Bool? = nil
     var ruleExpensive: Bool? = nil
+    /// The index in `PolicySnapshot.rules` of the rule behind each value above (-1: none).
+    var overrideConstrainedRule: Int32 = -1
+    var overrideExpensiveRule: Int32 = -1
+    var ruleConstrainedRule: Int32 = -1
+    var ruleExpensiveRule: Int32 = -1
+}
+
+/// Where a resolved tag's value came from (SPEC §3), so that an access log line can say why a request was
+/// refused (SPEC §8: "the resolved tags with the rule that set them").
+public enum TagSource: Sendable, Hashable {
+    /// The client's own `Allow-Constrained` / `Allow-Expensive` header.
+    case header
+    /// The rule at this index of `PolicySnapshot.rules` (an `override` rule, or a plain one).
+    case rule(Int)
+    /// A prefetch marker made the request discretionary.
+    case prefetch
+    /// `tags.defaults`.
+    case defaults
+
+    /// The log's word for it: `header`, `rule`, `prefetch` or `default`.
+    public var name: String {
+        switch self {
+        case .header: "header"
+        case .rule: "rule"
+        case .prefetch: "prefetch"
+        case .defaults: "default"
+        }
+    }
+
+    /// In the order of `resolveTags`: override rule, header, plain rule, prefetch, default.
+    init(override: Int32, header: Bool, rule: Int32, prefetch: Bool) {
+        if override >= 0 { self = .rule(Int(override)) }
+        else if header { self = .header }
+        else if rule >= 0 { self = .rule(Int(rule)) }
+        else if prefetch { self = .prefetch }
+        else { self = .defaults }
+    }
+}
+
+/// Where each of a request's tags came from.
+public struct TagProvenance: Sendable, Hashable {
+    public var constrained: TagSource
+    public var expensive: TagSource
+    public init(constrained: TagSource = .defaults, expensive: TagSource = .defaults) {
+        self.constrained = constrained
+        self.expensive = expensive
+    }
 }
 
 /// The search for the first matching rule per slot (override/plain × constrained/expensive). Rules come from
@@ -234,7 +298,11 @@ struct RuleScan {
         RuleResolution(overrideConstrained: overrideC == RuleScan.none ? nil : overrideCValue,
                        overrideExpensive: overrideE == RuleScan.none ? nil : overrideEValue,
                        ruleConstrained: plainC == RuleScan.none ? nil : plainCValue,
-                       ruleExpensive: plainE == RuleScan.none ? nil : plainEValue)
+                       ruleExpensive: plainE == RuleScan.none ? nil : plainEValue,
+                       overrideConstrainedRule: overrideC == RuleScan.none ? -1 : overrideC,
+                       overrideExpensiveRule: overrideE == RuleScan.none ? -1 : overrideE,
+                       ruleConstrainedRule: plainC == RuleScan.none ? -1 : plainC,
+                       ruleExpensiveRule: plainE == RuleScan.none ? -1 : plainE)
     }
 }
 

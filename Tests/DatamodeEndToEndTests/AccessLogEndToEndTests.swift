@@ -203,6 +203,52 @@ import Testing
         #expect(line["bytesOut"] as? Int == 4)
     }
 
+    /// SPEC §8: a line carries the resolved `tags` with the `rule` that set them, so a refusal says why.
+    @Test func aRejectionsLineSaysWhichRuleSetItsTags() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: """
+            mode: constrained-expensive
+            rules:
+              - name: pages
+                match: {path: "*.html"}
+                tags: {allow-expensive: true}
+              - name: videos
+                match: {path: "*.mp4"}
+                tags: {allow-constrained: false}
+            """)
+        defer { proxy.stop() }
+        let requests: [(String, [(String, String)], Int)] = [
+            ("/movie.mp4", [("Allow-Expensive", "?1")], 403),   // the rule refuses it
+            ("/photo.jpg", [("Allow-Constrained", "?0")], 403),  // the client's own header refuses it
+            ("/page.html", [], 200),                             // defaults and a rule allow it
+        ]
+        for (path, headers, status) in requests {
+            #expect(try SingleExchange.send(RequestText.make("GET", origin.url(path), headers: headers), to: proxy.port).status == status)
+        }
+        let lines = Self.lines(proxy, method: "GET", count: 3)
+        try #require(lines.count == 3)
+        func line(_ path: String) -> [String: Any] { lines.first { $0["url"] as? String == origin.url(path) } ?? [:] }
+
+        let video = line("/movie.mp4")
+        #expect(video["outcome"] as? String == "rejected")
+        #expect(video["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true])
+        #expect(video["rule"] as? String == "videos")
+        #expect(video["tagSources"] as? [String: String] == ["allow-constrained": "rule", "allow-expensive": "header"])
+
+        let photo = line("/photo.jpg")
+        #expect(photo["outcome"] as? String == "rejected")
+        #expect(photo["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true])
+        #expect(photo["rule"] is NSNull)
+        #expect(photo["tagSources"] as? [String: String] == ["allow-constrained": "header", "allow-expensive": "default"])
+
+        let page = line("/page.html")
+        #expect(page["outcome"] as? String == "forwarded")
+        #expect(page["tags"] as? [String: Bool] == ["allow-constrained": true, "allow-expensive": true])
+        #expect(page["rule"] as? String == "pages")
+        #expect(page["tagSources"] as? [String: String] == ["allow-constrained": "default", "allow-expensive": "rule"])
+    }
+
     @Test func offWritesNothing() throws {
         let origin = try RecordingOrigin()
         defer { origin.stop() }

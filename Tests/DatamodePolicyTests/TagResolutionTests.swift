@@ -86,6 +86,42 @@ struct TagResolutionTests {
         // `decide` reports the same tags in normal mode.
         #expect(decide(request("http://cdn.example/a.mp4", fields: fields), mode: normal, policy: snapshot).tags
             == resolved)
+
+        // And says where this tag came from (SPEC §8: the log names the rule that set the tags).
+        var provenance = TagProvenance()
+        _ = resolveTags(request("http://cdn.example/a.mp4", fields: fields), policy: snapshot, provenance: &provenance)
+        #expect((tag == .constrained ? provenance.constrained : provenance.expensive) == Self.expectedSource(row))
+    }
+
+    /// The precedence of SPEC §3 read off a row: matching override rule, header, matching plain rule, prefetch,
+    /// default (rule indices are positions in the row, as in the policy).
+    static func expectedSource(_ row: Row) -> TagSource {
+        let applicable = row.rules.enumerated().filter { $0.element.matches && !$0.element.setsOtherTag }
+        if let rule = applicable.first(where: { $0.element.override }) { return .rule(rule.offset) }
+        if row.header != nil { return .header }
+        if let rule = applicable.first(where: { !$0.element.override }) { return .rule(rule.offset) }
+        if row.prefetch && row.prefetchIsDiscretionary { return .prefetch }
+        return .defaults
+    }
+
+    /// The log's `rule`: for a rejection the rule behind the violated tag, else the one behind allow-constrained,
+    /// else allow-expensive.
+    @Test func ruleNameFollowsTheDecidingTag() {
+        let snapshot = policy(rules: [
+            Rule(name: "pages", match: RuleMatch(path: "*.html"), tags: TagAssignment(allowExpensive: false)),
+            Rule(name: "videos", match: RuleMatch(path: "*.mp4"), tags: TagAssignment(allowConstrained: true)),
+            Rule(name: "big", match: RuleMatch(path: "*.mp4"), tags: TagAssignment(allowExpensive: false)),
+        ])
+        func ruleName(_ url: String, _ mode: DataMode, fields: [(String, String)] = []) -> String? {
+            var provenance = TagProvenance()
+            let decision = decide(request(url, fields: fields), mode: mode, policy: snapshot, provenance: &provenance)
+            return snapshot.ruleName(for: decision, provenance: provenance)
+        }
+        #expect(ruleName("http://cdn.example/a.mp4", expensive) == "big")      // rejected: expensive violated
+        #expect(ruleName("http://cdn.example/a.mp4", normal) == "videos")      // forwarded: allow-constrained first
+        #expect(ruleName("http://cdn.example/a.html", normal) == "pages")      // only allow-expensive has a rule
+        #expect(ruleName("http://cdn.example/a.html", both, fields: [("Allow-Constrained", "?0")]) == nil)  // header
+        #expect(ruleName("http://cdn.example/a.css", normal) == nil)
     }
 
     @Test func oneRuleCanSetBothTags() throws {
