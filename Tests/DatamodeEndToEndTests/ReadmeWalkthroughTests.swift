@@ -35,7 +35,25 @@ import Testing
         return (status, parts[0], parts.dropFirst().joined(separator: "\r\n\r\n"))
     }
 
+    /// The arguments of every `datamode-proxy mode …` line of the README's walk-through, in order (comments cut):
+    /// the test runs exactly these, so the README and this test cannot drift apart.
+    static func readmeModeCommands() throws -> [[String]] {
+        let readme = try String(contentsOfFile: ProxyProcess.packageRoot + "/README.md", encoding: .utf8)
+        let start = try #require(readme.range(of: "## Low Data Mode in two minutes"))
+        let rest = readme[start.upperBound...]
+        let section = rest[..<(rest.range(of: "\n## ")?.lowerBound ?? rest.endIndex)]
+        return section.split(separator: "\n").compactMap { line -> [String]? in
+            guard let command = line.range(of: "datamode-proxy mode ") else { return nil }
+            let arguments = line[command.upperBound...].prefix { $0 != "#" }
+            return ["mode"] + arguments.split(separator: " ").map(String.init)
+        }
+    }
+
     @Test func newcomerWalkthrough() throws {
+        let modeCommands = try Self.readmeModeCommands()
+        // Flip to constrained, and end by handing the mode back to the flag/config (`mode normal` would persist an
+        // API mode that beats the `--mode` of every later start with the same state directory).
+        try #require(modeCommands == [["mode", "constrained"], ["mode", "--reset"]], "\(modeCommands)")
         let origin = try Self.staticOrigin()
         defer { origin.stop() }
         var config = try String(contentsOfFile: ProxyProcess.packageRoot + "/config/examples/demo.yaml", encoding: .utf8)
@@ -52,7 +70,7 @@ import Testing
         #expect(full.body == "full-size hero image (pretend this is 2 MB)\n")
 
         // One admin call flips the mode.
-        let flip = try ProxyProcess.runCLI(["mode", "constrained", "--admin", "127.0.0.1:\(proxy.adminPort)"])
+        let flip = try ProxyProcess.runCLI(modeCommands[0] + ["--admin", "127.0.0.1:\(proxy.adminPort)"])
         #expect(flip.status == 0, "\(flip.stderr)")
         #expect(flip.stdout.contains("\"mode\":\"constrained\""))
 
@@ -89,12 +107,24 @@ import Testing
         #expect(page.status == 200)
         #expect(page.body == "hello from the origin\n")
 
-        // Back to normal: the full image again.
-        #expect(try ProxyProcess.runCLI(["mode", "normal", "--admin", "127.0.0.1:\(proxy.adminPort)"]).status == 0)
+        // Back to the file's mode (normal): the full image again, and no API mode left behind.
+        let reset = try ProxyProcess.runCLI(modeCommands[1] + ["--admin", "127.0.0.1:\(proxy.adminPort)"])
+        #expect(reset.status == 0, "\(reset.stderr)")
         #expect(try Self.curl(proxy.port, hero).body == "full-size hero image (pretend this is 2 MB)\n")
+        let mode = try AdminAPIClient(port: proxy.adminPort).get("/mode").object
+        #expect(mode["mode"] as? String == "normal")
+        #expect(mode["source"] as? String != "api")
 
         // One access-log line per request, with the outcome.
+        proxy.stop()
         let outcomes = proxy.accessLog.compactMap { $0["outcome"] as? String }
         #expect(outcomes == ["forwarded", "rejected", "rewritten", "rewritten", "forwarded", "forwarded"])
+
+        // What the README says next: `start.sh --mode constrained`, with the same state directory, starts constrained.
+        let next = try ProxyProcess(config: config, arguments: ["--mode", "constrained"], directory: proxy.directory)
+        defer { next.stop() }
+        let nextMode = try AdminAPIClient(port: next.adminPort).get("/mode").object
+        #expect(nextMode["mode"] as? String == "constrained")
+        #expect(nextMode["source"] as? String == "flag")
     }
 }
