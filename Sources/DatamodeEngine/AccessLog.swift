@@ -20,7 +20,7 @@ import Glibc
 /// log file on a stalled disk would still block. One writer also means lines never interleave.
 public final class AccessLog: Sendable {
     /// At most this many bytes of lines wait or are being written; a line that does not fit is dropped.
-    /// About 4,000 typical lines: room for a reader's hiccup, not for a reader that has stopped.
+    /// A few thousand typical lines: room for a reader's hiccup, not for a reader that has stopped.
     static let backlogLimit = 1 << 20
 
     private let output: LogOutput?
