@@ -54,15 +54,18 @@ final class Exchange {
     /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
     var expectsContinue = false
     var response: ResponseHead?
-    var responseStarted = false
     var responseBody = BodyRelay(framing: .none)
     /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
     /// towards the client (to tell whether any of it has been written yet).
     var responseHeadLength = 0
-    var upstreamReusable = false
-    /// The origin closed its side (EOF): what it sent before is still relayed, to the last byte (SPEC §6
-    /// "No byte is lost"); the response ends only once its source buffer is empty.
-    var upstreamEnded = false
+    /// The framing error behind a refusal found while relaying a body (for the problem's detail).
+    var wireError: HTTPWireError?
+    /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).
+    var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+    /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
+    var tunnel: TunnelStateMachine?
+    var splices: [SpliceRelay] = []
+    var splicedBytes: [UInt64] = [0, 0]
     var logged = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {

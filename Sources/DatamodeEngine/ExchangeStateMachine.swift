@@ -64,9 +64,9 @@ struct ExchangeStateMachine {
         case retractAndAnswerBadGateway
         /// The response cannot be completed after part of it went out: write what was relayed, then close, so
         /// the client sees a short body, never a different message.
-        case truncate(reason: String)
+        case truncate(AbortReason)
         /// The client broke off (or broke its framing) after the response started: close now.
-        case abort(reason: String)
+        case abort(AbortReason)
     }
 
     private(set) var phase: Phase = .connecting
@@ -121,14 +121,14 @@ struct ExchangeStateMachine {
             upstreamReusable = false
             let started = responseStarted
             phase = .done
-            return started ? .abort(reason: "client-protocol-error") : .refuseRequest
+            return started ? .abort(.badRequest) : .refuseRequest
         case .moving:
             // After the client's EOF the body can only end short.
             guard clientEnded, step.left == 0 || step.isStalled else { return .none }
             keepAlive = false
             upstreamReusable = false
             phase = .done
-            return .abort(reason: "client-aborted")
+            return .abort(.clientAborted)
         }
     }
 
@@ -168,14 +168,20 @@ struct ExchangeStateMachine {
                 return .retractAndAnswerBadGateway
             }
             keepAlive = false
-            return .truncate(reason: "upstream-protocol-error")
+            return .truncate(.upstreamProtocolError)
         case .moving:
             guard originEnded, step.left == 0 || step.isStalled else { return .none }
             phase = .done
             if untilClose && step.left == 0 { return .finish(recycleUpstream: false) }
             keepAlive = false
-            return .truncate(reason: "upstream-aborted")
+            return .truncate(.upstreamAborted)
         }
+    }
+
+    /// A pooled connection turned out closed before any response: the request goes again on a new one.
+    mutating func retrying() {
+        guard phase == .sending || phase == .connecting else { return }
+        phase = .connecting
     }
 
     /// The exchange ended some other way (a local answer, an upstream failure, the client's error).

@@ -345,7 +345,7 @@ struct ExchangeWorld {
             }
             if !machine.requestComplete && machine.keepAlive { return "kept the client connection with the request unread" }
         case .truncate(let reason):
-            if reason == "upstream-aborted" {
+            if reason == .upstreamAborted {
                 if !originEOFSeen { return "truncated without the origin's EOF" }
                 // Everything the origin sent before its EOF went to the client, but for a cut framing element.
                 if response.bytes[down.relayed..<down.sent].contains(.data) {
@@ -363,7 +363,7 @@ struct ExchangeWorld {
             if !request.hasInvalidFraming { return "refused valid request framing" }
             if machine.responseStarted { return "refused a request whose response had started" }
         case .abort(let reason):
-            if reason == "client-aborted" {
+            if reason == .clientAborted {
                 if clientStopsAt == nil { return "aborted a client that sent its whole request" }
                 if relay(request, from: up.relayed, available: up.input, budget: Int.max).moved > 0 {
                     return "aborted with deliverable request bytes buffered"

@@ -1,0 +1,170 @@
+/// A client connection's lifecycle as a value: which phase it is in, with that phase's own data, and the
+/// timers it needs. Events in, an `Action` out; no I/O and no clock of its own (times are passed in), so every
+/// client-side timeout of SPEC §6 is testable without sleeping (hummingbird's `HTTPConnectionStateHandler`
+/// idea). Generic over what an exchange is, so tests drive it with plain values.
+///
+/// What happens inside one exchange is `ExchangeStateMachine`'s business, and inside a tunnel
+/// `TunnelStateMachine`'s; this one decides between them: read a head, forward, drain a refused body, tunnel,
+/// flush and close.
+struct ClientConnectionStateMachine<Exchange> {
+    enum State {
+        /// Waiting for, or parsing, the next request head. `since`: when its first byte arrived (for
+        /// `timeouts.client-header`); nil while idle between requests (`timeouts.client-idle`).
+        case readingHead(since: UInt64?)
+        /// Forwarding an exchange to an origin and relaying its response.
+        case forwarding(Exchange)
+        /// A local answer for the exchange was queued; the rest of its request body is read and thrown away so
+        /// that the connection can carry the next request (HAProxy's `H1_CS_DRAINING`).
+        case drainingRefusedBody(Exchange)
+        /// A CONNECT or Upgrade tunnel.
+        case tunnel(Exchange)
+        /// Writing what is queued for the client, then closing. `backlog`: what the output held when the timer
+        /// was last armed (a reader that still reads gets another period).
+        case closing(backlog: Int)
+        /// Freed: no event changes anything any more.
+        case closed
+    }
+
+    /// The client-side timeouts of SPEC §6 / §8, in milliseconds.
+    struct Timeouts: Equatable {
+        var clientIdle: Int64
+        var clientHeader: Int64
+        var drain: Int64
+    }
+
+    enum Action: Equatable {
+        case none
+        /// (Re)start the connection's timer.
+        case armTimer(milliseconds: Int64)
+        case disarmTimer
+        /// Everything queued has been written (or nothing will be): free the connection now.
+        case close
+    }
+
+    private(set) var state: State = .readingHead(since: nil)
+    /// The client half-closed: whatever it already sent is answered, then the connection closes.
+    private(set) var clientEnded = false
+    var timeouts: Timeouts
+
+    init(timeouts: Timeouts) {
+        self.timeouts = timeouts
+    }
+
+    var isClosed: Bool {
+        if case .closed = state { return true }
+        return false
+    }
+
+    var isReadingHead: Bool {
+        if case .readingHead = state { return true }
+        return false
+    }
+
+    /// The exchange being forwarded, refused or tunnelled, if any.
+    var exchange: Exchange? {
+        switch state {
+        case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange): exchange
+        case .readingHead, .closing, .closed: nil
+        }
+    }
+
+    // MARK: events
+
+    /// The connection was accepted: wait for a first head, at most `client-idle`.
+    func started() -> Action {
+        .armTimer(milliseconds: timeouts.clientIdle)
+    }
+
+    /// Bytes of a head are buffered; the first of them starts `client-header` (slowloris: a head that trickles
+    /// in is cut however busy the client looks).
+    mutating func headBytesBuffered(now: UInt64) -> Action {
+        guard case .readingHead(nil) = state else { return .none }
+        state = .readingHead(since: now)
+        return .armTimer(milliseconds: timeouts.clientHeader)
+    }
+
+    /// Nothing is buffered between requests. An ended client is done; otherwise wait at most `client-idle`.
+    mutating func inputEmpty(outputBacklog: Int) -> Action {
+        guard case .readingHead = state else { return .none }
+        state = .readingHead(since: nil)
+        if clientEnded { return closeWhenFlushed(outputBacklog: outputBacklog) }
+        return .armTimer(milliseconds: timeouts.clientIdle)
+    }
+
+    /// A head is buffered only in part and the client ended: it will never be complete.
+    mutating func incompleteHeadAtEOF(outputBacklog: Int) -> Action {
+        guard case .readingHead = state, clientEnded else { return .none }
+        return closeWhenFlushed(outputBacklog: outputBacklog)
+    }
+
+    /// A complete (or invalid) head was parsed: its timer stops; the decision that follows picks the next state.
+    /// Returns when the head's first byte arrived.
+    mutating func headParsed() -> (since: UInt64?, action: Action) {
+        guard case .readingHead(let since) = state else { return (nil, .none) }
+        state = .readingHead(since: nil)
+        return (since, .disarmTimer)
+    }
+
+    mutating func forward(_ exchange: Exchange) { if !isClosed { state = .forwarding(exchange) } }
+    mutating func drainRefusedBody(_ exchange: Exchange) { if !isClosed { state = .drainingRefusedBody(exchange) } }
+    mutating func tunnel(_ exchange: Exchange) { if !isClosed { state = .tunnel(exchange) } }
+
+    /// The exchange is over. The next head is read when the connection can be kept; otherwise it closes once
+    /// what is queued has been written.
+    mutating func exchangeFinished(keepAlive: Bool, draining: Bool, outputBacklog: Int) -> Action {
+        guard !isClosed else { return .none }
+        if keepAlive && !draining && !clientEnded {
+            state = .readingHead(since: nil)
+            return .none  // the executor parses what is buffered next (pipelining), or waits idle
+        }
+        return closeWhenFlushed(outputBacklog: outputBacklog)
+    }
+
+    /// Flush, then close, however slowly the client reads (SPEC §6 "No byte is lost").
+    mutating func closeWhenFlushed(outputBacklog: Int) -> Action {
+        guard !isClosed else { return .none }
+        if outputBacklog == 0 {
+            state = .closed
+            return .close
+        }
+        state = .closing(backlog: outputBacklog)
+        return .armTimer(milliseconds: timeouts.drain)
+    }
+
+    /// The client half-closed. Its phase decides what that means; the connection only remembers it.
+    mutating func clientSentEOF() {
+        clientEnded = true
+    }
+
+    /// The output was written out.
+    mutating func outputDrained() -> Action {
+        guard case .closing = state else { return .none }
+        state = .closed
+        return .close
+    }
+
+    /// The timer fired.
+    mutating func timerFired(outputBacklog: Int) -> Action {
+        switch state {
+        case .readingHead:
+            // Idle keep-alive expired, or a head trickled in too slowly: cut it without a word.
+            state = .closed
+            return .close
+        case .closing(let backlog):
+            if outputBacklog > 0 && outputBacklog < backlog {
+                // A slow reader that still reads: let it finish. Only a whole period without progress cuts it.
+                state = .closing(backlog: outputBacklog)
+                return .armTimer(milliseconds: timeouts.drain)
+            }
+            state = .closed
+            return .close
+        case .forwarding, .drainingRefusedBody, .tunnel, .closed:
+            return .none
+        }
+    }
+
+    /// The connection was freed (an error, an abort, or the end).
+    mutating func closed() {
+        state = .closed
+    }
+}
