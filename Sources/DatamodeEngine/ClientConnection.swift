@@ -411,8 +411,9 @@ final class ClientConnection {
         exchange.upstream = upstream
         exchange.upstreamReused = upstream.isReused
         upstream.attach(self)
-        guard isCurrent(exchange), exchange.upstream === upstream else { return }  // it had already failed; answered
         upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        upstream.start()
+        guard forwardedExchange(of: upstream) === exchange else { return }
         if upstream.isConnected { perform(exchange, exchange.machine.upstreamConnected()) }
         if exchange.requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody(exchange) }
     }
@@ -683,8 +684,8 @@ final class ClientConnection {
         let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: target.host, port: target.port))
         exchange.upstream = upstream
         upstream.attach(self)
-        guard tunnelExchange(of: upstream) === exchange else { return }  // it had already failed; answered
         upstream.send([], responseTimeoutMs: -1)
+        upstream.start()
     }
 
     /// CONNECT: the upstream TCP connection is up; say so to the client and start relaying.

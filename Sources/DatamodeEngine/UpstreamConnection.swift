@@ -64,8 +64,22 @@ final class UpstreamConnection {
         if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
         timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
         worker.upstreamOpened(self)
-        resolve()
     }
+
+    /// Resolves and connects a new connection (a pooled one is connected already). Nothing fails inside this
+    /// call: a failure found synchronously (a literal address refused at once, a name answered from
+    /// /etc/hosts) is reported from the next loop iteration, like every other one, so the client never sees
+    /// its upstream fail while it is still setting it up.
+    func start() {
+        guard state == .resolving, !starting, lookup == nil, addresses.isEmpty else { return }
+        starting = true
+        resolve()
+        starting = false
+    }
+
+    private var starting = false
+    /// A failure found inside `start`, reported from the timer callback.
+    private var deferredFailure: (code: ProxyErrorCode, detail: String)?
 
     private static func makeBufferevent(_ worker: Worker, key: UpstreamKey) -> (OpaquePointer, OpaquePointer?) {
         let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
@@ -116,17 +130,8 @@ final class UpstreamConnection {
     /// and moved along if another address is tried).
     var acceptsRequestBytes: Bool { state == .busy || state == .resolving || state == .connecting }
 
-    /// Why the connection failed, when it failed before anyone was attached (a lookup answered inline).
-    private var earlyFailure: (code: ProxyErrorCode, detail: String)?
-
-    /// Attaches the exchange's client. A connection that already failed (synchronously, inside `init`)
-    /// reports that failure now instead.
+    /// Attaches the exchange's client (before `start`).
     func attach(_ client: ClientConnection) {
-        if state == .closed {
-            let failure = earlyFailure ?? (.upstreamUnreachable, "connection to \(key.host):\(key.port) failed")
-            client.upstreamFailed(self, code: failure.code, detail: failure.detail)
-            return
-        }
         self.client = client
         if state == .idle { state = .busy }
     }
@@ -330,6 +335,11 @@ final class UpstreamConnection {
     }
 
     func upstreamTimerFired() {
+        if let failure = deferredFailure {
+            deferredFailure = nil
+            fail(failure.code, failure.detail)
+            return
+        }
         switch state {
         case .resolving, .connecting:
             fail(.upstreamTimeout, "connecting to \(key.host):\(key.port) took longer than timeouts.upstream-connect")
@@ -346,7 +356,11 @@ final class UpstreamConnection {
     }
 
     private func fail(_ code: ProxyErrorCode, _ detail: String) {
-        earlyFailure = (code, detail)
+        if starting {
+            deferredFailure = (code, detail)
+            if let timer { dm_event_add_ms(timer, 0) }
+            return
+        }
         let client = self.client
         close()
         client?.upstreamFailed(self, code: code, detail: detail)
