@@ -102,14 +102,23 @@ final class ClientConnection {
     }
 
     /// Writes what this exchange queued, towards the client and the upstream (called after every callback).
-    func flushPendingWrites() {
+    /// Returns the upstream it flushed, if any.
+    @discardableResult
+    func flushPendingWrites() -> UpstreamConnection? {
         var rounds = 0
+        var flushed: UpstreamConnection?
         while !machine.isClosed {
-            machine.exchange?.upstream?.flushPendingWrites()
+            flushed = machine.exchange?.upstream
+            flushed?.flushPendingWrites()
             writer.flush(bev, output: output)
             rounds += 1
             guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
         }
+        afterFlush()
+        return flushed
+    }
+
+    private func afterFlush() {
         switch machine.state {
         case .tunnel(let exchange):
             guard let tunnel = exchange.tunnel else { return }

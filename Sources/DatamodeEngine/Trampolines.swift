@@ -47,33 +47,37 @@ let clientTimerCallback: event_callback_fn = { _, _, ctx in
 
 // MARK: upstream side
 
+/// After an upstream callback: the attached client's flush writes its exchange's upstream too, so the
+/// upstream is flushed on its own only when no client took care of it (it used to be flushed twice).
+@inline(__always)
+func flushAfterUpstreamCallback(_ upstream: UpstreamConnection, _ client: ClientConnection?) {
+    if let client, client.flushPendingWrites() === upstream { return }
+    upstream.flushPendingWrites()
+}
+
 let upstreamReadCallback: bufferevent_data_cb = { _, ctx in
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamReadable()
-    client?.flushPendingWrites()
-    upstream.flushPendingWrites()
+    flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamWriteCallback: bufferevent_data_cb = { _, ctx in
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamWritable()
-    client?.flushPendingWrites()
-    upstream.flushPendingWrites()
+    flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamEventCallback: bufferevent_event_cb = { _, what, ctx in
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamEvent(what)
-    client?.flushPendingWrites()
-    upstream.flushPendingWrites()
+    flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamTimerCallback: event_callback_fn = { _, _, ctx in
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamTimerFired()
-    client?.flushPendingWrites()
-    upstream.flushPendingWrites()
+    flushAfterUpstreamCallback(upstream, client)
 }
 
 // MARK: DNS
