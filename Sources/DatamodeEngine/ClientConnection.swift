@@ -571,27 +571,19 @@ final class ClientConnection {
 
     private func readResponseHead(_ exchange: Exchange, _ upstream: UpstreamConnection) {
         while forwardedExchange(of: upstream) === exchange, exchange.response == nil {
-            let source = upstream.input
-            let available = evbuffer_get_length(source)
-            guard available > 0 else { return }
-            let window = min(available, Flow.maxResponseHeadBytes)
-            guard let start = evbuffer_pullup(source, window) else { return }
-            let result = HTTP1Parser.parseResponseHead(UnsafeRawBufferPointer(start: start, count: window), limits: Flow.responseLimits)
-            switch result {
+            switch upstream.takeResponseHead() {
             case .incomplete:
                 return
             case .invalid(let error):
                 upstream.close()
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
                 return
-            case .complete(let head, let length):
-                evbuffer_drain(source, length)
+            case .complete(let head, _):
                 if head.status < 200 {
                     handleInterim(exchange, head, upstream)
-                    continue
+                } else {
+                    startResponse(exchange, head, upstream)
                 }
-                upstream.responseHeadReceived()
-                startResponse(exchange, head, upstream)
             }
         }
     }
@@ -605,7 +597,6 @@ final class ClientConnection {
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "101 Switching Protocols without an Upgrade request")
                 return
             }
-            upstream.responseHeadReceived()
             let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
                                                      stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
             evbuffer_add(output, bytes, bytes.count)

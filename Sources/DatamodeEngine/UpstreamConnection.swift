@@ -1,5 +1,6 @@
 import CDatamodeShims
 import CLibevent
+import DatamodeHTTP
 import DatamodePolicy
 #if canImport(Glibc)
 import Glibc
@@ -193,9 +194,24 @@ final class UpstreamConnection {
         evbuffer_drain(output, evbuffer_get_length(output))
     }
 
-    func responseHeadReceived() {
+    private func responseHeadReceived() {
         responseTimer.headReceived()
         if let timer { event_del(timer) }
+    }
+
+    /// Parses the next response head at the front of `input` (an interim 1xx or the final one), strictly and
+    /// bounded, and removes it from the buffer. A final head or a `101` stops the response timer.
+    func takeResponseHead() -> HeadParseResult<ResponseHead> {
+        let available = evbuffer_get_length(input)
+        guard available > 0 else { return .incomplete }
+        let window = min(available, Flow.maxResponseHeadBytes)
+        guard let start = evbuffer_pullup(input, window) else { return .incomplete }
+        let result = HTTP1Parser.parseResponseHead(UnsafeRawBufferPointer(start: start, count: window), limits: Flow.responseLimits)
+        if case .complete(let head, let length) = result {
+            evbuffer_drain(input, length)
+            if head.status >= 200 || head.status == 101 { responseHeadReceived() }
+        }
+        return result
     }
 
     // MARK: resolve and connect
