@@ -39,16 +39,18 @@ public struct VariantRewrite: Sendable, Hashable {
     }
 }
 
-/// Why a request is refused (SPEC §4).
+/// Why a request is refused (SPEC §4, §15).
 public struct Rejection: Sendable, Hashable {
-    /// The violated conditions, in the order constrained, expensive.
+    /// The violated conditions, in the order constrained, expensive, ultra-constrained.
     public var reasons: [DataCondition]
-    /// `.constrained` if the constrained condition is violated, else `.expensive`.
+    /// The first violated condition in that order (SPEC §15): `.constrained`, else `.expensive`, else
+    /// `.ultraConstrained`.
     public var code: ProxyErrorCode
 
     public init(reasons: [DataCondition]) {
         self.reasons = reasons
-        self.code = reasons.contains(.constrained) ? .constrained : .expensive
+        self.code = reasons.contains(.constrained) ? .constrained
+            : reasons.contains(.expensive) ? .expensive : .ultraConstrained
     }
 
     /// The header `Network-Unavailable-Reason` value, the twin of `URLError.networkUnavailableReason`.
@@ -58,13 +60,22 @@ public struct Rejection: Sendable, Hashable {
     /// then `reasons`, `mode` and `url`.
     public func problem(mode: DataMode, url: String) -> ProblemDetail {
         let detail: String
-        switch (reasons.contains(.constrained), reasons.contains(.expensive)) {
-        case (true, true):
+        switch (reasons.contains(.constrained), reasons.contains(.expensive), reasons.contains(.ultraConstrained)) {
+        case (true, true, false):
             detail = "The network is constrained and expensive, and this request allows neither."
-        case (true, false):
+        case (true, false, false):
             detail = "The network is constrained (Low Data Mode) and this request does not allow constrained access."
-        default:
+        case (false, true, false), (false, false, false):
             detail = "The network is expensive and this request does not allow expensive access."
+        case (false, false, true):
+            detail = "The network is ultra-constrained (a satellite-class link) and this request has not opted in "
+                + "to ultra-constrained access (Allow-Ultra-Constrained: ?1)."
+        case (true, false, true):
+            detail = "The network is constrained and ultra-constrained, and this request allows neither."
+        case (false, true, true):
+            detail = "The network is expensive and ultra-constrained, and this request allows neither."
+        case (true, true, true):
+            detail = "The network is constrained, expensive and ultra-constrained, and this request allows none of them."
         }
         return ProblemDetail(code: code, detail: detail, extra: [
             ("reasons", JSONText.array(reasons.map(\.rawValue))),
@@ -74,7 +85,8 @@ public struct Rejection: Sendable, Hashable {
     }
 }
 
-/// The client's `Allow-Constrained` / `Allow-Expensive` header is invalid (SPEC §3: `400 invalid-tag`).
+/// The client's `Allow-Constrained` / `Allow-Expensive` / `Allow-Ultra-Constrained` header is invalid
+/// (SPEC §3, §15: `400 invalid-tag`).
 public struct InvalidTagError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Names the header and the offending value(s); becomes the problem `detail`.
     public var detail: String
@@ -83,7 +95,7 @@ public struct InvalidTagError: Error, Sendable, Hashable, CustomStringConvertibl
     public var problem: ProblemDetail { ProblemDetail(code: .invalidTag, detail: detail) }
 }
 
-/// Decides what to do with one request head under `mode` (SPEC §3–5). Pure and allocation-light:
+/// Decides what to do with one request head under `mode` (SPEC §3–5, §15). Pure and allocation-light:
 /// it reads the facts and the compiled policy and returns a value.
 public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapshot) -> Decision {
     var provenance = TagProvenance()
@@ -100,7 +112,8 @@ public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapsh
     }
     let violatesConstrained = mode.constrained && !tags.allowConstrained
     let violatesExpensive = mode.expensive && !tags.allowExpensive
-    let violated = violatesConstrained || violatesExpensive
+    let violatesUltraConstrained = mode.ultraConstrained && !tags.allowUltraConstrained
+    let violated = violatesConstrained || violatesExpensive || violatesUltraConstrained
     if let rewrite = policy.index.variantRewrite(for: request, mode: mode, violated: violated) {
         return .serveVariant(tags, rewrite)
     }
@@ -108,22 +121,29 @@ public func decide(_ request: RequestFacts, mode: DataMode, policy: PolicySnapsh
     var reasons: [DataCondition] = []
     if violatesConstrained { reasons.append(.constrained) }
     if violatesExpensive { reasons.append(.expensive) }
+    if violatesUltraConstrained { reasons.append(.ultraConstrained) }
     return .reject(tags, Rejection(reasons: reasons))
 }
 
 extension PolicySnapshot {
     /// The name of the rule behind a decision's tags, for the access log (SPEC §8): for a rejection, the rule that
-    /// set the first violated tag (constrained, then expensive); otherwise the rule that set `allow-constrained`,
-    /// else the one that set `allow-expensive`; nil when no rule set the tag in question. A copy of the stored
-    /// name (no allocation), taken with the decision so a later reload cannot change what it refers to.
+    /// set the first violated tag (constrained, then expensive, then ultra-constrained: the rejection's `error`);
+    /// otherwise the rule that set `allow-constrained`, else the one that set `allow-expensive`, else the one that
+    /// set `allow-ultra-constrained`; nil when no rule set the tag in question. A copy of the stored name (no
+    /// allocation), taken with the decision so a later reload cannot change what it refers to.
     public func ruleName(for decision: Decision, provenance: TagProvenance) -> String? {
         switch decision {
         case .invalidTag:
             return nil
         case .reject(_, let rejection):
-            return name(of: rejection.reasons.first == .expensive ? provenance.expensive : provenance.constrained)
+            switch rejection.reasons.first {
+            case .expensive?: return name(of: provenance.expensive)
+            case .ultraConstrained?: return name(of: provenance.ultraConstrained)
+            case .constrained?, nil: return name(of: provenance.constrained)
+            }
         case .forward, .serveVariant:
             return name(of: provenance.constrained) ?? name(of: provenance.expensive)
+                ?? name(of: provenance.ultraConstrained)
         }
     }
 

@@ -1,49 +1,84 @@
-/// The vocabulary of data modes (SPEC §1–5). Pure values: no I/O, no C.
+/// The vocabulary of data modes (SPEC §1–5, §15). Pure values: no I/O, no C.
 
-/// One condition of the network path, the twin of `NWPath.isConstrained` / `NWPath.isExpensive`.
+/// One condition of the network path, the twin of `NWPath.isConstrained` / `NWPath.isExpensive` /
+/// `NWPath.isUltraConstrained`. Declared in the SPEC's order (constrained, expensive, ultra-constrained): a
+/// rejection's `error` is the first violated one in this order (SPEC §15).
 public enum DataCondition: String, CaseIterable, Hashable, Sendable {
     case constrained
     case expensive
+    /// A satellite-class link (SPEC §15). Unlike the other two it is opt-in: only a request that allows it may use it.
+    case ultraConstrained = "ultra-constrained"
 }
 
-/// The active data mode: which conditions hold (SPEC §2).
+/// The active data mode: which conditions hold (SPEC §2, §15).
 public struct DataMode: Hashable, Sendable, CustomStringConvertible {
     public var constrained: Bool
     public var expensive: Bool
+    /// SPEC §15. Defaults to false in `init`, so a mode written with the first two conditions means what it did
+    /// before the third existed.
+    public var ultraConstrained: Bool
 
-    public init(constrained: Bool, expensive: Bool) {
+    public init(constrained: Bool, expensive: Bool, ultraConstrained: Bool = false) {
         self.constrained = constrained
         self.expensive = expensive
+        self.ultraConstrained = ultraConstrained
     }
 
     public static let normal = DataMode(constrained: false, expensive: false)
 
-    /// Parses a mode name: `normal`, `constrained`, `expensive`, `constrained-expensive`, and the aliases
-    /// `low-data` (= constrained) and `cellular` (= expensive). Case-insensitive. `nil` for anything else.
+    /// Parses a mode name (case-insensitive): one of the eight canonical names of SPEC §2 and §15 (`normal`,
+    /// `constrained`, `expensive`, `constrained-expensive`, `ultra-constrained`, `constrained-ultra-constrained`,
+    /// `expensive-ultra-constrained`, `constrained-expensive-ultra-constrained`) or an alias: `low-data`
+    /// (= constrained), `cellular` (= expensive), `satellite` (= all three). `nil` for anything else.
     public init?(name: String) {
         switch name.lowercased() {
         case "normal": self = .normal
         case "constrained", "low-data": self.init(constrained: true, expensive: false)
         case "expensive", "cellular": self.init(constrained: false, expensive: true)
         case "constrained-expensive": self.init(constrained: true, expensive: true)
+        case "ultra-constrained": self.init(constrained: false, expensive: false, ultraConstrained: true)
+        case "constrained-ultra-constrained": self.init(constrained: true, expensive: false, ultraConstrained: true)
+        case "expensive-ultra-constrained": self.init(constrained: false, expensive: true, ultraConstrained: true)
+        case "constrained-expensive-ultra-constrained", "satellite":
+            self.init(constrained: true, expensive: true, ultraConstrained: true)
         default: return nil
         }
     }
 
-    /// The canonical name of SPEC §2.
+    /// The canonical name of SPEC §2 / §15: the conditions that hold, in the order constrained, expensive,
+    /// ultra-constrained, joined by `-`; `normal` for none. A literal per case: naming a mode never allocates.
     public var name: String {
-        switch (constrained, expensive) {
-        case (false, false): "normal"
-        case (true, false): "constrained"
-        case (false, true): "expensive"
-        case (true, true): "constrained-expensive"
+        switch (constrained, expensive, ultraConstrained) {
+        case (false, false, false): "normal"
+        case (true, false, false): "constrained"
+        case (false, true, false): "expensive"
+        case (true, true, false): "constrained-expensive"
+        case (false, false, true): "ultra-constrained"
+        case (true, false, true): "constrained-ultra-constrained"
+        case (false, true, true): "expensive-ultra-constrained"
+        case (true, true, true): "constrained-expensive-ultra-constrained"
         }
     }
 
     public var description: String { name }
 
-    /// Every name accepted by `init(name:)`, for error messages.
-    public static let acceptedNames = ["normal", "constrained", "expensive", "constrained-expensive", "low-data", "cellular"]
+    /// Whether `condition` holds in this mode.
+    public func has(_ condition: DataCondition) -> Bool {
+        switch condition {
+        case .constrained: constrained
+        case .expensive: expensive
+        case .ultraConstrained: ultraConstrained
+        }
+    }
+
+    /// The eight canonical names, in the order of SPEC §15.
+    public static let canonicalNames = [
+        "normal", "constrained", "expensive", "constrained-expensive", "ultra-constrained",
+        "constrained-ultra-constrained", "expensive-ultra-constrained", "constrained-expensive-ultra-constrained",
+    ]
+
+    /// Every name accepted by `init(name:)`, for error messages: the canonical names, then the aliases.
+    public static let acceptedNames = canonicalNames + ["low-data", "cellular", "satellite"]
 }
 
 /// Where the active mode came from, highest precedence first (SPEC §2, §7).
@@ -51,27 +86,33 @@ public enum ModeSource: String, Hashable, Sendable {
     case api, flag, config, `default`
 }
 
-/// The two permissions every request resolves (SPEC §3), twins of `URLRequest.allowsConstrainedNetworkAccess`
-/// and `allowsExpensiveNetworkAccess`.
+/// The permissions every request resolves (SPEC §3, §15), twins of `URLRequest.allowsConstrainedNetworkAccess`,
+/// `allowsExpensiveNetworkAccess` and `allowsUltraConstrainedNetworkAccess`.
 public struct RequestTags: Hashable, Sendable {
     public var allowConstrained: Bool
     public var allowExpensive: Bool
-    public init(allowConstrained: Bool, allowExpensive: Bool) {
+    /// SPEC §15: opt-in, so `false` unless stated (as on Apple platforms, where it defaults to false).
+    public var allowUltraConstrained: Bool
+    public init(allowConstrained: Bool, allowExpensive: Bool, allowUltraConstrained: Bool = false) {
         self.allowConstrained = allowConstrained
         self.allowExpensive = allowExpensive
+        self.allowUltraConstrained = allowUltraConstrained
     }
+    /// The SPEC defaults: constrained and expensive access allowed. Ultra-constrained access stays false: it is
+    /// the one permission a request must ask for (SPEC §15), so even this value does not grant it.
     public static let allowAll = RequestTags(allowConstrained: true, allowExpensive: true)
 }
 
 /// The `tags` section of the configuration (SPEC §3, §8).
 public struct TagSettings: Hashable, Sendable {
-    /// Write the resolved tags upstream as `Allow-Constrained` / `Allow-Expensive` (false: strip them).
+    /// Write the resolved tags upstream as `Allow-Constrained` / `Allow-Expensive` / `Allow-Ultra-Constrained`
+    /// (false: strip all three).
     public var forward: Bool
     /// Send `Save-Data: on` upstream while the mode is constrained.
     public var saveData: Bool
-    /// Prefetch-marked requests get both tags false.
+    /// Prefetch-marked requests get every tag false.
     public var prefetchIsDiscretionary: Bool
-    /// Tags of a request nothing else decided.
+    /// Tags of a request nothing else decided (`allowUltraConstrained` false unless configured, SPEC §15).
     public var defaults: RequestTags
 
     public init(forward: Bool = true, saveData: Bool = true, prefetchIsDiscretionary: Bool = true,
@@ -131,10 +172,15 @@ public struct RuleMatch: Hashable, Sendable {
 public struct TagAssignment: Hashable, Sendable {
     public var allowConstrained: Bool?
     public var allowExpensive: Bool?
-    public init(allowConstrained: Bool? = nil, allowExpensive: Bool? = nil) {
+    public var allowUltraConstrained: Bool?
+    public init(allowConstrained: Bool? = nil, allowExpensive: Bool? = nil, allowUltraConstrained: Bool? = nil) {
         self.allowConstrained = allowConstrained
         self.allowExpensive = allowExpensive
+        self.allowUltraConstrained = allowUltraConstrained
     }
+
+    /// The rule sets no tag at all.
+    public var isEmpty: Bool { allowConstrained == nil && allowExpensive == nil && allowUltraConstrained == nil }
 }
 
 /// A configured tagging rule (SPEC §3 step 2, §8).
@@ -160,6 +206,8 @@ public enum VariantCondition: String, CaseIterable, Hashable, Sendable {
     case constrained
     /// Whenever the mode is expensive.
     case expensive
+    /// Whenever the mode is ultra-constrained (SPEC §15).
+    case ultraConstrained = "ultra-constrained"
     /// In every mode (a map-remote rule).
     case always
 }

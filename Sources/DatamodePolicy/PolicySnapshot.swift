@@ -82,6 +82,7 @@ struct CompiledRule: Sendable {
     let client: CIDR?
     let allowConstrained: Bool?
     let allowExpensive: Bool?
+    let allowUltraConstrained: Bool?
     let override: Bool
 }
 
@@ -96,6 +97,7 @@ struct RuleEntry: Sendable {
     /// -1 unset, 0 false, 1 true.
     var constrained: Int8
     var expensive: Int8
+    var ultraConstrained: Int8
 }
 
 /// A piece of a target template: literal text or capture `$N` (stored 0-based).
@@ -124,12 +126,14 @@ enum WhenMask {
     static let constrained: UInt8 = 2
     static let expensive: UInt8 = 4
     static let always: UInt8 = 8
+    static let ultraConstrained: UInt8 = 16
 
     static func bit(_ condition: VariantCondition) -> UInt8 {
         switch condition {
         case .disallowed: disallowed
         case .constrained: constrained
         case .expensive: expensive
+        case .ultraConstrained: ultraConstrained
         case .always: always
         }
     }
@@ -197,6 +201,9 @@ final class PolicyIndex: Sendable {
     /// Whether any override rule sets each tag (if none, a header settles that tag without looking further).
     let overrideSetsConstrained: Bool
     let overrideSetsExpensive: Bool
+    let overrideSetsUltraConstrained: Bool
+    /// Whether any plain (non-override) rule sets `allow-ultra-constrained` (see `RuleScan.plainSetsU`).
+    let plainSetsUltraConstrained: Bool
 
     let variants: [CompiledVariant]
     let variantWhen: [UInt8]
@@ -225,7 +232,7 @@ final class PolicyIndex: Sendable {
         var bySuffix = SliceIndex()
         var byPathPrefix = SliceIndex()
         var other: [Int32] = []
-        var overrideC = false, overrideE = false
+        var overrideC = false, overrideE = false, overrideU = false, plainU = false
         for (i, rule) in rules.enumerated() {
             let compiled = try PolicyIndex.compile(rule, position: i + 1)
             let n = Int32(i)
@@ -245,6 +252,9 @@ final class PolicyIndex: Sendable {
             if compiled.override {
                 overrideC = overrideC || compiled.allowConstrained != nil
                 overrideE = overrideE || compiled.allowExpensive != nil
+                overrideU = overrideU || compiled.allowUltraConstrained != nil
+            } else {
+                plainU = plainU || compiled.allowUltraConstrained != nil
             }
             func tri(_ b: Bool?) -> Int8 { b.map { $0 ? 1 : 0 } ?? -1 }
             entries.append(RuleEntry(
@@ -252,7 +262,8 @@ final class PolicyIndex: Sendable {
                 pathGlob: compiled.path.map { ruleGlobs.append($0) } ?? -1,
                 hasOtherCriteria: compiled.method != nil || compiled.client != nil || !compiled.headers.isEmpty,
                 override: compiled.override,
-                constrained: tri(compiled.allowConstrained), expensive: tri(compiled.allowExpensive)))
+                constrained: tri(compiled.allowConstrained), expensive: tri(compiled.allowExpensive),
+                ultraConstrained: tri(compiled.allowUltraConstrained)))
             compiledRules.append(compiled)
         }
         self.rules = compiledRules
@@ -264,6 +275,8 @@ final class PolicyIndex: Sendable {
         self.otherRules = other
         self.overrideSetsConstrained = overrideC
         self.overrideSetsExpensive = overrideE
+        self.overrideSetsUltraConstrained = overrideU
+        self.plainSetsUltraConstrained = plainU
 
         var compiledVariants: [CompiledVariant] = []
         compiledVariants.reserveCapacity(variants.count)
@@ -376,8 +389,9 @@ final class PolicyIndex: Sendable {
         let subject = rule.name.isEmpty ? "rule #\(position)" : "rule \"\(rule.name)\""
         func fail(_ message: String) -> PolicyError { PolicyError(subject: subject, message: message) }
         guard !rule.name.isEmpty else { throw fail("name must not be empty") }
-        guard rule.tags.allowConstrained != nil || rule.tags.allowExpensive != nil else {
-            throw fail("sets neither allow-constrained nor allow-expensive, so it would have no effect")
+        guard !rule.tags.isEmpty else {
+            throw fail("sets neither allow-constrained nor allow-expensive nor allow-ultra-constrained, "
+                + "so it would have no effect")
         }
         var host: Glob? = nil
         if var text = rule.match.host {
@@ -416,7 +430,8 @@ final class PolicyIndex: Sendable {
         }
         return CompiledRule(host: host, path: path, method: rule.match.method, headers: headers,
                             client: rule.match.client, allowConstrained: rule.tags.allowConstrained,
-                            allowExpensive: rule.tags.allowExpensive, override: rule.override)
+                            allowExpensive: rule.tags.allowExpensive,
+                            allowUltraConstrained: rule.tags.allowUltraConstrained, override: rule.override)
     }
 
     // MARK: Variants

@@ -1,4 +1,4 @@
-/// The stable `error` codes of SPEC §4 and §6, each with its HTTP status and a human title.
+/// The stable `error` codes of SPEC §4, §6 and §15, each with its HTTP status and a human title.
 ///
 /// This is the one place where a failure becomes a status code: the engine, the policy and the admin
 /// plane all produce `ProxyErrorCode` values and render them with `ProblemDetail`.
@@ -19,6 +19,8 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case overloaded = "overloaded"
     case constrained = "constrained"
     case expensive = "expensive"
+    /// SPEC §15: the mode is ultra-constrained and the request did not opt in.
+    case ultraConstrained = "ultra-constrained"
     /// A variant refused when it is declared (`PUT /variants/{id}`), e.g. a `file` outside the variants directory.
     case invalidVariant = "invalid-variant"
 
@@ -27,7 +29,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant: 400
         case .uriTooLong: 414
         case .headersTooLarge: 431
-        case .accessDenied, .connectPortDenied, .constrained, .expensive: 403
+        case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained: 403
         case .proxyAuthRequired: 407
         case .loopDetected: 508
         case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError: 502
@@ -54,6 +56,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .overloaded: "Proxy overloaded"
         case .constrained: "Not allowed on a constrained network"
         case .expensive: "Not allowed on an expensive network"
+        case .ultraConstrained: "Not allowed on an ultra-constrained network"
         case .invalidVariant: "Invalid variant"
         }
     }

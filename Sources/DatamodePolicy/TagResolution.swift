@@ -1,11 +1,11 @@
-/// Resolving a request's `allow-constrained` and `allow-expensive` tags (SPEC §3).
+/// Resolving a request's `allow-constrained`, `allow-expensive` and `allow-ultra-constrained` tags (SPEC §3, §15).
 ///
 /// Each tag is resolved on its own, first source that has an opinion wins:
 /// 1. the first matching rule with `override: true` that sets the tag;
-/// 2. the client's own `Allow-Constrained` / `Allow-Expensive` header;
+/// 2. the client's own `Allow-Constrained` / `Allow-Expensive` / `Allow-Ultra-Constrained` header;
 /// 3. the first matching plain rule that sets the tag;
 /// 4. a prefetch is discretionary: false (unless `tags.prefetch-is-discretionary: false`);
-/// 5. the configured default.
+/// 5. the configured default (for `allow-ultra-constrained`, false unless configured: it is opt-in).
 ///
 /// The client's headers are validated even when an override rule decides the tag: a malformed or
 /// self-contradicting `Allow-*` is a client bug that must surface as `400 invalid-tag` whatever the
@@ -16,7 +16,7 @@ public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot) -> Resu
 }
 
 /// `resolveTags`, also saying where each tag's value came from (for the access log, SPEC §8). Same cost: the
-/// provenance is two small enum values the resolution knows anyway.
+/// provenance is three small enum values the resolution knows anyway.
 public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot,
                         provenance: inout TagProvenance) -> Result<RequestTags, InvalidTagError> {
     var client = ClientTagFields()
@@ -33,6 +33,8 @@ public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot,
         ?? (prefetch ? false : settings.defaults.allowConstrained)
     let allowExpensive = resolution.overrideExpensive ?? client.expensive ?? resolution.ruleExpensive
         ?? (prefetch ? false : settings.defaults.allowExpensive)
+    let allowUltraConstrained = resolution.overrideUltraConstrained ?? client.ultraConstrained
+        ?? resolution.ruleUltraConstrained ?? (prefetch ? false : settings.defaults.allowUltraConstrained)
     provenance = TagProvenance(
         constrained: TagSource(override: resolution.overrideConstrained != nil ? resolution.overrideConstrainedRule : -1,
                                header: client.constrained != nil,
@@ -41,8 +43,14 @@ public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot,
         expensive: TagSource(override: resolution.overrideExpensive != nil ? resolution.overrideExpensiveRule : -1,
                              header: client.expensive != nil,
                              rule: resolution.ruleExpensive != nil ? resolution.ruleExpensiveRule : -1,
-                             prefetch: prefetch))
-    return .success(RequestTags(allowConstrained: allowConstrained, allowExpensive: allowExpensive))
+                             prefetch: prefetch),
+        ultraConstrained: TagSource(
+            override: resolution.overrideUltraConstrained != nil ? resolution.overrideUltraConstrainedRule : -1,
+            header: client.ultraConstrained != nil,
+            rule: resolution.ruleUltraConstrained != nil ? resolution.ruleUltraConstrainedRule : -1,
+            prefetch: prefetch))
+    return .success(RequestTags(allowConstrained: allowConstrained, allowExpensive: allowExpensive,
+                                allowUltraConstrained: allowUltraConstrained))
 }
 
 // MARK: - Client header fields
@@ -51,6 +59,7 @@ public func resolveTags(_ request: RequestFacts, policy: PolicySnapshot,
 struct ClientTagFields {
     var constrained: Bool? = nil
     var expensive: Bool? = nil
+    var ultraConstrained: Bool? = nil
     /// `Sec-Purpose` with the token `prefetch` (Fetch spec; Chrome sends `prefetch` or
     /// `prefetch;anonymous-client-ip`), the legacy `Purpose: prefetch`, or Firefox's `X-Moz: prefetch`.
     var prefetch = false
@@ -67,6 +76,11 @@ struct ClientTagFields {
                 }
             case .allowExpensive:
                 if let error = ClientTagFields.merge(field.value, into: &expensive, header: "Allow-Expensive") {
+                    return error
+                }
+            case .allowUltraConstrained:
+                if let error = ClientTagFields.merge(field.value, into: &ultraConstrained,
+                                                     header: "Allow-Ultra-Constrained") {
                     return error
                 }
             case .prefetchMarker:
@@ -123,7 +137,7 @@ struct ClientTagFields {
 }
 
 enum TagFieldKind {
-    case none, allowConstrained, allowExpensive, prefetchMarker
+    case none, allowConstrained, allowExpensive, allowUltraConstrained, prefetchMarker
 }
 
 /// Field names are case-insensitive (RFC 9110 §5.1); checked by length first so most fields cost one compare.
@@ -131,6 +145,7 @@ enum TagFieldKind {
 func classifyFieldName(_ name: String) -> TagFieldKind {
     let utf8 = name.utf8
     switch utf8.count {
+    case 23: return equalsLowercase(utf8, "allow-ultra-constrained") ? .allowUltraConstrained : .none
     case 17: return equalsLowercase(utf8, "allow-constrained") ? .allowConstrained : .none
     case 15: return equalsLowercase(utf8, "allow-expensive") ? .allowExpensive : .none
     case 11: return equalsLowercase(utf8, "sec-purpose") ? .prefetchMarker : .none
@@ -191,17 +206,21 @@ struct RuleResolution {
     var overrideExpensive: Bool? = nil
     var ruleConstrained: Bool? = nil
     var ruleExpensive: Bool? = nil
+    var overrideUltraConstrained: Bool? = nil
+    var ruleUltraConstrained: Bool? = nil
     /// The index in `PolicySnapshot.rules` of the rule behind each value above (-1: none).
     var overrideConstrainedRule: Int32 = -1
     var overrideExpensiveRule: Int32 = -1
     var ruleConstrainedRule: Int32 = -1
     var ruleExpensiveRule: Int32 = -1
+    var overrideUltraConstrainedRule: Int32 = -1
+    var ruleUltraConstrainedRule: Int32 = -1
 }
 
 /// Where a resolved tag's value came from (SPEC §3), so that an access log line can say why a request was
 /// refused (SPEC §8: "the resolved tags with the rule that set them").
 public enum TagSource: Sendable, Hashable {
-    /// The client's own `Allow-Constrained` / `Allow-Expensive` header.
+    /// The client's own `Allow-Constrained` / `Allow-Expensive` / `Allow-Ultra-Constrained` header.
     case header
     /// The rule at this index of `PolicySnapshot.rules` (an `override` rule, or a plain one).
     case rule(Int)
@@ -234,33 +253,46 @@ public enum TagSource: Sendable, Hashable {
 public struct TagProvenance: Sendable, Hashable {
     public var constrained: TagSource
     public var expensive: TagSource
-    public init(constrained: TagSource = .defaults, expensive: TagSource = .defaults) {
+    public var ultraConstrained: TagSource
+    public init(constrained: TagSource = .defaults, expensive: TagSource = .defaults,
+                ultraConstrained: TagSource = .defaults) {
         self.constrained = constrained
         self.expensive = expensive
+        self.ultraConstrained = ultraConstrained
     }
 }
 
-/// The search for the first matching rule per slot (override/plain × constrained/expensive). Rules come from
+/// The search for the first matching rule per slot (override/plain × constrained/expensive/ultra-constrained). Rules come from
 /// several buckets, each in definition order; a slot keeps the smallest index that matched, so the result is
 /// "first in configuration order" without merging the buckets.
 struct RuleScan {
     static let none = Int32.max
     var overrideC = RuleScan.none, overrideE = RuleScan.none, plainC = RuleScan.none, plainE = RuleScan.none
     var overrideCValue = false, overrideEValue = false, plainCValue = false, plainEValue = false
+    var overrideU = RuleScan.none, plainU = RuleScan.none
+    var overrideUValue = false, plainUValue = false
     /// The client sent that tag: plain rules cannot change it.
     let clientSetsC: Bool
     let clientSetsE: Bool
+    let clientSetsU: Bool
     /// Some override rule sets that tag.
     let overridesC: Bool
     let overridesE: Bool
+    let overridesU: Bool
+    /// Some plain rule sets `allow-ultra-constrained`. Most policies have none: without this, an empty
+    /// ultra-constrained slot would keep every scan going to the last candidate rule.
+    let plainSetsU: Bool
     /// No rule index at or above this can change the outcome.
     private(set) var limit: Int32 = -1
 
-    init(client: ClientTagFields, overridesC: Bool, overridesE: Bool) {
+    init(client: ClientTagFields, overridesC: Bool, overridesE: Bool, overridesU: Bool, plainSetsU: Bool) {
         clientSetsC = client.constrained != nil
         clientSetsE = client.expensive != nil
+        clientSetsU = client.ultraConstrained != nil
         self.overridesC = overridesC
         self.overridesE = overridesE
+        self.overridesU = overridesU
+        self.plainSetsU = plainSetsU
         updateLimit()
     }
 
@@ -270,6 +302,8 @@ struct RuleScan {
         if overridesE { l = max(l, overrideE) }
         if !clientSetsC && overrideC == RuleScan.none { l = max(l, plainC) }
         if !clientSetsE && overrideE == RuleScan.none { l = max(l, plainE) }
+        if overridesU { l = max(l, overrideU) }
+        if plainSetsU && !clientSetsU && overrideU == RuleScan.none { l = max(l, plainU) }
         limit = l
     }
 
@@ -278,18 +312,22 @@ struct RuleScan {
     func wanted(_ i: Int32, _ e: RuleEntry) -> Bool {
         if e.override {
             return e.constrained >= 0 && i < overrideC || e.expensive >= 0 && i < overrideE
+                || e.ultraConstrained >= 0 && i < overrideU
         }
         return e.constrained >= 0 && !clientSetsC && overrideC == RuleScan.none && i < plainC
             || e.expensive >= 0 && !clientSetsE && overrideE == RuleScan.none && i < plainE
+            || e.ultraConstrained >= 0 && !clientSetsU && overrideU == RuleScan.none && i < plainU
     }
 
     mutating func record(_ i: Int32, _ e: RuleEntry) {
         if e.override {
             if e.constrained >= 0 && i < overrideC { overrideC = i; overrideCValue = e.constrained == 1 }
             if e.expensive >= 0 && i < overrideE { overrideE = i; overrideEValue = e.expensive == 1 }
+            if e.ultraConstrained >= 0 && i < overrideU { overrideU = i; overrideUValue = e.ultraConstrained == 1 }
         } else {
             if e.constrained >= 0 && i < plainC { plainC = i; plainCValue = e.constrained == 1 }
             if e.expensive >= 0 && i < plainE { plainE = i; plainEValue = e.expensive == 1 }
+            if e.ultraConstrained >= 0 && i < plainU { plainU = i; plainUValue = e.ultraConstrained == 1 }
         }
         updateLimit()
     }
@@ -299,10 +337,14 @@ struct RuleScan {
                        overrideExpensive: overrideE == RuleScan.none ? nil : overrideEValue,
                        ruleConstrained: plainC == RuleScan.none ? nil : plainCValue,
                        ruleExpensive: plainE == RuleScan.none ? nil : plainEValue,
+                       overrideUltraConstrained: overrideU == RuleScan.none ? nil : overrideUValue,
+                       ruleUltraConstrained: plainU == RuleScan.none ? nil : plainUValue,
                        overrideConstrainedRule: overrideC == RuleScan.none ? -1 : overrideC,
                        overrideExpensiveRule: overrideE == RuleScan.none ? -1 : overrideE,
                        ruleConstrainedRule: plainC == RuleScan.none ? -1 : plainC,
-                       ruleExpensiveRule: plainE == RuleScan.none ? -1 : plainE)
+                       ruleExpensiveRule: plainE == RuleScan.none ? -1 : plainE,
+                       overrideUltraConstrainedRule: overrideU == RuleScan.none ? -1 : overrideU,
+                       ruleUltraConstrainedRule: plainU == RuleScan.none ? -1 : plainU)
     }
 }
 
@@ -342,7 +384,8 @@ extension PolicyIndex {
     /// Tries the rules that can match this host: its literal-host bucket, the buckets of its dot-suffixes, and
     /// the list of other rules, skipping every rule that could no longer change a tag.
     func applyRules(to request: RequestFacts, client: ClientTagFields, into r: inout RuleResolution) {
-        let initial = RuleScan(client: client, overridesC: overrideSetsConstrained, overridesE: overrideSetsExpensive)
+        let initial = RuleScan(client: client, overridesC: overrideSetsConstrained, overridesE: overrideSetsExpensive,
+                               overridesU: overrideSetsUltraConstrained, plainSetsU: plainSetsUltraConstrained)
         if initial.limit < 0 { return }
         let hostText = request.host
         var host = request.host

@@ -9,6 +9,7 @@ extension PolicyIndex {
         if violated { cover |= WhenMask.disallowed }
         if mode.constrained { cover |= WhenMask.constrained }
         if mode.expensive { cover |= WhenMask.expensive }
+        if mode.ultraConstrained { cover |= WhenMask.ultraConstrained }
         // In normal mode without a violation only `when: always` variants can apply: usually none, no lookup.
         guard whenBits & cover != 0 else { return nil }
 

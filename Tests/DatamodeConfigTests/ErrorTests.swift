@@ -19,7 +19,9 @@ struct BadValueTests {
         ErrorCase("admin: 127.0.0.1:8878", key: "admin", line: 1, "expected a mapping"),
         // mode
         ErrorCase("mode: turbo", key: "mode", line: 1,
-                  #"expected a data mode (normal, constrained, expensive, constrained-expensive, low-data, cellular), got "turbo""#),
+                  "expected a data mode (normal, constrained, expensive, constrained-expensive, ultra-constrained, "
+                      + "constrained-ultra-constrained, expensive-ultra-constrained, constrained-expensive-ultra-constrained, "
+                      + #"low-data, cellular, satellite), got "turbo""#),
         ErrorCase("\n\nmode: [normal]", key: "mode", line: 3, "got a list"),
         // state-dir, threads
         ErrorCase("state-dir: \"\"", key: "state-dir", line: 1, "expected a directory path"),

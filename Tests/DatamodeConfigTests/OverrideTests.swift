@@ -97,7 +97,9 @@ struct OverrideTests {
         BadOverride(flags: ConfigOverrides(threads: "999"), environment: ["DATAMODE_THREADS": "2"], source: "--threads", key: "threads",
                     message: #"got "999""#),
         BadOverride(flags: ConfigOverrides(), environment: ["DATAMODE_MODE": "turbo"], source: "DATAMODE_MODE", key: "mode",
-                    message: #"expected a data mode (normal, constrained, expensive, constrained-expensive, low-data, cellular), got "turbo""#),
+                    message: "expected a data mode (normal, constrained, expensive, constrained-expensive, ultra-constrained, "
+                        + "constrained-ultra-constrained, expensive-ultra-constrained, constrained-expensive-ultra-constrained, "
+                        + #"low-data, cellular, satellite), got "turbo""#),
         BadOverride(flags: ConfigOverrides(mode: "fast"), environment: [:], source: "--mode", key: "mode", message: #"got "fast""#),
         BadOverride(flags: ConfigOverrides(listen: "localhost:1"), environment: [:], source: "--listen", key: "listen",
                     message: #"expected an IP address and port such as 127.0.0.1:8877 or [::1]:8877, got "localhost:1""#),

@@ -152,7 +152,7 @@ struct VariantTests {
         ErrorCase("variants:\n  - id: v\n    match: http://a.example/\n    target: http://b.example/\n    action: proxy",
                   key: "variants[0].action", line: 5, #"expected forward or redirect, got "proxy""#),
         ErrorCase("variants:\n  - id: v\n    match: http://a.example/\n    target: http://b.example/\n    when: sometimes",
-                  key: "variants[0].when", line: 5, #"expected disallowed, constrained, expensive or always, got "sometimes""#),
+                  key: "variants[0].when", line: 5, #"expected disallowed, constrained, expensive, ultra-constrained or always, got "sometimes""#),
         ErrorCase("variants:\n  - id: v\n    match: http://a.example/\n    file: poster.jpg\n    content-type: jpeg",
                   key: "variants[0].content-type", line: 5, "expected a media type"),
         ErrorCase("variants:\n  - id: v\n    match: http://a.example/\n    file: missing.jpg",

@@ -82,3 +82,7 @@ extension Decision {
         return nil
     }
 }
+
+/// The eight modes of SPEC §15, in the order of its names (`allModes` above is the first four).
+let everyMode = DataMode.canonicalNames.map { DataMode(name: $0)! }
+let satellite = DataMode(constrained: true, expensive: true, ultraConstrained: true)

@@ -31,6 +31,7 @@ struct VariantTests {
                     case .disallowed: violated
                     case .constrained: mode.constrained
                     case .expensive: mode.expensive
+                    case .ultraConstrained: mode.ultraConstrained
                     case .always: true
                     }
                     rows.append(WhenRow(when: when, mode: mode, clientTags: clientTags, served: served))
