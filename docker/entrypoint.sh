@@ -92,7 +92,9 @@ normalize_environment() {
 check_mode() { # VARIABLE VALUE
     case $2 in
         normal | constrained | expensive | constrained-expensive | low-data | cellular) ;;
-        *) fail "$1='$2' is not a data mode; use one of: normal, constrained, expensive, constrained-expensive, low-data (= constrained), cellular (= expensive)" ;;
+        ultra-constrained | constrained-ultra-constrained | expensive-ultra-constrained) ;;
+        constrained-expensive-ultra-constrained | satellite) ;;
+        *) fail "$1='$2' is not a data mode; use one of: normal, constrained, expensive, constrained-expensive, ultra-constrained, constrained-ultra-constrained, expensive-ultra-constrained, constrained-expensive-ultra-constrained, low-data (= constrained), cellular (= expensive), satellite (= all three)" ;;
     esac
 }
 

@@ -108,12 +108,16 @@ struct ConfigParser {
         if let value = section["save-data"] { tags.saveData = try value.bool() }
         if let value = section["prefetch-is-discretionary"] { tags.prefetchIsDiscretionary = try value.bool() }
         if let value = section["defaults"] {
-            let defaults = try value.section(known: ["allow-constrained", "allow-expensive"])
+            let defaults = try value.section(known: Self.tagKeys)
             if let flag = defaults["allow-constrained"] { tags.defaults.allowConstrained = try flag.bool() }
             if let flag = defaults["allow-expensive"] { tags.defaults.allowExpensive = try flag.bool() }
+            if let flag = defaults["allow-ultra-constrained"] { tags.defaults.allowUltraConstrained = try flag.bool() }
         }
         return tags
     }
+
+    /// The request tags of SPEC §3 and §15, as `tags.defaults` and a rule's `tags` spell them.
+    private static let tagKeys = ["allow-constrained", "allow-expensive", "allow-ultra-constrained"]
 
     private mutating func rules(_ node: ConfigNode) throws(ConfigError) -> [Rule] {
         var rules: [Rule] = []
@@ -157,13 +161,16 @@ struct ConfigParser {
                 if let value = criteria["client"] { match.client = try value.cidr() }
             }
 
-            let tagsNode = try section.required("tags", "the tags the rule sets (allow-constrained, allow-expensive)")
-            let tagSection = try tagsNode.section(known: ["allow-constrained", "allow-expensive"])
+            let tagsNode = try section.required("tags", "the tags the rule sets (allow-constrained, allow-expensive, "
+                + "allow-ultra-constrained)")
+            let tagSection = try tagsNode.section(known: Self.tagKeys)
             var assignment = TagAssignment()
             if let value = tagSection["allow-constrained"] { assignment.allowConstrained = try value.bool() }
             if let value = tagSection["allow-expensive"] { assignment.allowExpensive = try value.bool() }
-            guard assignment.allowConstrained != nil || assignment.allowExpensive != nil else {
-                throw tagsNode.error("a rule must set allow-constrained, allow-expensive or both")
+            if let value = tagSection["allow-ultra-constrained"] { assignment.allowUltraConstrained = try value.bool() }
+            guard !assignment.isEmpty else {
+                throw tagsNode.error("a rule must set at least one of allow-constrained, allow-expensive, "
+                    + "allow-ultra-constrained")
             }
             var override = false
             if let value = section["override"] { override = try value.bool() }

@@ -38,7 +38,7 @@ struct RuleTests {
         ErrorCase("rules:\n  - name: \"\"\n    tags: {allow-expensive: false}", key: "rules[0].name", line: 2, "expected a rule name"),
         ErrorCase("rules:\n  - name: r\n    match: {host: a}", key: "rules[0].tags", line: 2, "missing; expected the tags the rule sets"),
         ErrorCase("rules:\n  - name: r\n    tags: {}", key: "rules[0].tags", line: 3,
-                  "a rule must set allow-constrained, allow-expensive or both"),
+                  "a rule must set at least one of allow-constrained, allow-expensive, allow-ultra-constrained"),
         ErrorCase("rules:\n  - name: r\n    tags: {allow-expensive: maybe}", key: "rules[0].tags.allow-expensive", line: 3,
                   "expected true or false"),
         ErrorCase("rules:\n  - name: r\n    tags: {allow-expensive: false}\n    override: yes", key: "rules[0].override", line: 4,

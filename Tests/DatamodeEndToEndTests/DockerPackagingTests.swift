@@ -204,6 +204,14 @@ private let dockerEntrypointCases: [DockerEntrypointCase] = [
     DockerEntrypointCase(name: "variants passes through", arguments: ["variants", "list"], expected: "datamode-proxy variants list"),
     DockerEntrypointCase(name: "--version passes through", arguments: ["--version"], expected: "datamode-proxy --version"),
     DockerEntrypointCase(name: "another program runs as is", arguments: ["sh", "-c", "echo it's"], expected: "sh -c 'echo it'\\''s'"),
+    // SPEC §15: the ultra-constrained names and the satellite alias.
+    DockerEntrypointCase(name: "alias satellite", variables: ["DATAMODE_MODE": "satellite"], expected: base + " --mode satellite"),
+    DockerEntrypointCase(
+        name: "expensive-ultra-constrained", variables: ["DATAMODE_MODE": "expensive-ultra-constrained"],
+        expected: base + " --mode expensive-ultra-constrained"),
+    DockerEntrypointCase(
+        name: "constrained-expensive-ultra-constrained", variables: ["DATAMODE_MODE": "constrained-expensive-ultra-constrained"],
+        expected: base + " --mode constrained-expensive-ultra-constrained"),
 ]
 
 struct DockerBadValueCase: Sendable, CustomTestStringConvertible {
@@ -215,6 +223,7 @@ struct DockerBadValueCase: Sendable, CustomTestStringConvertible {
 private let dockerBadValueCases: [DockerBadValueCase] = [
     DockerBadValueCase(variable: "DATAMODE_MODE", value: "lowdata"),
     DockerBadValueCase(variable: "DATAMODE_MODE", value: "slow"),
+    DockerBadValueCase(variable: "DATAMODE_MODE", value: "ultra"),
     DockerBadValueCase(variable: "DATAMODE_LISTEN", value: "8877"),
     DockerBadValueCase(variable: "DATAMODE_LISTEN", value: ":8877"),
     DockerBadValueCase(variable: "DATAMODE_LISTEN", value: "::1:8877"),
