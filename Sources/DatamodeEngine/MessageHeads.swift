@@ -11,9 +11,11 @@ enum MessageHeads {
     /// Header fields never forwarded, whichever way (RFC 9110 §7.6.1): they describe one connection, not the
     /// message. `Proxy-Authorization` is our own credential and must not leak to an origin; `Host` is always
     /// regenerated from the request target so the two can never disagree (a classic cache-poisoning vector).
+    /// The client's `Allow-*` tags are replaced by the resolved ones (SPEC §3, §15): exactly one of each, never
+    /// the client's copy beside ours.
     private static let requestHopByHop: Set<String> = [
         "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade",
-        "proxy-authorization", "host", "allow-constrained", "allow-expensive",
+        "proxy-authorization", "host", "allow-constrained", "allow-expensive", "allow-ultra-constrained",
     ]
     private static let responseHopByHop: Set<String> = [
         "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade", "proxy-authenticate",
@@ -43,7 +45,7 @@ enum MessageHeads {
     }
 
     /// The request sent upstream: origin-form target, `Host` from the target, hop-by-hop fields removed, the
-    /// resolved data-mode tags, `Save-Data` while constrained, and our `Via`.
+    /// resolved data-mode tags (all three, SPEC §3 and §15), `Save-Data` while constrained, and our `Via`.
     /// `framing` is the request's validated framing: a `Content-Length` is written once, as the number the
     /// parser accepted (a `5, 5` list or duplicate fields become one `Content-Length: 5`, RFC 9110 §8.6).
     /// `variantTarget`: the request goes to a variant's target in place of the URL the client asked for, so the
@@ -83,6 +85,7 @@ enum MessageHeads {
         if settings.forward {
             writer.field("Allow-Constrained", tags.allowConstrained ? "?1" : "?0")
             writer.field("Allow-Expensive", tags.allowExpensive ? "?1" : "?0")
+            writer.field("Allow-Ultra-Constrained", tags.allowUltraConstrained ? "?1" : "?0")
         }
         if addSaveData { writer.field("Save-Data", "on") }
         writer.end()

@@ -29,6 +29,7 @@ import Testing
             + "Via: 1.1 datamode-proxy\r\n"
             + "Allow-Constrained: ?1\r\n"
             + "Allow-Expensive: ?1\r\n"
+            + "Allow-Ultra-Constrained: ?0\r\n"
             + "\r\n")
         #expect(requests[0].body.isEmpty)
     }
