@@ -39,6 +39,7 @@ struct MetricsEndpoint {
         out += "# TYPE datamode_mode gauge\n"
         out += "datamode_mode{condition=\"constrained\"} \(snapshot.mode.constrained ? 1 : 0)\n"
         out += "datamode_mode{condition=\"expensive\"} \(snapshot.mode.expensive ? 1 : 0)\n"
+        out += "datamode_mode{condition=\"ultra-constrained\"} \(snapshot.mode.ultraConstrained ? 1 : 0)\n"
         out += "# HELP datamode_variants Registered variants by source.\n"
         out += "# TYPE datamode_variants gauge\n"
         let api = snapshot.policy.variants.filter { $0.source == .api }.count

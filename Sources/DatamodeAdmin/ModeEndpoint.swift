@@ -1,7 +1,7 @@
 import DatamodeEngine
 import DatamodePolicy
 
-/// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7).
+/// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7, §15).
 ///
 /// The API mode beats `--mode`/`DATAMODE_MODE`, which beats the file. A PUT is persisted before it is applied,
 /// so a mode the caller was told about survives a restart; DELETE forgets it and returns to the flag/config mode.
@@ -22,6 +22,7 @@ struct ModeEndpoint {
             "mode": snapshot.mode.name,
             "constrained": snapshot.mode.constrained,
             "expensive": snapshot.mode.expensive,
+            "ultraConstrained": snapshot.mode.ultraConstrained,
             "source": snapshot.modeSource.rawValue,
             "since": Timestamp.rfc3339(wallNanoseconds: snapshot.modeSince * 1_000_000_000, fractionDigits: 0),
         ]
@@ -67,35 +68,46 @@ struct ModeEndpoint {
         return AdminJSON.ok(Self.document(snapshot))
     }
 
-    /// `{"mode": "<name>"}` or `{"constrained": bool, "expensive": bool}` (a missing condition is false).
+    /// The condition members of a mode document, by JSON name (SPEC §7: camelCase).
+    static let conditionKeys = ["constrained", "expensive", "ultraConstrained"]
+
+    /// `{"mode": "<name>"}` or `{"constrained": bool, "expensive": bool, "ultraConstrained": bool}`, where a missing
+    /// condition is false (SPEC §7, §15).
     static func parseMode(_ body: [UInt8]) -> Result<DataMode, AdminFailure> {
         let object: [String: Any]
         switch AdminJSON.object(body) {
         case .success(let o): object = o
         case .failure(let f): return .failure(f)
         }
-        let unknown = Set(object.keys).subtracting(["mode", "constrained", "expensive"])
+        let unknown = Set(object.keys).subtracting(["mode"] + conditionKeys)
         if let key = unknown.sorted().first {
-            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"; use {\"mode\": NAME} or {\"constrained\": BOOL, \"expensive\": BOOL}"))
+            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"; use {\"mode\": NAME} or "
+                + "{\"constrained\": BOOL, \"expensive\": BOOL, \"ultraConstrained\": BOOL}"))
         }
+        let givesConditions = conditionKeys.contains { object[$0] != nil }
         if let name = object["mode"] {
-            guard object["constrained"] == nil && object["expensive"] == nil else {
-                return .failure(AdminFailure(400, "bad-request", "give either \"mode\" or \"constrained\"/\"expensive\", not both"))
+            guard !givesConditions else {
+                return .failure(AdminFailure(400, "bad-request",
+                                             "give either \"mode\" or \"constrained\"/\"expensive\"/\"ultraConstrained\", not both"))
             }
             guard let text = name as? String, let mode = DataMode(name: text) else {
                 return .failure(AdminFailure(400, "bad-request", "\"mode\" must be one of \(DataMode.acceptedNames.joined(separator: ", "))"))
             }
             return .success(mode)
         }
-        guard object["constrained"] != nil || object["expensive"] != nil else {
-            return .failure(AdminFailure(400, "bad-request", "give \"mode\" or \"constrained\"/\"expensive\""))
+        guard givesConditions else {
+            return .failure(AdminFailure(400, "bad-request", "give \"mode\" or \"constrained\"/\"expensive\"/\"ultraConstrained\""))
         }
         var mode = DataMode.normal
         for (key, value) in object {
             guard let flag = AdminJSON.bool(value) else {
                 return .failure(AdminFailure(400, "bad-request", "\"\(key)\" must be true or false"))
             }
-            if key == "constrained" { mode.constrained = flag } else { mode.expensive = flag }
+            switch key {
+            case "constrained": mode.constrained = flag
+            case "expensive": mode.expensive = flag
+            default: mode.ultraConstrained = flag
+            }
         }
         return .success(mode)
     }

@@ -42,7 +42,9 @@ public final class StateStore: @unchecked Sendable {
 
     // MARK: mode
 
-    /// The persisted API mode, or nil when none was set.
+    /// The persisted API mode, or nil when none was set. The file holds the mode's name, so one written before
+    /// the ultra-constrained condition existed (SPEC §15) names one of the four old modes and reads as that mode
+    /// without it.
     public func loadMode() throws(StateError) -> (mode: DataMode, since: Int64)? {
         guard let object = try readObject(modePath) else { return nil }
         guard let name = object["mode"] as? String, let mode = DataMode(name: name) else {

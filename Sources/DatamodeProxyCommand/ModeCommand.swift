@@ -7,7 +7,14 @@ struct ModeCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "mode",
         abstract: "Show or set the data mode of a running proxy.",
-        discussion: "NAME: normal, constrained, expensive, constrained-expensive (aliases low-data, cellular). --reset returns to the flag/config mode."
+        discussion: """
+            NAME: normal, constrained, expensive, constrained-expensive, ultra-constrained, \
+            constrained-ultra-constrained, expensive-ultra-constrained, constrained-expensive-ultra-constrained \
+            (aliases low-data = constrained, cellular = expensive, satellite = all three). \
+            Under ultra-constrained (a satellite-class link) only requests that opt in \
+            (Allow-Ultra-Constrained: ?1, or a rule) are forwarded. \
+            --reset returns to the flag/config mode.
+            """
     )
 
     @Argument(help: "The mode to set; omit to show the current one.")
@@ -68,7 +75,7 @@ struct VariantsCommand: ParsableCommand {
         @Option(help: "A local file to serve instead, inside the proxy's variants-dir (a relative path is relative to the proxy's config directory).")
         var file: String?
         @Option(name: .customLong("content-type"), help: "Content type of a file variant.") var contentType: String?
-        @Option(help: "disallowed (default), constrained, expensive or always.") var when: String?
+        @Option(help: "disallowed (default), constrained, expensive, ultra-constrained or always.") var when: String?
         @Option(help: "forward (default) or redirect, for target variants.") var action: String?
         @OptionGroup var options: AdminOptions
 

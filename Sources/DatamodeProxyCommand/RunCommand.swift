@@ -29,7 +29,9 @@ struct RunCommand: ParsableCommand {
     @Option(name: .customLong("admin-listen"), help: "Admin API listen address, e.g. 127.0.0.1:8878.")
     var adminListen: String?
 
-    @Option(name: .long, help: "Data mode: normal, constrained, expensive, constrained-expensive (aliases low-data, cellular).")
+    @Option(name: .long, help: ArgumentHelp("Data mode: normal, constrained, expensive, constrained-expensive, "
+        + "ultra-constrained, constrained-ultra-constrained, expensive-ultra-constrained, "
+        + "constrained-expensive-ultra-constrained (aliases low-data, cellular, satellite)."))
     var mode: String?
 
     @Option(name: .customLong("state-dir"), help: "Where the API-set mode and API variants persist.")
