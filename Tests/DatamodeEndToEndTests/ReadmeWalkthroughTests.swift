@@ -128,3 +128,164 @@ import Testing
         #expect(nextMode["source"] as? String == "flag")
     }
 }
+
+/// The README's "Satellite: only what opts in", run with exactly the commands the README shows: the demo proxy,
+/// `datamode-proxy mode satellite`, and curl with and without `Allow-Ultra-Constrained: ?1`.
+@Suite struct ReadmeSatelliteWalkthroughTests {
+    /// The section's shell lines, in order: comments cut, `.build/release/` dropped.
+    static func readmeCommands() throws -> [String] {
+        let readme = try String(contentsOfFile: ProxyProcess.packageRoot + "/README.md", encoding: .utf8)
+        let start = try #require(readme.range(of: "## Satellite: only what opts in"))
+        let rest = readme[start.upperBound...]
+        let section = rest[..<(rest.range(of: "\n## ")?.lowerBound ?? rest.endIndex)]
+        let open = try #require(section.range(of: "```sh\n"))
+        let close = try #require(section[open.upperBound...].range(of: "\n```"))
+        return section[open.upperBound..<close.lowerBound].split(separator: "\n").compactMap { line in
+            var command = line.hasPrefix("#") ? "" : String(line)
+            if let comment = command.range(of: " #") { command = String(command[..<comment.lowerBound]) }
+            command = command.trimmingCharacters(in: .whitespaces)
+            if command.hasPrefix(".build/release/") { command.removeFirst(".build/release/".count) }
+            return command.isEmpty ? nil : command
+        }
+    }
+
+    /// Shell words, with single quotes as in the README.
+    static func words(_ line: String) -> [String] {
+        var words: [String] = []
+        var current = ""
+        var quoted = false
+        var inWord = false
+        for character in line {
+            if character == "'" { quoted.toggle(); inWord = true; continue }
+            if character == " " && !quoted {
+                if inWord { words.append(current); current = ""; inWord = false }
+                continue
+            }
+            current.append(character)
+            inWord = true
+        }
+        if inWord { words.append(current) }
+        return words
+    }
+
+    /// curl with `arguments` (after `curl`): (status, headers text, body).
+    static func curl(_ arguments: [String]) throws -> (status: Int, headers: String, body: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        process.arguments = ["-s", "--max-time", "10"] + arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let parts = String(decoding: data, as: UTF8.self).components(separatedBy: "\r\n\r\n")
+        let status = Int(parts[0].split(separator: " ").dropFirst().first ?? "") ?? 0
+        return (status, parts[0], parts.dropFirst().joined(separator: "\r\n\r\n"))
+    }
+
+    static func problem(_ body: String) throws -> [String: Any] {
+        try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
+    }
+
+    @Test func satelliteWalkthrough() throws {
+        let all = try Self.readmeCommands()
+        // The first two lines start the origin and the demo proxy, the last one stops them: the test does that
+        // with its own origin (same files) and the demo config; everything between runs exactly as written.
+        #expect(Array(all.prefix(2)) == [
+            "python3 -m http.server 8080 --bind 127.0.0.1 --directory config/examples/www &",
+            "datamode-proxy run --config config/examples/demo.yaml &",
+        ])
+        #expect(all.last == "kill %2 %1")
+        let commands = Array(all.dropFirst(2).dropLast())
+        #expect(commands == [
+            "datamode-proxy mode satellite",
+            "curl -i -x 127.0.0.1:8877 http://127.0.0.1:8080/index.html",
+            "curl -i -x 127.0.0.1:8877 -H 'Allow-Ultra-Constrained: ?1' http://127.0.0.1:8080/index.html",
+            "curl -i -x 127.0.0.1:8877 -H 'Allow-Ultra-Constrained: ?1' http://127.0.0.1:8080/video.mp4",
+            "datamode-proxy mode --reset",
+        ])
+        try #require(commands.count == 5)
+
+        // The origin and the demo proxy of the first walk-through.
+        let origin = try ReadmeWalkthroughTests.staticOrigin()
+        defer { origin.stop() }
+        let config = try String(contentsOfFile: ProxyProcess.packageRoot + "/config/examples/demo.yaml", encoding: .utf8)
+            .replacingOccurrences(of: "127.0.0.1:8080", with: origin.authority)
+            .replacingOccurrences(of: "file: variants/poster.jpg", with: "file: \(ReadmeWalkthroughTests.variants)/poster.jpg")
+            + "\nvariants-dir: \(ReadmeWalkthroughTests.variants)\n"
+        let proxy = try ProxyProcess(config: config)
+        defer { proxy.stop() }
+        let admin = "127.0.0.1:\(proxy.adminPort)"
+
+        /// Runs one README line against this proxy and origin.
+        func run(_ line: String) throws -> (status: Int, headers: String, body: String) {
+            let words = Self.words(line)
+            if words[0] == "datamode-proxy" {
+                let result = try ProxyProcess.runCLI(Array(words.dropFirst()) + ["--admin", admin])
+                #expect(result.status == 0, "\(line): \(result.stderr)")
+                return (Int(result.status), "", result.stdout)
+            }
+            #expect(words[0] == "curl")
+            return try Self.curl(words.dropFirst().map {
+                $0.replacingOccurrences(of: "127.0.0.1:8877", with: "127.0.0.1:\(proxy.port)")
+                    .replacingOccurrences(of: "127.0.0.1:8080", with: origin.authority)
+            })
+        }
+
+        // Satellite: all three conditions, by one admin call.
+        let flip = try run(commands[0])
+        #expect(flip.body.contains("\"mode\":\"constrained-expensive-ultra-constrained\""), "\(flip.body)")
+        #expect(flip.body.contains("\"ultraConstrained\":true"), "\(flip.body)")
+
+        // A request that says nothing is refused for the one condition it does not allow, and never reaches the origin.
+        let silent = try run(commands[1])
+        #expect(silent.status == 403)
+        #expect(silent.headers.contains("Network-Unavailable-Reason: ultra-constrained"))
+        #expect(silent.headers.contains("Content-Type: application/problem+json"))
+        let refusal = try Self.problem(silent.body)
+        #expect(refusal["type"] as? String == "urn:datamode:ultra-constrained")
+        #expect(refusal["title"] as? String == "Not allowed on an ultra-constrained network")
+        #expect(refusal["status"] as? Int == 403)
+        #expect(refusal["error"] as? String == "ultra-constrained")
+        #expect(refusal["reasons"] as? [String] == ["ultra-constrained"])
+        #expect(refusal["mode"] as? String == "constrained-expensive-ultra-constrained")
+        #expect(refusal["url"] as? String == origin.url("/index.html"))
+        #expect(origin.requests.isEmpty)
+
+        // Opted in: forwarded, with the tag and Save-Data upstream.
+        let optedIn = try run(commands[2])
+        #expect(optedIn.status == 200)
+        #expect(optedIn.body == "hello from the origin\n")
+        #expect(origin.requests.map(\.target) == ["/index.html"])
+        #expect(origin.requests.last?.value(of: "Allow-Ultra-Constrained") == "?1")
+        #expect(origin.requests.last?.value(of: "Save-Data") == "on")
+
+        // Opting in to satellite does not lift Low Data Mode: the videos rule still refuses the video.
+        let video = try run(commands[3])
+        #expect(video.status == 403)
+        #expect(video.headers.contains("Network-Unavailable-Reason: constrained"))
+        #expect(try Self.problem(video.body)["reasons"] as? [String] == ["constrained"])
+
+        // The paragraph after the block: without the header, both reasons, constrained first.
+        let both = try Self.curl(["-i", "-x", "127.0.0.1:\(proxy.port)", origin.url("/video.mp4")])
+        #expect(both.headers.contains("Network-Unavailable-Reason: constrained"))
+        let bothProblem = try Self.problem(both.body)
+        #expect(bothProblem["error"] as? String == "constrained")
+        #expect(bothProblem["reasons"] as? [String] == ["constrained", "ultra-constrained"])
+        #expect(origin.requests.count == 1)
+
+        // Back to the file's mode: normal, and not persisted as an API mode.
+        _ = try run(commands[4])
+        let mode = try ProxyProcess.runCLI(["mode", "--admin", admin])
+        #expect(mode.stdout.contains("\"mode\":\"normal\""), "\(mode.stdout)")
+        #expect(mode.stdout.contains("\"ultraConstrained\":false"), "\(mode.stdout)")
+        #expect(!mode.stdout.contains("\"source\":\"api\""), "\(mode.stdout)")
+        // Normal again: the same silent request is forwarded.
+        #expect(try Self.curl(["-i", "-x", "127.0.0.1:\(proxy.port)", origin.url("/index.html")]).status == 200)
+        #expect(origin.requests.count == 2)
+
+        let lines = proxy.accessLog
+        #expect(lines.compactMap { $0["outcome"] as? String } == ["rejected", "forwarded", "rejected", "rejected", "forwarded"])
+        #expect(lines.compactMap { $0["reason"] as? String } == ["ultra-constrained", "constrained", "constrained"])
+    }
+}
