@@ -70,10 +70,12 @@ public final class AccessLog: Sendable {
         line += ",\"reason\":" + (reason.map(JSONText.quote) ?? "null")
         line += ",\"variant\":" + (variant.map(JSONText.quote) ?? "null")
         if let tags {
-            line += ",\"tags\":{\"allow-constrained\":\(tags.allowConstrained),\"allow-expensive\":\(tags.allowExpensive)}"
+            line += ",\"tags\":{\"allow-constrained\":\(tags.allowConstrained),\"allow-expensive\":\(tags.allowExpensive)"
+            line += ",\"allow-ultra-constrained\":\(tags.allowUltraConstrained)}"
             line += ",\"rule\":" + (rule.map(JSONText.quote) ?? "null")
             line += ",\"tagSources\":{\"allow-constrained\":\"\(tagSources.constrained.name)\""
-            line += ",\"allow-expensive\":\"\(tagSources.expensive.name)\"}"
+            line += ",\"allow-expensive\":\"\(tagSources.expensive.name)\""
+            line += ",\"allow-ultra-constrained\":\"\(tagSources.ultraConstrained.name)\"}"
         } else {
             line += ",\"tags\":null,\"rule\":null,\"tagSources\":null"
         }

@@ -237,21 +237,27 @@ import Testing
 
         let video = line("/movie.mp4")
         #expect(video["outcome"] as? String == "rejected")
-        #expect(video["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true])
+        #expect(video["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true,
+                                                    "allow-ultra-constrained": false])
         #expect(video["rule"] as? String == "videos")
-        #expect(video["tagSources"] as? [String: String] == ["allow-constrained": "rule", "allow-expensive": "header"])
+        #expect(video["tagSources"] as? [String: String] == ["allow-constrained": "rule", "allow-expensive": "header",
+                                                             "allow-ultra-constrained": "default"])
 
         let photo = line("/photo.jpg")
         #expect(photo["outcome"] as? String == "rejected")
-        #expect(photo["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true])
+        #expect(photo["tags"] as? [String: Bool] == ["allow-constrained": false, "allow-expensive": true,
+                                                    "allow-ultra-constrained": false])
         #expect(photo["rule"] is NSNull)
-        #expect(photo["tagSources"] as? [String: String] == ["allow-constrained": "header", "allow-expensive": "default"])
+        #expect(photo["tagSources"] as? [String: String] == ["allow-constrained": "header", "allow-expensive": "default",
+                                                             "allow-ultra-constrained": "default"])
 
         let page = line("/page.html")
         #expect(page["outcome"] as? String == "forwarded")
-        #expect(page["tags"] as? [String: Bool] == ["allow-constrained": true, "allow-expensive": true])
+        #expect(page["tags"] as? [String: Bool] == ["allow-constrained": true, "allow-expensive": true,
+                                                   "allow-ultra-constrained": false])
         #expect(page["rule"] as? String == "pages")
-        #expect(page["tagSources"] as? [String: String] == ["allow-constrained": "default", "allow-expensive": "rule"])
+        #expect(page["tagSources"] as? [String: String] == ["allow-constrained": "default", "allow-expensive": "rule",
+                                                            "allow-ultra-constrained": "default"])
     }
 
     @Test func offWritesNothing() throws {

@@ -143,36 +143,58 @@ struct UltraConstrainedEndToEndTests {
         #expect(runHelp.stdout.contains("satellite"), "\(runHelp.stdout)")
     }
 
-    @Test("A refused request is logged and counted with reason ultra-constrained; an opted-in one is forwarded")
+    @Test("The access log shows the third tag, where it came from and its rule; a refusal is counted by its reason")
     func accessLogAndMetrics() throws {
         let origin = try RecordingOrigin { _ in .ok("in") }
         defer { origin.stop() }
-        try withAdminProxy(arguments: ["--mode", "satellite"]) { proxy, admin throws in
+        let config = """
+            rules:
+              - name: essential
+                match: {path: "/essential/*"}
+                tags: {allow-ultra-constrained: true}
+            """
+        try withAdminProxy(config: config, arguments: ["--mode", "satellite"]) { proxy, admin throws in
             let client = try RawHTTPClient(port: proxy.port)
             let refused = try proxied(client, origin.url("/silent"))
             #expect(refused.status == 403)
             #expect(refused.value(of: "Network-Unavailable-Reason") == "ultra-constrained")
-            let allowed = try proxied(client, origin.url("/opted-in"), headers: [("Allow-Ultra-Constrained", "?1")])
-            #expect(allowed.status == 200)
-            #expect(origin.requests.map(\.target) == ["/opted-in"])
-            #expect(origin.requests.first?.value(of: "Allow-Ultra-Constrained") == "?1")
+            #expect(try proxied(client, origin.url("/opted-in"), headers: [("Allow-Ultra-Constrained", "?1")]).status == 200)
+            #expect(try proxied(client, origin.url("/essential/status")).status == 200)
+            #expect(origin.requests.map(\.target) == ["/opted-in", "/essential/status"])
+            #expect(origin.requests.map { $0.value(of: "Allow-Ultra-Constrained") } == ["?1", "?1"])
 
             let scrape = try admin.scrape()
             #expect(scrape.counter("datamode_requests_total", ["outcome": "rejected", "reason": "ultra-constrained"]) == 1)
-            #expect(scrape.counter("datamode_requests_total", ["outcome": "forwarded", "reason": ""]) == 1)
+            #expect(scrape.counter("datamode_requests_total", ["outcome": "forwarded", "reason": ""]) == 2)
 
             var lines: [[String: Any]] = []
-            for _ in 0..<100 {
+            for _ in 0..<250 {
                 lines = proxy.accessLog
-                if lines.count >= 2 { break }
+                if lines.count >= 3 { break }
                 usleep(20_000)
             }
-            let refusedLine = try #require(lines.first { ($0["url"] as? String)?.hasSuffix("/silent") == true })
-            #expect(refusedLine["outcome"] as? String == "rejected")
-            #expect(refusedLine["reason"] as? String == "ultra-constrained")
-            #expect(refusedLine["status"] as? Int == 403)
-            let allowedLine = try #require(lines.first { ($0["url"] as? String)?.hasSuffix("/opted-in") == true })
-            #expect(allowedLine["outcome"] as? String == "forwarded")
+            func line(_ path: String) throws -> [String: Any] {
+                try #require(lines.first { $0["url"] as? String == origin.url(path) }, "no line for \(path) in \(lines)")
+            }
+            let silent = try line("/silent")
+            #expect(silent["outcome"] as? String == "rejected")
+            #expect(silent["reason"] as? String == "ultra-constrained")
+            #expect(silent["status"] as? Int == 403)
+            #expect(silent["tags"] as? [String: Bool]
+                == ["allow-constrained": true, "allow-expensive": true, "allow-ultra-constrained": false])
+            #expect((silent["tagSources"] as? [String: String])?["allow-ultra-constrained"] == "default")
+            #expect(silent["rule"] is NSNull)
+
+            let optedIn = try line("/opted-in")
+            #expect(optedIn["outcome"] as? String == "forwarded")
+            #expect((optedIn["tags"] as? [String: Bool])?["allow-ultra-constrained"] == true)
+            #expect((optedIn["tagSources"] as? [String: String])?["allow-ultra-constrained"] == "header")
+
+            let essential = try line("/essential/status")
+            #expect(essential["outcome"] as? String == "forwarded")
+            #expect((essential["tags"] as? [String: Bool])?["allow-ultra-constrained"] == true)
+            #expect((essential["tagSources"] as? [String: String])?["allow-ultra-constrained"] == "rule")
+            #expect(essential["rule"] as? String == "essential")
         }
     }
 }
