@@ -1,0 +1,285 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodeHTTP
+import DatamodePolicy
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Forwarding an exchange: the upstream connection, the request body towards it, the response head and body
+/// back, and the exchange machine's actions carried out.
+extension ClientConnection {
+    // MARK: forwarding
+
+    func forward(_ exchange: Exchange, _ head: RequestHead, to target: RequestTarget, tags: RequestTags,
+                         variant: String?) {
+        let settings = worker.settings
+        let tokens = exchange.connectionTokens
+        let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
+        exchange.headBytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
+                                                           mode: settings.mode, upgrade: upgrade,
+                                                           framing: exchange.requestFraming, connectionTokens: tokens,
+                                                           variantTarget: variant != nil)
+        exchange.variant = variant
+        exchange.upgradeRequested = upgrade
+        machine.forward(exchange)
+        connectUpstream(exchange, key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
+                        reuse: true)
+    }
+
+    func connectUpstream(_ exchange: Exchange, key: UpstreamKey, reuse: Bool) {
+        let upstream = (reuse ? worker.pool.take(key) : nil) ?? UpstreamConnection(worker: worker, key: key)
+        exchange.upstream = upstream
+        exchange.upstreamReused = upstream.isReused
+        upstream.attach(self)
+        upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        upstream.start()
+        guard forwardedExchange(of: upstream) === exchange else { return }
+        if upstream.isConnected { perform(exchange, exchange.machine.upstreamConnected()) }
+        if exchange.requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody(exchange) }
+    }
+
+    /// Carries out an exchange-level action.
+    func perform(_ exchange: Exchange, _ action: ExchangeStateMachine.Action) {
+        switch action {
+        case .none:
+            break
+        case .pumpRequestBody:
+            pumpRequestBody(exchange)
+        case .pumpResponseBody:
+            pumpResponseBody(exchange)
+        case .requestSent:
+            exchange.upstream?.requestComplete()
+        case .finish(let recycle):
+            finishExchange(exchange, recycleUpstream: recycle)
+        case .refuseRequest:
+            // Nothing of this request may reach the origin (SPEC §6: never forwarded). The head and any valid
+            // chunks are still only queued: libevent writes them after this callback returns (for a fresh
+            // connection, right after the CONNECTED callback that brought us here), so drop them first.
+            exchange.upstream?.discardPendingOutput()
+            exchange.upstream?.close()
+            exchange.upstream = nil
+            let error = exchange.wireError ?? .malformed("invalid chunked request body")
+            respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+        case .retractAndAnswerBadGateway:
+            exchange.upstream?.close()
+            exchange.upstream = nil
+            retractUnsentResponse(exchange)
+            let detail = exchange.wireError.map(Self.detail(for:)) ?? "invalid framing"
+            respondError(exchange, .upstreamProtocolError, detail: "invalid chunked response body: " + detail,
+                         close: !exchange.requestBody.isComplete)
+        case .truncate(let reason):
+            exchange.outcome = .error
+            if exchange.reason == nil { exchange.reason = reason.rawValue }
+            finishExchange(exchange, recycleUpstream: false)
+        case .abort(let reason):
+            abort(reason, detail: "the client broke off its request")
+        }
+    }
+
+    /// Moves request body bytes from the client to the upstream, as far as the upstream's buffer has room. The
+    /// body is relayed (and its framing checked) while the upstream is still connecting too, so a bad chunk is
+    /// refused with 400 however the client's bytes and the connect race.
+    func pumpRequestBody(_ exchange: Exchange) {
+        guard let upstream = exchange.upstream, upstream.acceptsRequestBytes, !exchange.requestBody.isComplete else { return }
+        let room = Flow.highWater - evbuffer_get_length(upstream.output)
+        guard room > 0 else { return }
+        let before = evbuffer_get_length(input)
+        let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
+        let left = evbuffer_get_length(input)
+        upstream.requestBytesAdded(before - left)
+        exchange.bytesIn = exchange.requestBody.transferred
+        perform(exchange, exchange.machine.requestBodyStep(Self.step(progress, before: before, left: left, exchange)))
+    }
+
+    static func step(_ progress: BodyRelay.Progress, before: Int, left: Int, _ exchange: Exchange) -> RelayStep {
+        switch progress {
+        case .inProgress: return RelayStep(result: .moving, before: before, left: left)
+        case .complete: return RelayStep(result: .complete, before: before, left: left)
+        case .invalid(let error):
+            exchange.wireError = error
+            return RelayStep(result: .invalid, before: before, left: left)
+        }
+    }
+
+    // MARK: upstream events (called by UpstreamConnection)
+
+    /// The exchange this upstream serves, if it is still the current one.
+    func forwardedExchange(of upstream: UpstreamConnection) -> Exchange? {
+        guard case .forwarding(let exchange) = machine.state, exchange.upstream === upstream else { return nil }
+        return exchange
+    }
+
+    func tunnelExchange(of upstream: UpstreamConnection) -> Exchange? {
+        guard case .tunnel(let exchange) = machine.state, exchange.upstream === upstream else { return nil }
+        return exchange
+    }
+
+    func upstreamConnected(_ upstream: UpstreamConnection) {
+        guard let exchange = forwardedExchange(of: upstream) else { return }
+        perform(exchange, exchange.machine.upstreamConnected())
+    }
+
+    func upstreamWritable(_ upstream: UpstreamConnection) {
+        if let exchange = tunnelExchange(of: upstream) { pumpTunnel(exchange, fromClient: true); return }
+        guard let exchange = forwardedExchange(of: upstream) else { return }
+        pumpRequestBody(exchange)
+    }
+
+    func upstreamReadable(_ upstream: UpstreamConnection) {
+        if let exchange = tunnelExchange(of: upstream) { pumpTunnel(exchange, fromClient: false); return }
+        guard let exchange = forwardedExchange(of: upstream) else { return }
+        if exchange.response == nil {
+            readResponseHead(exchange, upstream)
+        } else {
+            pumpResponseBody(exchange)
+        }
+    }
+
+    /// The upstream failed before or while answering.
+    func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
+        if let exchange = tunnelExchange(of: upstream) {
+            if exchange.tunnel?.phase == .connecting {
+                exchange.upstream = nil
+                respondError(exchange, code, detail: detail, close: true)
+            } else {
+                abort(.upstreamAborted, detail: detail)
+            }
+            return
+        }
+        guard let exchange = forwardedExchange(of: upstream) else { return }
+        exchange.upstream = nil
+        guard !exchange.machine.responseStarted else {
+            abort(.upstreamAborted, detail: detail)
+            return
+        }
+        // A pooled connection the origin had already closed: retry once on a fresh one, if nothing of the
+        // request body has been consumed (so the request can be sent again exactly).
+        if exchange.upstreamReused && !exchange.retried && exchange.requestBody.transferred == 0 && code != .upstreamTimeout {
+            exchange.retried = true
+            exchange.machine.retrying()
+            connectUpstream(exchange, key: upstream.key, reuse: false)
+            return
+        }
+        respondError(exchange, code, detail: detail, close: !exchange.requestBody.isComplete)
+    }
+
+    /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than
+    /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
+    /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).
+    func upstreamClosed(_ upstream: UpstreamConnection) {
+        if let exchange = tunnelExchange(of: upstream) { tunnelPeerClosed(exchange, client: false); return }
+        guard let exchange = forwardedExchange(of: upstream) else { return }
+        let action = exchange.machine.originSentEOF()
+        guard exchange.response == nil else {
+            perform(exchange, action)
+            return
+        }
+        // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
+        readResponseHead(exchange, upstream)
+        guard forwardedExchange(of: upstream) === exchange, exchange.response == nil else { return }
+        upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
+    }
+
+    func readResponseHead(_ exchange: Exchange, _ upstream: UpstreamConnection) {
+        while forwardedExchange(of: upstream) === exchange, exchange.response == nil {
+            switch upstream.takeResponseHead() {
+            case .incomplete:
+                return
+            case .invalid(let error):
+                upstream.close()
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
+                return
+            case .complete(let head, _):
+                if head.status < 200 {
+                    handleInterim(exchange, head, upstream)
+                } else {
+                    startResponse(exchange, head, upstream)
+                }
+            }
+        }
+    }
+
+    /// 1xx responses: `100 Continue` and `103 Early Hints` are relayed to HTTP/1.1 clients; `101` turns the
+    /// connection into a tunnel when the client asked to upgrade.
+    func handleInterim(_ exchange: Exchange, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+        if head.status == 101 {
+            guard exchange.upgradeRequested else {
+                upstream.close()
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "101 Switching Protocols without an Upgrade request")
+                return
+            }
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
+            evbuffer_add(output, bytes, bytes.count)
+            exchange.status = 101
+            becomeTunnel(exchange)
+            return
+        }
+        if exchange.clientVersion == .http11 {
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: nil)
+            evbuffer_add(output, bytes, bytes.count)
+        }
+    }
+
+    func startResponse(_ exchange: Exchange, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+        let framing: BodyFraming
+        switch head.bodyFraming(requestMethod: exchange.method) {
+        case .success(let f): framing = f
+        case .failure(let error):
+            upstream.close()
+            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + Self.detail(for: error))
+            return
+        }
+        let strip = exchange.clientVersion == .http10 && framing == .chunked
+        let upstreamTokens = head.connectionTokens
+        let action = exchange.machine.responseHead(
+            untilClose: framing == .untilClose,
+            originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
+            clientKeepsConnection: !strip)
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion,
+                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
+                                                 connectionTokens: upstreamTokens)
+        evbuffer_add(output, bytes, bytes.count)
+        exchange.responseHeadLength = bytes.count
+        exchange.response = head
+        exchange.status = head.status
+        exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
+        perform(exchange, action)
+    }
+
+    /// Moves response body bytes from the upstream to the client, as far as the client's buffer has room;
+    /// a full client buffer leaves the bytes in the upstream's input, whose read watermark then stops reading
+    /// from the origin (backpressure).
+    func pumpResponseBody(_ exchange: Exchange) {
+        guard let upstream = exchange.upstream, exchange.response != nil else { return }
+        let room = Flow.highWater - outputLength
+        guard room > 0 else { return }
+        let before = evbuffer_get_length(upstream.input)
+        let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
+        exchange.bytesOut = exchange.responseBody.transferred
+        let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
+        // Nothing of this response has been written while all of it is still queued at the output's tail.
+        let unwritten = outputLength >= exchange.responseHeadLength + Int(exchange.responseBody.delivered)
+        perform(exchange, exchange.machine.responseBodyStep(step, unwritten: unwritten))
+    }
+
+    /// Removes this exchange's response from the client's output, where it is still whole at the tail (anything
+    /// before it belongs to earlier responses), so that a clean answer can take its place.
+    func retractUnsentResponse(_ exchange: Exchange) {
+        let queued = exchange.responseHeadLength + Int(exchange.responseBody.delivered)
+        let length = outputLength
+        guard queued > 0, length >= queued else { return }
+        let earlier = evbuffer_new()!
+        // The front of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter).
+        evbuffer_unfreeze(output, 1)
+        evbuffer_remove_buffer(output, earlier, length - queued)
+        evbuffer_drain(output, queued)
+        evbuffer_add_buffer(output, earlier)
+        evbuffer_freeze(output, 1)
+        evbuffer_free(earlier)
+        exchange.response = nil
+    }
+}

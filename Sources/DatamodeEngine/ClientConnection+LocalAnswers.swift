@@ -1,0 +1,123 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodeHTTP
+import DatamodePolicy
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Answers the proxy makes itself (problems, redirects, file variants) and the draining of a refused body.
+extension ClientConnection {
+    // MARK: local responses
+
+    func serveFile(_ exchange: Exchange, _ head: RequestHead, path: String, contentType: String, variant: String) {
+        guard head.method == "GET" || head.method == "HEAD" else {
+            respondLocal(exchange, status: 405, reason: "Method Not Allowed",
+                         fields: [("Allow", "GET, HEAD"), ("Cache-Control", "no-store"), ("Data-Mode-Variant", variant)],
+                         body: [], close: false)
+            return
+        }
+        // The path was checked when the variant was declared (a regular file inside the variants directory), but
+        // it may have been replaced since. O_NONBLOCK: opening a FIFO would otherwise wait for a writer, stalling
+        // this worker and every connection on it. O_NOFOLLOW: a symbolic link swapped in is not followed out of
+        // the directory (the declared path is a real path, so a link there is never legitimate). Then only a
+        // regular file is served; anything else is an error response, not a hang.
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+        var info = stat()
+        guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            if fd >= 0 { Glibc.close(fd) }
+            respondError(exchange, .upstreamUnreachable, detail: "variant \(variant): file \(path) cannot be read", close: false)
+            return
+        }
+        if exchange.expectsContinue && !exchange.requestBody.isComplete { exchange.machine.closeAfter() }
+        let size = Int(info.st_size)
+        let headBytes = MessageHeads.local(status: 200, reason: "OK",
+                                           fields: [("Content-Type", contentType), ("Cache-Control", "no-store"),
+                                                    ("Data-Mode-Variant", variant)],
+                                           bodyLength: size, keepAlive: exchange.machine.keepAlive,
+                                           clientVersion: head.version)
+        evbuffer_add(output, headBytes, headBytes.count)
+        exchange.status = 200
+        if head.method == "HEAD" || size == 0 {
+            Glibc.close(fd)
+        } else {
+            // sendfile(2) when the output goes to a socket: the file's bytes never enter user space.
+            evbuffer_add_file(output, fd, 0, Int64(size))  // takes ownership of fd
+            exchange.bytesOut = UInt64(size)
+        }
+        finishLocalResponse(exchange)
+    }
+
+    func respondError(_ exchange: Exchange, _ code: ProxyErrorCode, detail: String?, close: Bool,
+                              extraFields: [(String, String)] = []) {
+        if exchange.outcome == .forwarded || exchange.outcome == nil || exchange.outcome == .rewritten {
+            exchange.outcome = .error
+            exchange.reason = code.rawValue
+        }
+        respondProblem(exchange, ProblemDetail(code: code, detail: detail), close: close, extraFields: extraFields)
+    }
+
+    func respondProblem(_ exchange: Exchange, _ problem: ProblemDetail, close: Bool,
+                                extraFields: [(String, String)] = []) {
+        var fields: [(String, String)] = [
+            ("Content-Type", "application/problem+json"),
+            ("Cache-Control", "no-store"),
+        ]
+        fields.append(contentsOf: extraFields)
+        let body = Array(problem.json.utf8)
+        respondLocal(exchange, status: problem.code.status, reason: problem.code.reasonPhrase, fields: fields, body: body,
+                     close: close)
+    }
+
+    /// Writes a complete response made by the proxy. The request's body (if any) is read and discarded so the
+    /// connection stays usable; `close` ends the connection after it instead (framing we cannot trust).
+    func respondLocal(_ exchange: Exchange, status: Int, reason: String, fields: [(String, String)],
+                              body: [UInt8], close: Bool) {
+        // A refused CONNECT always closes: the client may already have sent tunnel bytes behind it
+        // (RFC 9110 §9.3.6), which must never be read as the next HTTP request (request smuggling).
+        if close || exchange.method == "CONNECT" { exchange.machine.closeAfter() }
+        // RFC 9110 §10.1.1: a client that sent `Expect: 100-continue` waits for a 100 that will not come now; it
+        // will not send the body, so waiting to discard it would hang both sides. Close after the answer.
+        if exchange.expectsContinue && !exchange.requestBody.isComplete { exchange.machine.closeAfter() }
+        if let upstream = exchange.upstream {
+            upstream.close()
+            exchange.upstream = nil
+        }
+        let head = MessageHeads.local(status: status, reason: reason, fields: fields, bodyLength: body.count,
+                                      keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion)
+        evbuffer_add(output, head, head.count)
+        if exchange.method != "HEAD" && !body.isEmpty { evbuffer_add(output, body, body.count) }
+        exchange.status = status
+        exchange.bytesOut = UInt64(body.count)
+        finishLocalResponse(exchange)
+    }
+
+    /// After a local response: discard the request body (draining it is a state of its own), then go on with the
+    /// next request.
+    func finishLocalResponse(_ exchange: Exchange) {
+        exchange.machine.end()
+        guard exchange.machine.keepAlive else {
+            finishExchange(exchange, recycleUpstream: false)
+            return
+        }
+        machine.drainRefusedBody(exchange)
+        discardRequestBody(exchange)
+    }
+
+    func discardRequestBody(_ exchange: Exchange) {
+        switch exchange.requestBody.pump(from: input, to: nil, budget: Int.max) {
+        case .complete:
+            finishExchange(exchange, recycleUpstream: false)
+        case .invalid:
+            exchange.machine.closeAfter()
+            finishExchange(exchange, recycleUpstream: false)
+        case .inProgress:
+            // The client ended mid-body: the local response already queued is still written, then we close.
+            if machine.clientEnded {
+                exchange.machine.closeAfter()
+                finishExchange(exchange, recycleUpstream: false)
+            }
+        }
+    }
+}
