@@ -76,13 +76,10 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public static let defaults = ProxyConfiguration()
 
     /// The mode when the admin API has not set one (SPEC §2): the override's or the file's, else `normal`.
-    public var effectiveMode: DataMode { mode ?? .normal }
+    public var effectiveMode: DataMode { ModeResolution(api: nil, configuration: self).mode }
 
     /// `.flag` if `--mode`/`DATAMODE_MODE` set the mode, `.config` if the file did, else `.default`.
-    public var modeSource: ModeSource {
-        guard mode != nil else { return .default }
-        return modeSetByOverride ? .flag : .config
-    }
+    public var modeSource: ModeSource { ModeResolution(api: nil, configuration: self).source }
 
     /// Where file variants may live and what a relative `file` is relative to (SPEC §5): the variants directory
     /// (`variants-dir`, default `variants/` beside the config file) and the config file's directory. Without a
