@@ -1,10 +1,12 @@
+import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
 
 /// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7, §15).
 ///
-/// The API mode beats `--mode`/`DATAMODE_MODE`, which beats the file. A PUT is persisted before it is applied,
-/// so a mode the caller was told about survives a restart; DELETE forgets it and returns to the flag/config mode.
+/// The API mode beats `--mode`/`DATAMODE_MODE`, which beats the file (`ModeResolution`). A PUT is persisted before
+/// it is applied, so a mode the caller was told about survives a restart; DELETE forgets it and returns to the
+/// flag/config mode.
 struct ModeEndpoint {
     let api: AdminAPI
 
@@ -41,9 +43,7 @@ struct ModeEndpoint {
             return AdminProblem.response(500, "state-write-failed", "\(error)")
         }
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in
-            if state.mode != mode || state.modeSource != .api { state.modeSince = since }
-            state.mode = mode
-            state.modeSource = .api
+            state.apply(ModeResolution(api: mode, configuration: state.configuration), now: since)
             return state
         }
         api.logger.info("mode set through the admin API", metadata: ["mode": "\(mode)"])
@@ -58,10 +58,7 @@ struct ModeEndpoint {
         }
         let now = api.now()
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in
-            let mode = state.configuration.effectiveMode
-            if mode != state.mode || state.modeSource == .api { state.modeSince = now }
-            state.mode = mode
-            state.modeSource = state.configuration.modeSource
+            state.apply(ModeResolution(api: nil, configuration: state.configuration), now: now)
             return state
         }
         api.logger.info("API mode cleared", metadata: ["mode": "\(snapshot.mode)"])

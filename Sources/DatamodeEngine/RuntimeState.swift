@@ -20,6 +20,16 @@ public struct RuntimeSnapshot: Sendable {
         self.modeSource = modeSource
         self.modeSince = modeSince
     }
+
+    /// The mode in force when it was set through the admin API, else `nil`.
+    public var apiMode: DataMode? { modeSource == .api ? mode : nil }
+
+    /// Puts `resolution`'s mode in force, moving `modeSince` to `now` when the resolution says it changed.
+    public mutating func apply(_ resolution: ModeResolution, now: Int64) {
+        modeSince = resolution.since(replacing: mode, from: modeSource, since: modeSince, now: now)
+        mode = resolution.mode
+        modeSource = resolution.source
+    }
 }
 
 /// The one shared, mutable thing between the control plane (admin API, signals) and the workers.

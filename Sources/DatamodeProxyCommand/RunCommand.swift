@@ -64,17 +64,11 @@ struct RunCommand: ParsableCommand {
 
         // State the admin API persisted: it beats flags and the file (SPEC §2). Unreadable state stops start-up.
         let store: StateStore
-        var mode = configuration.effectiveMode
-        var modeSource = configuration.modeSource
-        var modeSince = now
+        let saved: (mode: DataMode, since: Int64)?
         var policy = snapshot.policy
         do {
             store = try StateStore(directory: configuration.stateDirectory)
-            if let saved = try store.loadMode() {
-                mode = saved.mode
-                modeSource = .api
-                modeSince = saved.since
-            }
+            saved = try store.loadMode()
             let apiVariants = try store.loadVariants(files: configuration.variantFiles)
             if !apiVariants.isEmpty {
                 do {
@@ -87,8 +81,11 @@ struct RunCommand: ParsableCommand {
             FileHandle.standardError.write(Data("datamode-proxy: state: \(error)\n".utf8))
             throw ExitCode(2)
         }
+        let resolution = ModeResolution(api: saved?.mode, configuration: configuration)
+        let mode = resolution.mode
         let runtime = RuntimeState(RuntimeSnapshot(
-            configuration: configuration, policy: policy, mode: mode, modeSource: modeSource, modeSince: modeSince))
+            configuration: configuration, policy: policy, mode: mode, modeSource: resolution.source,
+            modeSince: saved?.since ?? now))
 
         let server = ProxyServer(runtime: runtime, logger: logger)
         let control: ControlLoop
@@ -108,7 +105,7 @@ struct RunCommand: ParsableCommand {
         }
         logger.info("datamode-proxy \(ProductVersion.string) ready", metadata: [
             "listen": "\(server.listenAddress)", "admin": "\(admin.listenAddress)", "mode": "\(mode)",
-            "mode_source": "\(modeSource.rawValue)",
+            "mode_source": "\(resolution.source.rawValue)",
             "config": "\(configPath ?? "(built-in defaults)")",
         ])
 
@@ -123,13 +120,8 @@ struct RunCommand: ParsableCommand {
                     let policy = try reloaded.policy.replacingAPIVariants(apiVariants)
                     state.configuration = reloaded.configuration
                     state.policy = policy
-                    if state.modeSource != .api {
-                        // `since` is when the mode last changed (SPEC §7), whatever changed it.
-                        let mode = reloaded.configuration.effectiveMode
-                        if mode != state.mode { state.modeSince = Int64(Date().timeIntervalSince1970) }
-                        state.mode = mode
-                        state.modeSource = reloaded.configuration.modeSource
-                    }
+                    state.apply(ModeResolution(api: state.apiMode, configuration: reloaded.configuration),
+                                now: Int64(Date().timeIntervalSince1970))
                 }
                 current = reloaded
                 logger.info("configuration reloaded", metadata: ["generation": "\(reloaded.generation)"])
