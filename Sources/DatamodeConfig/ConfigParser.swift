@@ -73,7 +73,7 @@ struct ConfigParser {
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
 
-        try compilePolicy(configuration)
+        configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance
         return configuration
     }
@@ -369,10 +369,11 @@ struct ConfigParser {
     // MARK: Policy
 
     /// Compiles rules and variants exactly as the engine will, so a pattern, target or capture reference
-    /// the policy refuses is reported here, at load time, with the item's key and line.
-    private func compilePolicy(_ configuration: ProxyConfiguration) throws(ConfigError) {
+    /// the policy refuses is reported here, at load time, with the item's key and line. The result is kept in the
+    /// configuration: a `ConfigurationSnapshot` of it without API variants uses it as is.
+    private func compilePolicy(_ configuration: ProxyConfiguration) throws(ConfigError) -> PolicySnapshot {
         do {
-            _ = try PolicySnapshot(tags: configuration.tags, rules: configuration.rules, variants: configuration.variants)
+            return try PolicySnapshot(tags: configuration.tags, rules: configuration.rules, variants: configuration.variants)
         } catch {
             throw PolicyErrorPlacement(source: source, lines: itemLines)
                 .place(error, rules: configuration.rules, variants: configuration.variants)

@@ -9,25 +9,89 @@ public struct ConfigurationSnapshot: Sendable {
     /// 1 for the configuration loaded at start-up, +1 for every successful reload.
     public let generation: UInt64
     public let configuration: ProxyConfiguration
-    /// The file's rules and variants, compiled.
+    /// The file's rules and variants, compiled, with the admin API's variants when some were given.
     public let policy: PolicySnapshot
+
+    /// Why a snapshot with API variants could not be built: the file's fault, or the API variants'.
+    public enum Failure: Error, CustomStringConvertible {
+        /// The configuration is invalid on its own (named by file, key and line).
+        case configuration(ConfigError)
+        /// The configuration is valid, but not with these API variants (say, an API variant's id is now taken by
+        /// a file variant).
+        case apiVariants(PolicyError)
+
+        public var description: String {
+            switch self {
+            case .configuration(let error): "\(error)"
+            case .apiVariants(let error): "\(error)"
+            }
+        }
+    }
 
     /// Compiles `configuration` (after overrides) and runs the start-up checks.
     public init(configuration: ProxyConfiguration, generation: UInt64 = 1) throws(ConfigError) {
         try configuration.validateForStartup()
         do {
-            self.policy = try PolicySnapshot(tags: configuration.tags, rules: configuration.rules,
-                                             variants: configuration.variants)
+            self.policy = try Self.compile(configuration, apiVariants: [])
         } catch {
-            throw PolicyErrorPlacement(source: configuration.provenance.source, lines: configuration.provenance.lines)
-                .place(error, rules: configuration.rules, variants: configuration.variants)
+            throw Self.placed(error, in: configuration)
         }
         self.generation = generation
         self.configuration = configuration
     }
 
+    /// Compiles `configuration` (after overrides) together with the admin API's variants (each marked `.api`) in
+    /// one pass, and runs the start-up checks. Only a failure compiles again, without the API variants, to say
+    /// whose fault it is (a parsed configuration is known to compile alone: the parser checked it).
+    public init(configuration: ProxyConfiguration, apiVariants: [Variant], generation: UInt64 = 1) throws(Failure) {
+        do {
+            try configuration.validateForStartup()
+        } catch {
+            throw .configuration(error)
+        }
+        do {
+            self.policy = try Self.compile(configuration, apiVariants: apiVariants)
+        } catch {
+            if !apiVariants.isEmpty {
+                do {
+                    _ = try Self.compile(configuration, apiVariants: [])
+                } catch let own {
+                    throw .configuration(Self.placed(own, in: configuration))
+                }
+                throw .apiVariants(error)
+            }
+            throw .configuration(Self.placed(error, in: configuration))
+        }
+        self.generation = generation
+        self.configuration = configuration
+    }
+
+    /// The parser already compiled the file's policy to check it: that one is used, as is or with the API variants.
+    private static func compile(_ configuration: ProxyConfiguration, apiVariants: [Variant]) throws(PolicyError) -> PolicySnapshot {
+        if let parsed = configuration.parsedPolicy.snapshot {
+            return apiVariants.isEmpty ? parsed : try parsed.replacingAPIVariants(apiVariants)
+        }
+        let api = apiVariants.map { variant -> Variant in
+            var variant = variant
+            variant.source = .api
+            return variant
+        }
+        return try PolicySnapshot(tags: configuration.tags, rules: configuration.rules, variants: configuration.variants + api)
+    }
+
+    /// A policy error of the file, named by the key and line of the rule or variant it is about.
+    private static func placed(_ error: PolicyError, in configuration: ProxyConfiguration) -> ConfigError {
+        PolicyErrorPlacement(source: configuration.provenance.source, lines: configuration.provenance.lines)
+            .place(error, rules: configuration.rules, variants: configuration.variants)
+    }
+
     /// The snapshot that replaces this one on reload: `configuration` compiled as generation + 1.
     public func reloaded(with configuration: ProxyConfiguration) throws(ConfigError) -> ConfigurationSnapshot {
         try ConfigurationSnapshot(configuration: configuration, generation: generation &+ 1)
+    }
+
+    /// The snapshot that replaces this one on reload: `configuration` compiled with `apiVariants` as generation + 1.
+    public func reloaded(with configuration: ProxyConfiguration, apiVariants: [Variant]) throws(Failure) -> ConfigurationSnapshot {
+        try ConfigurationSnapshot(configuration: configuration, apiVariants: apiVariants, generation: generation &+ 1)
     }
 }

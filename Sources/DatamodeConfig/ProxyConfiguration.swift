@@ -20,11 +20,11 @@ public struct ProxyConfiguration: Sendable, Equatable {
     /// Worker threads, each with its own event loop; 0 = one per core.
     public var threads: Int
     /// How request tags are resolved and forwarded (SPEC §3).
-    public var tags: TagSettings
+    public var tags: TagSettings { didSet { parsedPolicy = PolicyCache() } }
     /// Tagging rules, in order (SPEC §3 step 2).
-    public var rules: [Rule]
+    public var rules: [Rule] { didSet { parsedPolicy = PolicyCache() } }
     /// Variants of the file, in order, with source `.config`; file paths are real paths inside `variantFiles.directory`.
-    public var variants: [Variant]
+    public var variants: [Variant] { didSet { parsedPolicy = PolicyCache() } }
     /// `variants-dir` made absolute against the config file's directory; `nil` when not set (then `variants/`
     /// beside the config file, see `variantFiles`).
     public var variantsDirectory: String?
@@ -45,6 +45,9 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public internal(set) var modeSetByOverride: Bool
     /// Where each setting came from, for errors found after parsing. Not part of equality.
     var provenance: Provenance
+    /// The policy the parser compiled to check `tags`, `rules` and `variants`, kept so that the snapshot built from
+    /// this configuration need not compile it again; dropped when any of the three changes.
+    var parsedPolicy = PolicyCache()
 
     public init(listen: ListenAddress = .defaultProxy, admin: AdminSection = AdminSection(), mode: DataMode? = nil,
                 stateDirectory: String = "./state", threads: Int = 0, tags: TagSettings = TagSettings(),
@@ -151,6 +154,13 @@ public struct ProxyConfiguration: Sendable, Equatable {
                                 + "set admin.token or DATAMODE_ADMIN_TOKEN, or listen on 127.0.0.1")
         }
     }
+}
+
+/// A compiled policy carried beside the settings it was compiled from: a cache, so never part of equality.
+struct PolicyCache: Sendable, Equatable {
+    var snapshot: PolicySnapshot?
+
+    static func == (lhs: PolicyCache, rhs: PolicyCache) -> Bool { true }
 }
 
 /// Where settings came from: the file and lines of keys, or the override that replaced them.

@@ -52,35 +52,44 @@ struct RunCommand: ParsableCommand {
         let overrides = flags.overriding(ConfigOverrides.fromEnvironment(ProcessInfo.processInfo.environment))
         let configPath = overrides.configPath
 
-        let snapshot: ConfigurationSnapshot
+        let loaded: ProxyConfiguration
         do {
-            snapshot = try ConfigurationSnapshot(configuration: try Self.load(configPath).applying(overrides))
+            loaded = try Self.load(configPath).applying(overrides)
+            try loaded.validateForStartup()
         } catch {
             FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
             throw ExitCode(2)
         }
-        let configuration = snapshot.configuration
         let now = Int64(Date().timeIntervalSince1970)
 
         // State the admin API persisted: it beats flags and the file (SPEC §2). Unreadable state stops start-up.
+        // The file's policy is compiled once, with the persisted API variants.
         let store: StateStore
         let saved: (mode: DataMode, since: Int64)?
-        var policy = snapshot.policy
+        let snapshot: ConfigurationSnapshot
         do {
-            store = try StateStore(directory: configuration.stateDirectory)
+            store = try StateStore(directory: loaded.stateDirectory)
             saved = try store.loadMode()
-            let apiVariants = try store.loadVariants(files: configuration.variantFiles)
-            if !apiVariants.isEmpty {
-                do {
-                    policy = try policy.replacingAPIVariants(apiVariants)
-                } catch {
+            let apiVariants = try store.loadVariants(files: loaded.variantFiles)
+            do {
+                snapshot = try ConfigurationSnapshot(configuration: loaded, apiVariants: apiVariants)
+            } catch {
+                switch error {
+                case .configuration(let error):
+                    FileHandle.standardError.write(Data("datamode-proxy: \(error)\n".utf8))
+                    throw ExitCode(2)
+                case .apiVariants(let error):
                     throw StateStore.StateError(description: "\(store.variantsPath): \(error); fix or delete the file")
                 }
             }
+        } catch let exit as ExitCode {
+            throw exit
         } catch {
             FileHandle.standardError.write(Data("datamode-proxy: state: \(error)\n".utf8))
             throw ExitCode(2)
         }
+        let configuration = snapshot.configuration
+        let policy = snapshot.policy
         let resolution = ModeResolution(api: saved?.mode, configuration: configuration)
         let mode = resolution.mode
         let runtime = RuntimeState(RuntimeSnapshot(
@@ -112,14 +121,15 @@ struct RunCommand: ParsableCommand {
         var current = snapshot
         control.onSignal(SIGHUP) { _ in
             do {
-                let reloaded = try current.reloaded(with: try Self.load(configPath).applying(overrides))
-                try runtime.update { state in
-                    // Every check before the first change: a refused reload leaves the running state whole.
-                    let apiVariants = state.policy.variants.filter { $0.source == .api }
-                    try store.checkFiles(of: apiVariants, against: reloaded.configuration.variantFiles)
-                    let policy = try reloaded.policy.replacingAPIVariants(apiVariants)
+                // Every check before the first change: a refused reload leaves the running state whole. The
+                // admin API's writes run on this thread too, so the API variants cannot change meanwhile.
+                let configuration = try Self.load(configPath).applying(overrides)
+                let apiVariants = runtime.load().snapshot.policy.variants.filter { $0.source == .api }
+                try store.checkFiles(of: apiVariants, against: configuration.variantFiles)
+                let reloaded = try current.reloaded(with: configuration, apiVariants: apiVariants)
+                runtime.update { state in
                     state.configuration = reloaded.configuration
-                    state.policy = policy
+                    state.policy = reloaded.policy
                     state.apply(ModeResolution(api: state.apiMode, configuration: reloaded.configuration),
                                 now: Int64(Date().timeIntervalSince1970))
                 }

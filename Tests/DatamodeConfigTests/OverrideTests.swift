@@ -1,5 +1,5 @@
-import DatamodeConfig
-import DatamodePolicy
+@testable import DatamodeConfig
+@testable import DatamodePolicy
 import Testing
 
 @Suite("Overrides")
@@ -153,6 +153,55 @@ struct SnapshotTests {
         let snapshot = try ConfigurationSnapshot(configuration: configuration)
         #expect(snapshot.policy.rules.map(\.name) == ["r"])
         #expect(snapshot.policy.variants.map(\.id) == ["v"])
+    }
+
+    /// The parser compiles the policy to check it; the snapshot reuses that compile unless the policy's inputs changed.
+    @Test("a parsed policy is not compiled again")
+    func parsedPolicyReused() throws {
+        var configuration = try parse("""
+            rules:
+              - {name: r, tags: {allow-expensive: false}}
+            """)
+        let parsed = try #require(configuration.parsedPolicy.snapshot)
+        #expect(try ConfigurationSnapshot(configuration: configuration).policy.index === parsed.index)
+        configuration.rules = []
+        #expect(configuration.parsedPolicy.snapshot == nil)
+        #expect(try ConfigurationSnapshot(configuration: configuration).policy.rules.isEmpty)
+    }
+
+    /// A reload compiles the file's policy once, with the admin API's variants; a failure still says whose it is.
+    @Test("API variants compile with the file's, and a conflict is blamed on the right side")
+    func apiVariants() throws {
+        let configuration = try parse("""
+            variants:
+              - {id: v, match: "http://a.example/*", target: "http://b.example/$1"}
+            """)
+        let api = Variant(id: "w", match: "http://c.example/*", resource: .target("http://d.example/$1", redirect: false))
+        let snapshot = try ConfigurationSnapshot(configuration: configuration, apiVariants: [api])
+        #expect(snapshot.policy.variants.map(\.id) == ["v", "w"])
+        #expect(snapshot.policy.variants.map(\.source) == [.config, .api])
+
+        var taken = api
+        taken.id = "v"
+        do {
+            _ = try ConfigurationSnapshot(configuration: configuration, apiVariants: [taken])
+            Issue.record("an API variant took a file variant's id")
+        } catch {
+            guard case .apiVariants(let problem) = error else { Issue.record("blamed on the file: \(error)"); return }
+            #expect(problem.subject.contains("v"))
+        }
+
+        // Not parsed (the parser would refuse it): built in code, so only the snapshot compiles it.
+        let broken = ProxyConfiguration(variants: [
+            Variant(id: "v", match: "http://a.example/*", resource: .target("http://b.example/$3", redirect: false)),
+        ])
+        do {
+            _ = try ConfigurationSnapshot(configuration: broken, apiVariants: [api])
+            Issue.record("compiled a target with a capture its pattern lacks")
+        } catch {
+            guard case .configuration(let problem) = error else { Issue.record("blamed on the API: \(error)"); return }
+            #expect(problem.message.contains("$3"), "\(problem)")
+        }
     }
 
     @Test("the admin API off loopback needs a token")
