@@ -7,6 +7,7 @@
 //   DatamodeConfig  YAML -> typed, validated configuration sections
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
+//   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
 //   DatamodeProxyCommand  the `datamode-proxy` command line
 import PackageDescription
 
@@ -61,10 +62,17 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .target(
+            name: "DatamodeInstance",
+            dependencies: [
+                "DatamodeEngine", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "DatamodeProxyCommand",
             dependencies: [
-                "DatamodeEngine", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeInstance", "DatamodeEngine", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

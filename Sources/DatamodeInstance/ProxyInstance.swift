@@ -1,0 +1,226 @@
+import DatamodeAdmin
+import DatamodeConfig
+import DatamodeEngine
+import DatamodePolicy
+import Logging
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One datamode-proxy: the whole process composed in one place, for the `run` command and the in-process tests
+/// alike (Envoy's `Server::Instance`).
+///
+/// Building it (`init`) reads the state directory, resolves the mode (`ModeResolution`), compiles the policy once
+/// with the persisted API variants and prepares the workers and the admin API, without a socket. `start()` binds the
+/// admin listener, then the workers; `run()` serves the control plane (admin API, signals) on the calling thread
+/// until `drain()`; `wait(timeout:)` joins the workers.
+///
+/// Every change of the running state goes through `runtime`, whose generation is the one the workers watch: a
+/// reload, a mode flip and a variant registration each make one new generation.
+public final class ProxyInstance: @unchecked Sendable {
+    /// Why the process cannot start. Both are exit status 2 for `run`.
+    public enum StartupError: Error, CustomStringConvertible {
+        /// The configuration is invalid (named by file or override, key and line).
+        case configuration(ConfigError)
+        /// The state directory, or a file in it, cannot be used (SPEC §7: never silently dropped).
+        case state(StateStore.StateError)
+
+        public var description: String {
+            switch self {
+            case .configuration(let error): "\(error)"
+            case .state(let error): "state: \(error)"
+            }
+        }
+    }
+
+    /// What a reload did.
+    public enum ReloadResult: Sendable, Equatable {
+        /// The new configuration is running; workers pick up `generation` before their next request head.
+        case applied(generation: UInt64)
+        /// Refused, for `reason` (the file, key and line, or the state file); the running configuration is kept whole.
+        case refused(reason: String)
+    }
+
+    /// The snapshot every worker reads, with the one generation counter.
+    public let runtime: RuntimeState
+    /// The workers (not started until `start()`).
+    public let server: ProxyServer
+    /// The admin API, a pure request → response function (SPEC §7).
+    public let adminAPI: AdminAPI
+    /// The admin API's persisted mode and variants.
+    public let store: StateStore
+
+    private let logger: Logger
+    private let clock: any EngineClock
+    private let reloads: ReloadTally
+    /// Serialises the control plane's changes (admin requests, reloads): they run on the control loop's thread,
+    /// except a reload a test asks for from its own.
+    private let controlPlane = Mutex<Void>(())
+    private var control: ControlLoop?
+    private var admin: AdminTransport?
+
+    /// Builds the process for `configuration` (the file with the flags and environment applied): the state store,
+    /// the mode, the compiled policy, the workers and the admin API. Binds nothing.
+    public init(configuration: ProxyConfiguration, logger: Logger, clock: any EngineClock = SystemClock()) throws(StartupError) {
+        do {
+            try configuration.validateForStartup()
+        } catch {
+            throw .configuration(error)
+        }
+        // State the admin API persisted beats flags and the file (SPEC §2); unreadable state stops start-up.
+        let store: StateStore
+        let saved: (mode: DataMode, since: Int64)?
+        let apiVariants: [Variant]
+        do {
+            store = try StateStore(directory: configuration.stateDirectory)
+            saved = try store.loadMode()
+            apiVariants = try store.loadVariants(files: configuration.variantFiles)
+        } catch {
+            throw .state(error)
+        }
+        let snapshot: ConfigurationSnapshot
+        do {
+            snapshot = try ConfigurationSnapshot(configuration: configuration, apiVariants: apiVariants)
+        } catch {
+            switch error {
+            case .configuration(let error): throw .configuration(error)
+            case .apiVariants(let error):
+                throw .state(StateStore.StateError(description: "\(store.variantsPath): \(error); fix or delete the file"))
+            }
+        }
+        let resolution = ModeResolution(api: saved?.mode, configuration: configuration)
+        let now = Self.seconds(clock)
+        let runtime = RuntimeState(RuntimeSnapshot(
+            configuration: snapshot.configuration, policy: snapshot.policy, mode: resolution.mode,
+            modeSource: resolution.source, modeSince: saved?.since ?? now))
+        let server = ProxyServer(runtime: runtime, logger: logger, clock: clock)
+        let reloads = ReloadTally()
+        self.runtime = runtime
+        self.server = server
+        self.store = store
+        self.logger = logger
+        self.clock = clock
+        self.reloads = reloads
+        self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token, logger: logger,
+                                 metrics: { server.metrics() }, now: { Self.seconds(clock) })
+    }
+
+    deinit {
+        // evhttp before the event base it lives on.
+        admin = nil
+        control = nil
+    }
+
+    /// The proxy's address, with the real port once started.
+    public var listenAddress: ListenAddress { server.listenAddress }
+
+    /// The admin API's address, with the real port once started.
+    public var adminAddress: ListenAddress { admin?.listenAddress ?? runtime.load().snapshot.configuration.admin.listen }
+
+    /// Binds the admin listener, then starts the workers.
+    public func start() throws(EngineError) {
+        let configuration = runtime.load().snapshot.configuration
+        // The admin listener is bound first, so the workers know its real port (it may be 0 in the config) and
+        // refuse to proxy to it.
+        let control = try ControlLoop()
+        self.control = control
+        admin = try AdminTransport(loop: control, address: configuration.admin.listen) { [unowned self] request in
+            self.answer(request)
+        }
+        server.addOwnAddress(adminAddress)
+        try server.start()
+    }
+
+    /// `SIGHUP` reloads with `load`; `SIGTERM` and `SIGINT` drain. Call after `start()`, on the thread that calls `run()`.
+    public func handleSignals(reloadingWith load: @escaping () throws(ConfigError) -> ProxyConfiguration) {
+        guard let control else { return }
+        control.onSignal(SIGHUP) { [unowned self] _ in _ = self.reload(load) }
+        let stop: (Int32) -> Void = { [unowned self] signal in
+            self.logger.info("stopping: draining in-flight requests", metadata: ["signal": "\(signal)"])
+            self.drain()
+        }
+        control.onSignal(SIGTERM, stop)
+        control.onSignal(SIGINT, stop)
+    }
+
+    /// Serves the control plane (admin API, signals) on the calling thread until `drain()`.
+    public func run() {
+        control?.run()
+    }
+
+    /// Stops accepting, lets in-flight requests finish (SPEC §8) and ends `run()`. Any thread.
+    public func drain() {
+        server.drain()
+        control?.stop()
+    }
+
+    /// Joins the workers, forcing them out after `timeout`; `true` when all finished in time.
+    @discardableResult
+    public func wait(timeout: Duration) -> Bool {
+        server.wait(timeout: timeout)
+    }
+
+    /// Reloads the configuration `load` gives (the file again, with the same flags and environment): every check
+    /// before the first change, so a refused reload leaves the running state whole. The API mode and the API
+    /// variants are kept. Counted, logged and returned.
+    @discardableResult
+    public func reload(_ load: () throws(ConfigError) -> ProxyConfiguration) -> ReloadResult {
+        controlPlane.withLock { _ in
+            let result = apply(load)
+            switch result {
+            case .applied(let generation):
+                reloads.applied.add(1, ordering: .relaxed)
+                logger.info("configuration reloaded", metadata: ["generation": "\(generation)"])
+            case .refused(let reason):
+                reloads.refused.add(1, ordering: .relaxed)
+                logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(reason)"])
+            }
+            return result
+        }
+    }
+
+    /// Reloads `configuration`, as `reload(_:)`.
+    @discardableResult
+    public func reload(with configuration: ProxyConfiguration) -> ReloadResult {
+        reload { () throws(ConfigError) in configuration }
+    }
+
+    /// Reloads applied and refused since start-up.
+    public var reloadCounts: (applied: Int, refused: Int) {
+        (reloads.applied.load(ordering: .relaxed), reloads.refused.load(ordering: .relaxed))
+    }
+
+    private func apply(_ load: () throws(ConfigError) -> ProxyConfiguration) -> ReloadResult {
+        do {
+            let configuration = try load()
+            // Control-plane changes are serialised (`controlPlane`), so the API variants cannot change meanwhile.
+            let apiVariants = runtime.load().snapshot.policy.variants.filter { $0.source == .api }
+            try store.checkFiles(of: apiVariants, against: configuration.variantFiles)
+            let snapshot = try ConfigurationSnapshot(configuration: configuration, apiVariants: apiVariants)
+            let now = Self.seconds(clock)
+            runtime.update { state in
+                state.configuration = snapshot.configuration
+                state.policy = snapshot.policy
+                state.apply(ModeResolution(api: state.apiMode, configuration: snapshot.configuration), now: now)
+            }
+            return .applied(generation: runtime.generation)
+        } catch {
+            return .refused(reason: "\(error)")
+        }
+    }
+
+    private func answer(_ request: AdminRequest) -> AdminResponse {
+        controlPlane.withLock { _ in adminAPI.handle(request) }
+    }
+
+    private static func seconds(_ clock: any EngineClock) -> Int64 {
+        clock.wallNanoseconds() / 1_000_000_000
+    }
+}
+
+/// Reload results, counted (`datamode_reloads_total`).
+final class ReloadTally: Sendable {
+    let applied = Atomic<Int>(0)
+    let refused = Atomic<Int>(0)
+}
