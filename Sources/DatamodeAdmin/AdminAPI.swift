@@ -14,16 +14,19 @@ public final class AdminAPI: @unchecked Sendable {
     let store: StateStore
     let token: String?
     let metrics: () -> MetricsSnapshot
+    let reloads: () -> ReloadCounts
     let logger: Logger
     let now: () -> Int64
 
     public init(runtime: RuntimeState, store: StateStore, token: String?, logger: Logger,
-                metrics: @escaping () -> MetricsSnapshot, now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
+                metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
+                now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
         self.runtime = runtime
         self.store = store
         self.token = token
         self.logger = logger
         self.metrics = metrics
+        self.reloads = reloads
         self.now = now
     }
 
@@ -57,6 +60,17 @@ public final class AdminAPI: @unchecked Sendable {
             difference |= Int((i < given.count ? given[i] : 0) ^ (i < expected.count ? expected[i] : 0))
         }
         return difference == 0
+    }
+}
+
+/// Configuration reloads since start-up, by result (`datamode_reloads_total`): a refused one keeps the running
+/// configuration, and is counted so that a file that stopped loading shows up on a dashboard, not only in a log.
+public struct ReloadCounts: Sendable, Equatable {
+    public var ok: Int
+    public var failed: Int
+    public init(ok: Int = 0, failed: Int = 0) {
+        self.ok = ok
+        self.failed = failed
     }
 }
 

@@ -7,11 +7,11 @@ struct MetricsEndpoint {
 
     func handle(_ request: AdminRequest) -> AdminResponse {
         guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
-        let text = Self.render(api.metrics(), api.runtime.load().snapshot)
+        let text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
         return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))
     }
 
-    static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot) -> String {
+    static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot, reloads: ReloadCounts) -> String {
         var out = ""
         out += "# HELP datamode_requests_total Requests answered, by outcome and reason (an error code of SPEC §6, or empty).\n"
         out += "# TYPE datamode_requests_total counter\n"
@@ -45,6 +45,10 @@ struct MetricsEndpoint {
         let api = snapshot.policy.variants.filter { $0.source == .api }.count
         out += "datamode_variants{source=\"config\"} \(snapshot.policy.variants.count - api)\n"
         out += "datamode_variants{source=\"api\"} \(api)\n"
+        out += "# HELP datamode_reloads_total Configuration reloads (SIGHUP): ok = applied, failed = refused, the running one kept.\n"
+        out += "# TYPE datamode_reloads_total counter\n"
+        out += "datamode_reloads_total{result=\"ok\"} \(reloads.ok)\n"
+        out += "datamode_reloads_total{result=\"failed\"} \(reloads.failed)\n"
         out += "# HELP datamode_request_duration_seconds Time from the first byte of a request head to the end of its response.\n"
         out += "# TYPE datamode_request_duration_seconds histogram\n"
         var cumulative = 0

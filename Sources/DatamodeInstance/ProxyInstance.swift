@@ -103,7 +103,7 @@ public final class ProxyInstance: @unchecked Sendable {
         self.clock = clock
         self.reloads = reloads
         self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token, logger: logger,
-                                 metrics: { server.metrics() }, now: { Self.seconds(clock) })
+                                 metrics: { server.metrics() }, reloads: { reloads.counts }, now: { Self.seconds(clock) })
     }
 
     deinit {
@@ -186,10 +186,8 @@ public final class ProxyInstance: @unchecked Sendable {
         reload { () throws(ConfigError) in configuration }
     }
 
-    /// Reloads applied and refused since start-up.
-    public var reloadCounts: (applied: Int, refused: Int) {
-        (reloads.applied.load(ordering: .relaxed), reloads.refused.load(ordering: .relaxed))
-    }
+    /// Reloads applied (`ok`) and refused (`failed`) since start-up, as `/metrics` shows them.
+    public var reloadCounts: ReloadCounts { reloads.counts }
 
     private func apply(_ load: () throws(ConfigError) -> ProxyConfiguration) -> ReloadResult {
         do {
@@ -223,4 +221,8 @@ public final class ProxyInstance: @unchecked Sendable {
 final class ReloadTally: Sendable {
     let applied = Atomic<Int>(0)
     let refused = Atomic<Int>(0)
+
+    var counts: ReloadCounts {
+        ReloadCounts(ok: applied.load(ordering: .relaxed), failed: refused.load(ordering: .relaxed))
+    }
 }
