@@ -2,12 +2,10 @@ import DatamodePolicy
 
 /// A configuration compiled for the engine: immutable, built once per load, swapped whole.
 ///
-/// Workers hold one snapshot and pick up a newer one at a safe point (between requests); nothing in it is
-/// ever mutated, so it is shared across threads without locks. A reload that fails leaves the running
-/// snapshot in place; one that succeeds yields the next generation.
+/// Nothing in it is ever mutated, so it is shared across threads without locks. The process publishes it to the
+/// workers through `RuntimeState`, whose generation is the one they watch; a reload that fails leaves the running
+/// one in place.
 public struct ConfigurationSnapshot: Sendable {
-    /// 1 for the configuration loaded at start-up, +1 for every successful reload.
-    public let generation: UInt64
     public let configuration: ProxyConfiguration
     /// The file's rules and variants, compiled, with the admin API's variants when some were given.
     public let policy: PolicySnapshot
@@ -29,21 +27,20 @@ public struct ConfigurationSnapshot: Sendable {
     }
 
     /// Compiles `configuration` (after overrides) and runs the start-up checks.
-    public init(configuration: ProxyConfiguration, generation: UInt64 = 1) throws(ConfigError) {
+    public init(configuration: ProxyConfiguration) throws(ConfigError) {
         try configuration.validateForStartup()
         do {
             self.policy = try Self.compile(configuration, apiVariants: [])
         } catch {
             throw Self.placed(error, in: configuration)
         }
-        self.generation = generation
         self.configuration = configuration
     }
 
     /// Compiles `configuration` (after overrides) together with the admin API's variants (each marked `.api`) in
     /// one pass, and runs the start-up checks. Only a failure compiles again, without the API variants, to say
     /// whose fault it is (a parsed configuration is known to compile alone: the parser checked it).
-    public init(configuration: ProxyConfiguration, apiVariants: [Variant], generation: UInt64 = 1) throws(Failure) {
+    public init(configuration: ProxyConfiguration, apiVariants: [Variant]) throws(Failure) {
         do {
             try configuration.validateForStartup()
         } catch {
@@ -62,7 +59,6 @@ public struct ConfigurationSnapshot: Sendable {
             }
             throw .configuration(Self.placed(error, in: configuration))
         }
-        self.generation = generation
         self.configuration = configuration
     }
 
@@ -83,15 +79,5 @@ public struct ConfigurationSnapshot: Sendable {
     private static func placed(_ error: PolicyError, in configuration: ProxyConfiguration) -> ConfigError {
         PolicyErrorPlacement(source: configuration.provenance.source, lines: configuration.provenance.lines)
             .place(error, rules: configuration.rules, variants: configuration.variants)
-    }
-
-    /// The snapshot that replaces this one on reload: `configuration` compiled as generation + 1.
-    public func reloaded(with configuration: ProxyConfiguration) throws(ConfigError) -> ConfigurationSnapshot {
-        try ConfigurationSnapshot(configuration: configuration, generation: generation &+ 1)
-    }
-
-    /// The snapshot that replaces this one on reload: `configuration` compiled with `apiVariants` as generation + 1.
-    public func reloaded(with configuration: ProxyConfiguration, apiVariants: [Variant]) throws(Failure) -> ConfigurationSnapshot {
-        try ConfigurationSnapshot(configuration: configuration, apiVariants: apiVariants, generation: generation &+ 1)
     }
 }

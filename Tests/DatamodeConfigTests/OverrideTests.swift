@@ -132,16 +132,6 @@ struct OverrideTests {
 
 @Suite("Snapshots and start-up checks")
 struct SnapshotTests {
-    @Test("generations count successful loads")
-    func generations() throws {
-        let first = try ConfigurationSnapshot(configuration: .defaults)
-        #expect(first.generation == 1)
-        let second = try first.reloaded(with: try parse("mode: constrained"))
-        #expect(second.generation == 2)
-        #expect(second.configuration.effectiveMode.name == "constrained")
-        #expect(first.configuration == .defaults)
-    }
-
     @Test("the snapshot compiles the file's rules and variants")
     func compiledPolicy() throws {
         let configuration = try parse("""
