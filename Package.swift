@@ -80,7 +80,7 @@ let package = Package(
         .target(
             name: "DatamodeTestSupport",
             dependencies: [
-                "DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP",
+                "DatamodeInstance", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
