@@ -93,6 +93,13 @@ let package = Package(
             dependencies: ["DatamodeEngine", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP"]
         ),
         .testTarget(
+            name: "DatamodeAdminTests",
+            dependencies: [
+                "DatamodeAdmin", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
             name: "DatamodeInstanceTests",
             dependencies: [
                 "DatamodeInstance", "DatamodeAdmin", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy",

@@ -1,0 +1,63 @@
+import DatamodeAdmin
+import DatamodeEngine
+import Testing
+
+/// `AdminAPI.handle`: the bearer token (SPEC §7) and the routing, before any endpoint.
+@Suite("Admin: authorization and routing")
+struct AdminAPITests {
+    @Test("with a token set, only the exact bearer token passes", arguments: [
+        (nil, 401),
+        ("Bearer t0ken", 200),
+        ("bearer t0ken", 200),            // the scheme is case-insensitive (RFC 9110 §11.1)
+        ("BEARER t0ken", 200),
+        ("Bearer t0ken  ", 200),          // trailing whitespace is not part of the token
+        ("Bearer T0KEN", 401),            // the token itself is not
+        ("Bearer t0ke", 401),
+        ("Bearer t0ken2", 401),
+        ("Bearer", 401),
+        ("Bearer ", 401),
+        ("Basic dDBrZW4=", 401),
+        ("t0ken", 401),
+    ] as [(String?, Int)])
+    func token(_ authorization: String?, _ status: Int) throws {
+        let admin = try AdminFixture(token: "t0ken")
+        let response = admin.handle("GET", "/mode", headers: authorization.map { ["authorization": $0] } ?? [:])
+        #expect(response.status == status, "\(response.text)")
+        if status == 401 {
+            expectProblem(response, 401, "unauthorized")
+            #expect(response.header("WWW-Authenticate") == #"Bearer realm="datamode-proxy admin""#)
+        }
+    }
+
+    @Test("a refused request changes nothing")
+    func refusedWrite() throws {
+        let admin = try AdminFixture(token: "t0ken")
+        let generation = admin.runtime.generation
+        let response = admin.handle("PUT", "/mode", #"{"mode": "constrained"}"#, headers: ["authorization": "Bearer nope"])
+        #expect(response.status == 401)
+        #expect(admin.runtime.generation == generation)
+        #expect(try admin.store.loadMode() == nil)
+    }
+
+    @Test("without a token every endpoint is open")
+    func noToken() throws {
+        let admin = try AdminFixture()
+        for path in ["/mode", "/variants", "/metrics", "/healthz"] {
+            #expect(admin.handle("GET", path).status == 200, "\(path)")
+        }
+    }
+
+    @Test("an unknown path is a 404 problem that names the endpoints", arguments: ["/", "/modes", "/variant", "/metrics/x", "/mode/"])
+    func unknownPath(_ path: String) throws {
+        let response = try AdminFixture().handle("GET", path)
+        expectProblem(response, 404, "not-found")
+        #expect(response.header("Cache-Control") == "no-store")
+        #expect((response.object["detail"] as? String)?.contains("/mode, /variants, /metrics, /healthz") == true)
+    }
+
+    @Test("an unknown path with a token set is refused before it is routed")
+    func unknownPathNeedsTheToken() throws {
+        let response = try AdminFixture(token: "t0ken").handle("GET", "/secret")
+        #expect(response.status == 401)
+    }
+}
