@@ -6,9 +6,9 @@ import Logging
 
 /// The admin API (SPEC §7): routes a request to its endpoint after the bearer-token check.
 ///
-/// It runs on the control loop's thread only, so endpoints are serial; they reach the workers solely by
-/// replacing the `RuntimeState` snapshot (never a lock on the request path) and read the workers' counters
-/// through `metrics`.
+/// Its caller runs one request at a time (`ProxyInstance` serialises them with reloads), so endpoints are serial;
+/// they reach the workers solely by replacing the `RuntimeState` snapshot (never a lock on the request path) and
+/// read the workers' counters through `metrics`.
 public final class AdminAPI: @unchecked Sendable {
     let runtime: RuntimeState
     let store: StateStore

@@ -117,7 +117,7 @@ let adminRequestCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointe
     owner(ctx, as: AdminTransport.self).handle(request)
 }
 
-// MARK: splice tunnels (experimental)
+// MARK: splice tunnels (on by default; DATAMODE_TUNNEL_SPLICE=0 turns them off)
 
 let spliceReadableCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: SpliceRelay.self).sourceReadable()

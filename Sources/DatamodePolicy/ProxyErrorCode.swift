@@ -1,7 +1,9 @@
 /// The stable `error` codes of SPEC §4, §6 and §15, each with its HTTP status and a human title.
 ///
-/// This is the one place where a failure becomes a status code: the engine, the policy and the admin
-/// plane all produce `ProxyErrorCode` values and render them with `ProblemDetail`.
+/// This is the one place where a failure of the proxy port becomes a status code: the engine and the policy
+/// produce `ProxyErrorCode` values and render them with `ProblemDetail` (`urn:datamode:<code>`). The admin plane
+/// answers with its own problem documents (`AdminProblem` in DatamodeAdmin: `urn:datamode:admin:<code>`, codes such
+/// as `unauthorized`, `not-found`, `conflict`); it borrows only `invalidVariant`'s code and status from here.
 public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case badRequest = "bad-request"
     case invalidTag = "invalid-tag"
