@@ -18,9 +18,10 @@ struct ModeEndpointTests {
         #expect(document["mode"] as? String == "expensive")
         #expect(document["constrained"] as? Bool == false)
         #expect(document["expensive"] as? Bool == true)
+        #expect(document["ultraConstrained"] as? Bool == false)
         #expect(document["source"] as? String == "config")
         #expect(document["since"] as? String == "2026-01-01T00:00:00Z")
-        #expect(Set(document.keys) == ["mode", "constrained", "expensive", "source", "since"])
+        #expect(Set(document.keys) == ["mode", "constrained", "expensive", "ultraConstrained", "source", "since"])
     }
 
     @Test("PUT accepts a name, an alias or the conditions, a missing condition being false", arguments: [
@@ -28,6 +29,8 @@ struct ModeEndpointTests {
         (#"{"mode": "low-data"}"#, "constrained"),
         (#"{"mode": "cellular"}"#, "expensive"),
         (#"{"mode": "constrained-expensive"}"#, "constrained-expensive"),
+        (#"{"mode": "satellite"}"#, "constrained-expensive-ultra-constrained"),
+        (#"{"ultraConstrained": true}"#, "ultra-constrained"),
         (#"{"mode": "normal"}"#, "normal"),
         (#"{"constrained": true}"#, "constrained"),
         (#"{"expensive": true, "constrained": false}"#, "expensive"),
