@@ -8,29 +8,28 @@ enum MessageHeads {
     static let viaToken = "datamode-proxy"
     static let viaValue = "1.1 datamode-proxy"
 
-    /// Header fields never forwarded, whichever way (RFC 9110 §7.6.1): they describe one connection, not the
-    /// message. `Proxy-Authorization` is our own credential and must not leak to an origin; `Host` is always
-    /// regenerated from the request target so the two can never disagree (a classic cache-poisoning vector).
-    /// The client's `Allow-*` tags are replaced by the resolved ones (SPEC §3, §15): exactly one of each, never
-    /// the client's copy beside ours.
-    private static let requestHopByHop: Set<String> = [
-        "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade",
-        "proxy-authorization", "host", "allow-constrained", "allow-expensive", "allow-ultra-constrained",
-    ]
-    private static let responseHopByHop: Set<String> = [
-        "connection", "proxy-connection", "keep-alive", "te", "trailer", "upgrade", "proxy-authenticate",
-    ]
+    // Header fields never forwarded, whichever way (RFC 9110 §7.6.1; `KnownField.isRequestHopByHop` and
+    // `isResponseHopByHop`): they describe one connection, not the message. `Proxy-Authorization` is our own
+    // credential and must not leak to an origin; `Host` is always regenerated from the request target so the two
+    // can never disagree (a classic cache-poisoning vector). The client's `Allow-*` tags are replaced by the
+    // resolved ones (SPEC §3, §15): exactly one of each, never the client's copy beside ours.
+    //
+    // The preconditions of RFC 9110 §13.1 (`KnownField.isConditional`): a client sends them about its cached
+    // copy of the URL it asked for; a variant target is another resource, and its answer to them (a `304`, a
+    // `412`, a `206` of other bytes) would be applied to the original URL's cache entry. Not forwarded to a
+    // variant target (SPEC §5). What lets a cache store or revalidate a response (`KnownField.isCaching`) is
+    // removed from a variant served in place of the requested URL.
 
-    /// The preconditions of RFC 9110 §13.1. A client sends them about its cached copy of the URL it asked for; a
-    /// variant target is another resource, and its answer to them (a `304`, a `412`, a `206` of other bytes)
-    /// would be applied to the original URL's cache entry. Not forwarded to a variant target (SPEC §5).
-    private static let conditionalRequestFields: Set<String> = [
-        "if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range",
-    ]
-    /// What lets a cache store, reuse or revalidate a response (RFC 9111 §5.2, §5.3; RFC 9110 §8.8): a variant
-    /// served in place of the requested URL must never be cached as it, so the target's are replaced by
-    /// `Cache-Control: no-store` (SPEC §5). `Expires` goes too, for HTTP/1.0 caches that ignore Cache-Control.
-    private static let variantCachingFields: Set<String> = ["cache-control", "etag", "last-modified", "expires"]
+    /// Whether the Connection header lists any field name that is not removed anyway (`close`, `keep-alive`
+    /// and the hop-by-hop names): only then is each field checked against the list, which costs a lowercased
+    /// copy and a hash per field.
+    private static func listsOtherFields(_ listed: Set<String>, request: Bool) -> Bool {
+        listed.contains { token in
+            if token == "close" { return false }
+            let known = KnownField.of(token)
+            return !(request ? known.isRequestHopByHop : known.isResponseHopByHop)
+        }
+    }
 
     /// Whether any `Via` member of the request was added by this proxy.
     static func hasOwnVia(_ head: RequestHead) -> Bool {
@@ -59,20 +58,21 @@ enum MessageHeads {
         writer.requestLine(method: head.method, target: target.path, version: .http11)
         writer.field("Host", target.hostHeaderValue)
         let addSaveData = settings.saveData && mode.constrained
-        let dropRange = variantTarget && head.contains("if-range")
+        let dropRange = variantTarget && head.fields.contains { KnownField.of($0.name) == .ifRange }
+        let checkListed = !listed.isEmpty && listsOtherFields(listed, request: true)
         for field in head.fields {
-            let name = field.name.lowercased()
-            if requestHopByHop.contains(name) {
-                if upgrade && name == "upgrade" { writer.field(field.name, field.value) }
+            let known = KnownField.of(field.name)
+            if known.isRequestHopByHop {
+                if upgrade && known == .upgrade { writer.field(field.name, field.value) }
                 continue
             }
-            if listed.contains(name) { continue }
-            if variantTarget && conditionalRequestFields.contains(name) { continue }
-            if dropRange && name == "range" { continue }
-            if addSaveData && name == "save-data" { continue }
+            if checkListed && listed.contains(field.name.lowercased()) { continue }
+            if variantTarget && known.isConditional { continue }
+            if dropRange && known == .range { continue }
+            if addSaveData && known == .saveData { continue }
             // The framing sent is always our own, written from the parse below, never what survived filtering:
             // `Connection: Transfer-Encoding` once removed the header but not the chunks (request smuggling).
-            if name == "content-length" || name == "transfer-encoding" { continue }
+            if known == .contentLength || known == .transferEncoding { continue }
             writer.field(field.name, field.value)
         }
         switch framing {
@@ -110,17 +110,18 @@ enum MessageHeads {
         case .none?, nil: ownFraming = false
         }
         let inPlace = variant != nil && !upgrade
+        let checkListed = !listed.isEmpty && listsOtherFields(listed, request: false)
         for field in head.fields {
-            let name = field.name.lowercased()
-            if responseHopByHop.contains(name) {
-                if upgrade && name == "upgrade" { writer.field(field.name, field.value) }
+            let known = KnownField.of(field.name)
+            if known.isResponseHopByHop {
+                if upgrade && known == .upgrade { writer.field(field.name, field.value) }
                 continue
             }
-            if listed.contains(name) { continue }
-            if stripTransferEncoding && name == "transfer-encoding" { continue }
-            if variant != nil && name == "data-mode-variant" { continue }
-            if inPlace && variantCachingFields.contains(name) { continue }
-            if ownFraming && (name == "content-length" || name == "transfer-encoding") { continue }
+            if checkListed && listed.contains(field.name.lowercased()) { continue }
+            if stripTransferEncoding && known == .transferEncoding { continue }
+            if variant != nil && known == .dataModeVariant { continue }
+            if inPlace && known.isCaching { continue }
+            if ownFraming && (known == .contentLength || known == .transferEncoding) { continue }
             writer.field(field.name, field.value)
         }
         switch framing {
