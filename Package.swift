@@ -85,8 +85,8 @@ let package = Package(
             ]
         ),
 
-        .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP"]),
-        .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy"]),
+        .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
+        .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",

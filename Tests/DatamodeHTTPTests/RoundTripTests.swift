@@ -1,4 +1,5 @@
 import DatamodeHTTP
+import DatamodeTestSupport
 import Testing
 
 @Suite("Head writing and round trips")

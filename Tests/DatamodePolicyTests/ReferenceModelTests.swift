@@ -1,20 +1,16 @@
 import DatamodePolicy
+import DatamodeTestSupport
 import Testing
 
 /// The indexed policy (host buckets, dotted-suffix buckets, directory buckets, early exits) must agree with a
 /// plain top-to-bottom reading of SPEC §3–5 and §15 on many generated policies and requests, with all three tags.
 @Suite("Indexed policy agrees with a linear reference")
 struct ReferenceModelTests {
-    /// SplitMix64: deterministic, so a failure reproduces.
+    /// Picks from the shared seeded generator (SplitMix64): deterministic, so a failure reproduces.
     struct Random {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
+        var generator: SeededGenerator
+        init(state: UInt64) { generator = SeededGenerator(seed: state) }
+        mutating func next() -> UInt64 { generator.next() }
         mutating func pick<T>(_ items: [T]) -> T { items[Int(next() % UInt64(items.count))] }
         mutating func chance(_ percent: UInt64) -> Bool { next() % 100 < percent }
     }
