@@ -3,28 +3,6 @@ import Foundation
 import Glibc
 #endif
 
-/// Why a test socket operation failed. Tests see these as thrown errors, so a hung or broken peer fails the
-/// test with a message instead of hanging it.
-public enum TestSocketError: Error, CustomStringConvertible, Sendable {
-    /// A system call failed; `errno` text included.
-    case system(String, Int32)
-    /// Nothing arrived (or could be sent) before the deadline.
-    case timeout(String)
-    /// The peer closed the connection before the expected bytes arrived.
-    case closed(String)
-    /// The peer sent bytes that are not the HTTP message that was expected.
-    case protocolError(String)
-
-    public var description: String {
-        switch self {
-        case .system(let call, let code): "\(call) failed: \(String(cString: strerror(code))) (errno \(code))"
-        case .timeout(let what): "timed out: \(what)"
-        case .closed(let what): "connection closed by peer: \(what)"
-        case .protocolError(let what): "protocol error: \(what)"
-        }
-    }
-}
-
 /// Thin blocking POSIX socket helpers for the loopback tests (IPv4 only, 127.0.0.1).
 ///
 /// Every send uses `MSG_NOSIGNAL`, so a peer that has gone away produces `EPIPE` instead of killing the test
@@ -168,60 +146,4 @@ enum Socket {
             throw .system("recv", code)
         }
     }
-}
-
-/// Ports for tests that need a refused connection.
-public enum LoopbackPort {
-    /// A port on 127.0.0.1 that nothing listens on (bound by us, then released): a connect gets `ECONNREFUSED`.
-    public static func refusingConnections() throws(TestSocketError) -> UInt16 {
-        try Socket.closedPort()
-    }
-}
-
-/// A listener whose accept queue is full and never served: the kernel drops further SYNs, so a connect to it
-/// stays in progress (until the connector gives up). For tests that need an upstream slow to connect.
-public final class StalledListener: @unchecked Sendable {
-    public let port: UInt16
-    private let listenFD: Int32
-    private var fillers: [Int32] = []
-
-    public init() throws {
-        (listenFD, port) = try Socket.listen(backlog: 0)
-        // A backlog of 0 still admits one connection (and SYN cookies may admit a little more): fill it.
-        for _ in 0..<4 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            guard fd >= 0 else { continue }
-            var address = Socket.loopback(port: port)
-            _ = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            fillers.append(fd)
-        }
-        Thread.sleep(forTimeInterval: 0.05)
-    }
-
-    public func stop() {
-        for fd in fillers { Glibc.close(fd) }
-        fillers = []
-        Glibc.close(listenFD)
-    }
-}
-
-/// Another program's listening socket on 127.0.0.1 that never accepts: for tests of a listen address that is
-/// already taken. Closed by `close()` or when released.
-public final class ForeignListener: @unchecked Sendable {
-    public let port: UInt16
-    private var fd: Int32
-
-    /// `port` 0 lets the kernel choose; `reusePort` sets SO_REUSEPORT on it.
-    public init(port: UInt16 = 0, reusePort: Bool = false) throws {
-        (fd, self.port) = try Socket.listen(port: port, reusePort: reusePort)
-    }
-
-    public func close() {
-        if fd >= 0 { Glibc.close(fd) }
-        fd = -1
-    }
-
-    deinit { close() }
 }

@@ -1,0 +1,23 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Another program's listening socket on 127.0.0.1 that never accepts: for tests of a listen address that is
+/// already taken. Closed by `close()` or when released.
+public final class ForeignListener: @unchecked Sendable {
+    public let port: UInt16
+    private var fd: Int32
+
+    /// `port` 0 lets the kernel choose; `reusePort` sets SO_REUSEPORT on it.
+    public init(port: UInt16 = 0, reusePort: Bool = false) throws {
+        (fd, self.port) = try Socket.listen(port: port, reusePort: reusePort)
+    }
+
+    public func close() {
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+    }
+
+    deinit { close() }
+}
