@@ -10,7 +10,9 @@ import Glibc
 /// directory, which also holds the config file and the state directory.
 public final class ProxyProcess: @unchecked Sendable {
     public let directory: String
+    /// `<directory>/datamode.yaml`: the file the `config:` start writes and passes with `--config`.
     public let configPath: String
+    /// `<directory>/state`: the state directory the `config:` start passes unless its arguments name one.
     public let stateDirectory: String
     public private(set) var port: UInt16 = 0
     public private(set) var adminPort: UInt16 = 0
@@ -45,37 +47,59 @@ public final class ProxyProcess: @unchecked Sendable {
     /// Starts the proxy with `config` (YAML). `listen`, `admin.listen` and `state-dir` are set by flags unless
     /// `arguments` sets them; `environment` is added to a clean environment (PATH, HOME only). `standardOutput`
     /// replaces the stdout file (then `stdout` and `accessLog` stay empty): e.g. a pipe nobody reads.
-    public init(config: String = "", arguments: [String] = [], environment: [String: String] = [:],
-                waitForReady: Bool = true, directory: String? = nil, standardOutput: FileHandle? = nil) throws {
+    public convenience init(config: String = "", arguments: [String] = [], environment: [String: String] = [:],
+                            waitForReady: Bool = true, directory: String? = nil, standardOutput: FileHandle? = nil) throws {
         let dir = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-e2e-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        self.directory = dir
-        configPath = dir + "/datamode.yaml"
-        stateDirectory = dir + "/state"
-        stdoutPath = dir + "/stdout.log"
-        stderrPath = dir + "/stderr.log"
+        let configPath = dir + "/datamode.yaml"
         try config.write(toFile: configPath, atomically: true, encoding: .utf8)
+        var command = [Self.binaryPath, "run", "--config", configPath]
+        if !arguments.contains("--listen") { command += ["--listen", "127.0.0.1:0"] }
+        if !arguments.contains("--admin-listen") { command += ["--admin-listen", "127.0.0.1:0"] }
+        if !arguments.contains("--state-dir") { command += ["--state-dir", dir + "/state"] }
+        command += arguments
+        try self.init(command: command, environment: environment, directory: dir, ownsDirectory: directory == nil,
+                      waitForReady: waitForReady, standardOutput: standardOutput)
+    }
+
+    /// Starts exactly `command` (its first element is the program) in `directory`, adding nothing: for what the
+    /// `config:` start cannot express. That one always passes `--listen`, `--admin-listen` and `--state-dir`,
+    /// which would hide `DATAMODE_LISTEN` and friends, and it starts the binary directly, where a test may need a
+    /// launcher in front of it (a shell that lowers `ulimit -n`, a program that blocks signals before it execs,
+    /// the container's entrypoint). `ProxyProcess.binaryPath` is the binary to put in `command`.
+    ///
+    /// The ports are read from the start-up "ready" line all the same, so the command must start a proxy
+    /// (listening on port 0 is the test's choice). `directory` is kept.
+    public convenience init(command: [String], environment: [String: String] = [:], directory: String,
+                            waitForReady: Bool = true) throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try self.init(command: command, environment: environment, directory: directory, ownsDirectory: false,
+                      waitForReady: waitForReady, standardOutput: nil)
+    }
+
+    private init(command: [String], environment: [String: String], directory: String, ownsDirectory: Bool,
+                 waitForReady: Bool, standardOutput: FileHandle?) throws {
+        self.directory = directory
+        configPath = directory + "/datamode.yaml"
+        stateDirectory = directory + "/state"
+        stdoutPath = directory + "/stdout.log"
+        stderrPath = directory + "/stderr.log"
         FileManager.default.createFile(atPath: stdoutPath, contents: nil)
         FileManager.default.createFile(atPath: stderrPath, contents: nil)
 
         process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.binaryPath)
-        var args = ["run", "--config", configPath]
-        if !arguments.contains("--listen") { args += ["--listen", "127.0.0.1:0"] }
-        if !arguments.contains("--admin-listen") { args += ["--admin-listen", "127.0.0.1:0"] }
-        if !arguments.contains("--state-dir") { args += ["--state-dir", stateDirectory] }
-        args += arguments
-        process.arguments = args
+        process.executableURL = URL(fileURLWithPath: command[0])
+        process.arguments = Array(command.dropFirst())
         var env = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]
         env["HOME"] = ProcessInfo.processInfo.environment["HOME"] ?? "/tmp"
         for (key, value) in environment { env[key] = value }
         process.environment = env
-        process.currentDirectoryURL = URL(fileURLWithPath: dir)
+        process.currentDirectoryURL = URL(fileURLWithPath: directory)
         process.standardOutput = standardOutput ?? FileHandle(forWritingAtPath: stdoutPath)
         process.standardError = FileHandle(forWritingAtPath: stderrPath)
         process.standardInput = FileHandle.nullDevice
-        ownsDirectory = directory == nil
+        self.ownsDirectory = ownsDirectory
         try process.run()
         if waitForReady { try self.waitForReady() }
     }
@@ -155,7 +179,7 @@ public final class ProxyProcess: @unchecked Sendable {
     }
 
     /// Whether `directory` was made here (and so is removed with this value).
-    private var ownsDirectory = false
+    private let ownsDirectory: Bool
 
     deinit {
         if !hasExited {

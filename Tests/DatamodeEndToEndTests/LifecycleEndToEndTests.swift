@@ -198,19 +198,19 @@ import Glibc
         let configPath = directory + "/datamode.yaml"
         try "mode: normal\n".write(toFile: configPath, atomically: true, encoding: .utf8)
         // perl-base is part of every Debian system; it blocks the three signals and execs the proxy in place.
-        let proxy = try LaunchedProxy(
-            launcher: ["/usr/bin/perl", "-e",
-                       "use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGHUP, SIGTERM, SIGINT)) or die; exec @ARGV or die"],
-            arguments: ["run", "--config", configPath, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-                        "--state-dir", directory + "/state"],
+        let proxy = try ProxyProcess(
+            command: ["/usr/bin/perl", "-e",
+                      "use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGHUP, SIGTERM, SIGINT)) or die; exec @ARGV or die",
+                      ProxyProcess.binaryPath, "run", "--config", configPath, "--listen", "127.0.0.1:0",
+                      "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/state"],
             directory: directory)
         defer { proxy.stop() }
         try "mode: constrained\n".write(toFile: configPath, atomically: true, encoding: .utf8)
-        kill(proxy.pid, SIGHUP)
+        proxy.signal(SIGHUP)
         #expect(AdminPolling.until { proxy.stderr.contains("configuration reloaded") }, "SIGHUP was not handled")
-        kill(proxy.pid, SIGTERM)
+        proxy.signal(SIGTERM)
         #expect(proxy.waitForExit(timeout: 10) == 0, "SIGTERM was not handled")
-        if proxy.process.isRunning { kill(proxy.pid, SIGKILL) }
+        if !proxy.hasExited { proxy.signal(SIGKILL) }
     }
 
     // MARK: environment
@@ -271,7 +271,7 @@ import Glibc
         let configPath = directory + "/from-env.yaml"
         try "listen: 192.0.2.1:8877\nadmin: {listen: 192.0.2.1:8878, token: t0ken}\nmode: expensive\n"
             .write(toFile: configPath, atomically: true, encoding: .utf8)
-        let proxy = try LaunchedProxy(arguments: ["run"], environment: [
+        let proxy = try ProxyProcess(command: [ProxyProcess.binaryPath, "run"], environment: [
             "DATAMODE_CONFIG": configPath, "DATAMODE_LISTEN": "127.0.0.1:0", "DATAMODE_ADMIN_LISTEN": "127.0.0.1:0",
             "DATAMODE_STATE_DIR": directory + "/env-state",
         ], directory: directory)
@@ -372,10 +372,10 @@ import Glibc
         let directory = try ScratchDirectory.make("fd")
         defer { ScratchDirectory.remove(directory) }
         try "threads: 1\n".write(toFile: directory + "/datamode.yaml", atomically: true, encoding: .utf8)
-        let proxy = try LaunchedProxy(
-            launcher: ["/bin/bash", "-c", "ulimit -n 64 && exec \"$0\" \"$@\""],
-            arguments: ["run", "--config", directory + "/datamode.yaml", "--listen", "127.0.0.1:0",
-                        "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/state"],
+        let proxy = try ProxyProcess(
+            command: ["/bin/bash", "-c", "ulimit -n 64 && exec \"$0\" \"$@\"",
+                      ProxyProcess.binaryPath, "run", "--config", directory + "/datamode.yaml", "--listen", "127.0.0.1:0",
+                      "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/state"],
             directory: directory)
         defer { proxy.stop() }
         #expect(try Self.get(origin.url("/before"), via: proxy.port).status == 200)
