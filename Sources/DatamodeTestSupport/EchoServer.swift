@@ -22,7 +22,7 @@ public final class EchoServer: @unchecked Sendable {
         acceptor = try LoopbackAcceptor()
         port = acceptor.port
         self.repliesAfterEOF = repliesAfterEOF
-        acceptor.start { [self] fd in echo(fd) }
+        acceptor.start { [self] fd, _ in echo(fd) }
     }
 
     /// Connections accepted so far.

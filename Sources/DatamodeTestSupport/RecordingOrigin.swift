@@ -12,8 +12,7 @@ import Glibc
 /// bytes with its connection number, and answers from the handler. Because the origin parses strictly, a proxy
 /// that forwards something ambiguous shows up in `violations` instead of being silently accepted.
 ///
-/// File descriptors are closed only by the thread that owns them; `stop()` merely shuts them down (which wakes
-/// every blocked call), so a stopped origin can never close a descriptor number that another test reuses.
+/// Connections are accepted by a `LoopbackAcceptor`, the listener every test peer shares.
 public final class RecordingOrigin: @unchecked Sendable {
     public typealias Handler = @Sendable (RecordedRequest) -> OriginResponse
 
@@ -31,32 +30,29 @@ public final class RecordingOrigin: @unchecked Sendable {
     public let readPause: Duration?
 
     private struct State {
-        var stopped = false
         var handler: Handler
         var requests: [RecordedRequest] = []
-        var connectionCount = 0
-        var openConnections: [Int: Int32] = [:]
         var bytesReceived: UInt64 = 0
         /// The first `maxCapturedBytes` bytes received on each connection, parsed or not.
         var captured: [Int: [UInt8]] = [:]
         var violations: [String] = []
-        var listenFD: Int32
     }
 
     private let state: Mutex<State>
+    private let acceptor: LoopbackAcceptor
 
     /// Starts listening at once. `handler` answers every request (default: `200 ok`).
     public init(maxRecordedBodyBytes: Int = 16 << 20, sendsContinue: Bool = true,
                 responseVersion: HTTPVersion = .http11, readPause: Duration? = nil,
                 handler: @escaping Handler = { _ in .ok() }) throws {
-        let (fd, port) = try Socket.listen(receiveBuffer: readPause == nil ? nil : 16 * 1024)
-        self.port = port
+        acceptor = try LoopbackAcceptor(receiveBuffer: readPause == nil ? nil : 16 * 1024)
+        self.port = acceptor.port
         self.responseVersion = responseVersion
         self.readPause = readPause
         self.maxRecordedBodyBytes = maxRecordedBodyBytes
         self.sendsContinue = sendsContinue
-        self.state = Mutex(State(handler: handler, listenFD: fd))
-        Thread.detachNewThread { [self] in acceptLoop(fd) }
+        self.state = Mutex(State(handler: handler))
+        acceptor.start { [self] fd, number in serve(fd, number: number) }
     }
 
     /// `http://127.0.0.1:<port>` + `path`.
@@ -72,9 +68,9 @@ public final class RecordingOrigin: @unchecked Sendable {
     /// Every request received so far, in arrival order.
     public var requests: [RecordedRequest] { state.withLock { $0.requests } }
     /// Connections accepted so far.
-    public var connectionCount: Int { state.withLock { $0.connectionCount } }
+    public var connectionCount: Int { acceptor.accepted }
     /// Connections accepted and not yet closed.
-    public var openConnectionCount: Int { state.withLock { $0.openConnections.count } }
+    public var openConnectionCount: Int { acceptor.openCount }
     /// Every byte received on every connection, parsed or not.
     public var bytesReceived: UInt64 { state.withLock { $0.bytesReceived } }
     /// The bytes received on connection `number` (1-based) exactly as they arrived, whether or not they formed
@@ -124,54 +120,11 @@ public final class RecordingOrigin: @unchecked Sendable {
     }
 
     /// Stops accepting and shuts every connection down. Idempotent.
-    public func stop() {
-        state.withLock { state in
-            guard !state.stopped else { return }
-            state.stopped = true
-            _ = shutdown(state.listenFD, Int32(SHUT_RDWR))
-            for fd in state.openConnections.values { _ = shutdown(fd, Int32(SHUT_RDWR)) }
-        }
-    }
+    public func stop() { acceptor.stop() }
 
     deinit { stop() }
 
-    private var isStopped: Bool { state.withLock { $0.stopped } }
-
-    // MARK: accepting
-
-    private func acceptLoop(_ listenFD: Int32) {
-        while true {
-            let fd = accept(listenFD, nil, nil)
-            if fd < 0 {
-                let code = errno
-                // Close the listener only once stop() has shut it down (under the same lock), never before.
-                let stopped = state.withLock { state -> Bool in
-                    if state.stopped { Glibc.close(listenFD) }
-                    return state.stopped
-                }
-                if stopped { return }
-                if code == EMFILE || code == ENFILE { Thread.sleep(forTimeInterval: 0.01) }
-                continue
-            }
-            var one: Int32 = 1
-            _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-            let number: Int? = state.withLock { state in
-                if state.stopped { return nil }
-                state.connectionCount += 1
-                state.openConnections[state.connectionCount] = fd
-                return state.connectionCount
-            }
-            guard let number else {
-                Glibc.close(fd)
-                continue
-            }
-            Thread.detachNewThread { [self] in
-                serve(fd, number: number)
-                state.withLock { _ = $0.openConnections.removeValue(forKey: number) }
-                Glibc.close(fd)
-            }
-        }
-    }
+    private var isStopped: Bool { acceptor.isStopped }
 
     // MARK: one connection
 

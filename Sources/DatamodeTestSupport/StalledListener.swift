@@ -5,6 +5,9 @@ import Glibc
 
 /// A listener whose accept queue is full and never served: the kernel drops further SYNs, so a connect to it
 /// stays in progress (until the connector gives up). For tests that need an upstream slow to connect.
+///
+/// Not a `LoopbackAcceptor`: the point is a socket that never accepts, with a backlog of 0 that its own
+/// connections fill; an acceptor would drain the queue and the connect would complete.
 public final class StalledListener: @unchecked Sendable {
     public let port: UInt16
     private let listenFD: Int32

@@ -22,7 +22,7 @@ public final class UpgradeEchoOrigin: @unchecked Sendable {
         acceptor = try LoopbackAcceptor()
         port = acceptor.port
         self.protocolName = protocolName
-        acceptor.start { [self] fd in serve(fd) }
+        acceptor.start { [self] fd, _ in serve(fd) }
     }
 
     /// `http://127.0.0.1:<port>` + `path`.
