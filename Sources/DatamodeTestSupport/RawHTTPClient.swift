@@ -1,5 +1,6 @@
 import DatamodeHTTP
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -7,6 +8,10 @@ import Glibc
 /// A blocking HTTP/1.1 client over one TCP connection, for sending exact bytes (pipelining, smuggling attempts)
 /// and reading responses strictly. Every wait has a deadline, so a proxy that hangs fails the test instead of
 /// hanging it. Not thread-safe: one test uses one client from one task.
+///
+/// The one raw client of the tests: besides HTTP it has a tunnel mode (`openTunnel`, then byte-exact reads for
+/// what follows a CONNECT `200` or an Upgrade `101`), a trickling sender (`trickle`, a slowloris client), and
+/// plain connections held idle (many clients that never send a byte).
 public final class RawHTTPClient {
     public let port: UInt16
     /// How long any single operation may wait.
@@ -37,6 +42,24 @@ public final class RawHTTPClient {
     /// Shuts down the sending side (the peer reads EOF), keeps reading possible.
     public func shutdownWrite() {
         if fd >= 0 { _ = shutdown(fd, Int32(SHUT_WR)) }
+    }
+
+    /// Closes with a reset (RST, SO_LINGER 0) instead of an orderly FIN: the peer reads ECONNRESET.
+    public func reset() {
+        guard fd >= 0 else { return }
+        var option = linger(l_onoff: 1, l_linger: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        close()
+    }
+
+    /// One request on a fresh connection: sends `text` (exact bytes) to 127.0.0.1:`port`, reads the final
+    /// response (1xx skipped unless 101) and closes the connection.
+    public static func exchange(_ text: String, to port: UInt16, method: String = "GET",
+                                timeout: Duration = .seconds(10)) throws -> ParsedResponse {
+        let client = try RawHTTPClient(port: port, timeout: timeout)
+        defer { client.close() }
+        try client.send(text)
+        return try client.readFinalResponse(method: method)
     }
 
     private var deadline: ContinuousClock.Instant { .now + timeout }
@@ -213,4 +236,89 @@ public final class RawHTTPClient {
 
     /// Bytes received but not yet consumed by a read.
     public var bufferedByteCount: Int { queue.count }
+
+    // MARK: tunnel mode
+
+    /// Sends `CONNECT authority` as curl does (`Host` is the authority; `headers` follow) and reads the proxy's
+    /// answer strictly. After a `2xx` the connection is a tunnel: what follows is whatever the far end sends,
+    /// read with `read(exactly:)`, `echoRoundTrip` and `readAll` (or as HTTP, when the tunnel carries HTTP).
+    /// An Upgrade is the same after `readResponse()` returned its `101`.
+    public func openTunnel(to authority: String, headers: [(String, String)] = []) throws -> ParsedResponse {
+        try send(RequestText.make("CONNECT", authority, headers: headers, host: authority))
+        return try readResponse(method: "CONNECT")
+    }
+
+    /// Exactly `count` bytes, whatever they are (throws if the peer closes first).
+    public func read(exactly count: Int) throws -> [UInt8] {
+        while queue.count < count {
+            guard try fill() else { throw TestSocketError.closed("after \(queue.count) of \(count) bytes") }
+        }
+        let out = queue.prefix(count)
+        queue.consume(count)
+        return out
+    }
+
+    /// Sends `payload` from another thread while reading the same number of bytes back here (an echo through a
+    /// tunnel bigger than every buffer on the way would deadlock a client that sends everything first).
+    public func echoRoundTrip(_ payload: [UInt8]) throws -> [UInt8] {
+        let fd = self.fd
+        let deadline = self.deadline
+        let outcome = SendOutcome()
+        Thread.detachNewThread {
+            do {
+                try payload.withUnsafeBytes { try Socket.sendAll(fd, $0, until: deadline) }
+            } catch {
+                outcome.error.withLock { $0 = error as? TestSocketError ?? .protocolError("\(error)") }
+            }
+            outcome.done.store(true, ordering: .releasing)
+        }
+        defer { while !outcome.done.load(ordering: .acquiring) { usleep(1_000) } }
+        let back = try read(exactly: payload.count)
+        if let error = outcome.error.withLock({ $0 }) { throw error }
+        return back
+    }
+
+    // MARK: trickling
+
+    /// How a `trickle` ended.
+    public struct TrickleOutcome: Sendable {
+        /// Bytes sent before the peer closed (or all of them).
+        public var sent: Int
+        /// The peer closed the connection (EOF or reset) before every byte was sent.
+        public var cutOff: Bool
+        /// What the peer sent back before closing, if anything.
+        public var received: [UInt8]
+    }
+
+    /// Sends `bytes` a few at a time, `step` bytes every `pause`, and reports whether the peer closed the
+    /// connection before everything was sent (a slowloris attack, and the proxy's defence).
+    public func trickle(_ bytes: [UInt8], step: Int = 1, pause: Duration = .milliseconds(200)) -> TrickleOutcome {
+        var sent = 0
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while sent < bytes.count {
+            // Anything from the peer? EOF or reset means we were cut off.
+            if Socket.waitReadable(fd, until: .now + pause) {
+                let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, Int32(MSG_DONTWAIT)) }
+                if n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    return TrickleOutcome(sent: sent, cutOff: true, received: received)
+                }
+                if n > 0 { received.append(contentsOf: buffer[0..<n]) }
+            }
+            let piece = Array(bytes[sent..<min(sent + step, bytes.count)])
+            let n = piece.withUnsafeBytes { Glibc.send(fd, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
+            if n < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { continue }
+                return TrickleOutcome(sent: sent, cutOff: true, received: received)
+            }
+            sent += n
+        }
+        return TrickleOutcome(sent: sent, cutOff: false, received: received)
+    }
+}
+
+/// How the sending half of `RawHTTPClient.echoRoundTrip` ended.
+private final class SendOutcome: Sendable {
+    let error = Mutex<TestSocketError?>(nil)
+    let done = Atomic<Bool>(false)
 }

@@ -18,13 +18,13 @@ import Testing
         let proxy = try ProxyProcess(config: "access: {allow: [\"10.0.0.0/8\"]}\nconnect: {ports: [\(origin.port)]}\n")
         defer { proxy.stop() }
 
-        let response = try SingleExchange.send(RequestText.make("GET", origin.url("/secret")), to: proxy.port)
+        let response = try RawHTTPClient.exchange(RequestText.make("GET", origin.url("/secret")), to: proxy.port)
         #expect(response.status == 403)
         #expect(response.value(of: "Content-Type") == "application/problem+json")
         #expect(response.problem?.error == "access-denied")
         #expect(response.problem?.status == 403)
 
-        let tunnel = try SingleExchange.send(RequestText.make("CONNECT", origin.authority, host: origin.authority),
+        let tunnel = try RawHTTPClient.exchange(RequestText.make("CONNECT", origin.authority, host: origin.authority),
                                              to: proxy.port, method: "CONNECT")
         #expect(tunnel.status == 403)
         #expect(tunnel.problem?.error == "access-denied")
@@ -36,7 +36,7 @@ import Testing
         defer { origin.stop() }
         let proxy = try ProxyProcess(config: "access: {allow: [\"10.0.0.0/8\", 127.0.0.1/32]}\n")
         defer { proxy.stop() }
-        let response = try SingleExchange.send(RequestText.make("GET", origin.url("/")), to: proxy.port)
+        let response = try RawHTTPClient.exchange(RequestText.make("GET", origin.url("/")), to: proxy.port)
         #expect(response.status == 200)
         #expect(response.bodyText == "allowed")
     }
@@ -100,14 +100,13 @@ import Testing
         defer { proxy.stop() }
         let authority = "127.0.0.1:\(echo.port)"
 
-        let missing = try SingleExchange.send(RequestText.make("CONNECT", authority, host: authority), to: proxy.port, method: "CONNECT")
+        let missing = try RawHTTPClient.exchange(RequestText.make("CONNECT", authority, host: authority), to: proxy.port, method: "CONNECT")
         #expect(missing.status == 407)
         #expect(missing.value(of: "Proxy-Authenticate") != nil)
         #expect(echo.connectionCount == 0)
 
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(RequestText.make("CONNECT", authority, headers: [("Proxy-Authorization", Self.basic("alice", "secret"))], host: authority))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: authority, headers: [("Proxy-Authorization", Self.basic("alice", "secret"))]).status == 200)
         #expect(try client.echoRoundTrip(Array("inside".utf8)) == Array("inside".utf8))
     }
 
@@ -137,12 +136,12 @@ import Testing
         let proxy = try ProxyProcess(config: "")
         defer { proxy.stop() }
         for url in ["http://127.0.0.1:\(proxy.port)/", "http://LOCALHOST:\(proxy.port)/x"] {
-            let response = try SingleExchange.send(RequestText.make("GET", url), to: proxy.port)
+            let response = try RawHTTPClient.exchange(RequestText.make("GET", url), to: proxy.port)
             #expect(response.status == 508, "\(url)")
             #expect(response.problem?.error == "loop-detected", "\(url)")
         }
         // A request that already passed through this proxy.
-        let looped = try SingleExchange.send(RequestText.make("GET", "http://example.invalid/", headers: [("Via", "1.1 datamode-proxy")]),
+        let looped = try RawHTTPClient.exchange(RequestText.make("GET", "http://example.invalid/", headers: [("Via", "1.1 datamode-proxy")]),
                                              to: proxy.port)
         #expect(looped.status == 508)
         #expect(looped.problem?.error == "loop-detected")
@@ -154,7 +153,7 @@ import Testing
         let proxy = try ProxyProcess(config: "")  // admin on 127.0.0.1:0
         defer { proxy.stop() }
         for url in ["http://127.0.0.1:\(proxy.adminPort)/mode", "http://localhost:\(proxy.adminPort)/healthz"] {
-            let response = try SingleExchange.send(RequestText.make("GET", url), to: proxy.port)
+            let response = try RawHTTPClient.exchange(RequestText.make("GET", url), to: proxy.port)
             #expect(response.status == 508, "\(url): \(response.status) \(response.bodyText.prefix(200))")
             #expect(response.problem?.error == "loop-detected", "\(url)")
         }
@@ -164,7 +163,7 @@ import Testing
         // Even with the admin port allowed for CONNECT.
         let (proxy, adminPort) = try Self.proxyWithKnownAdminPort { "connect: {ports: [443, \($0)]}\n" }
         defer { proxy.stop() }
-        let response = try SingleExchange.send(RequestText.make("CONNECT", "127.0.0.1:\(adminPort)", host: "127.0.0.1:\(adminPort)"),
+        let response = try RawHTTPClient.exchange(RequestText.make("CONNECT", "127.0.0.1:\(adminPort)", host: "127.0.0.1:\(adminPort)"),
                                                to: proxy.port, method: "CONNECT")
         #expect(response.status == 508)
         #expect(response.problem?.error == "loop-detected")
@@ -178,7 +177,7 @@ import Testing
         let (proxy, adminPort) = try Self.proxyWithKnownAdminPort { _ in "" }
         defer { proxy.stop() }
         let url = "http://\(host):\(adminPort)/mode"
-        let response = try SingleExchange.send(RequestText.make("PUT", url, headers: [("Content-Type", "application/json")],
+        let response = try RawHTTPClient.exchange(RequestText.make("PUT", url, headers: [("Content-Type", "application/json")],
                                                                 body: "{\"mode\": \"constrained\"}"), to: proxy.port)
         let direct = try AdminAPIClient(port: adminPort).get("/mode")
         #expect(direct.object["mode"] as? String == "normal", "PUT \(url) through the proxy changed the mode: \(response.headText)\(response.bodyText)")

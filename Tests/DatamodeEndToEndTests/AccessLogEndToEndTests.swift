@@ -126,16 +126,16 @@ import Testing
         defer { origin.stop() }
         let proxy = try ProxyProcess(config: "")
         defer { proxy.stop() }
-        let client = try TunnelClient(port: proxy.port)
+        let client = try RawHTTPClient(port: proxy.port)
         try client.send(RequestText.make("GET", origin.url("/chat"), headers: [("Connection", "Upgrade"), ("Upgrade", "websocket")]))
-        #expect(try client.readHead().status == 101)
+        #expect(try client.readResponse().status == 101)
         let payload = PatternBody(length: 300_000, seed: 3).bytes
         #expect(try client.echoRoundTrip(payload) == payload)
         Thread.sleep(forTimeInterval: 0.2)
         #expect(proxy.accessLog.isEmpty, "logged while still open")
 
         client.shutdownWrite()
-        _ = try client.readToEnd()
+        _ = try client.readAll()
         client.close()
         let line = try #require(Self.lines(proxy, method: "GET").first, "no line once the tunnel ended")
         #expect(line["status"] as? Int == 101)
@@ -196,9 +196,8 @@ import Testing
         let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
                                      environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
         defer { proxy.stop() }
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(RequestText.make("CONNECT", "127.0.0.1:\(echo.port)", host: "127.0.0.1:\(echo.port)"))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
         #expect(try client.echoRoundTrip(Array("ping".utf8)) == Array("ping".utf8))
         client.reset()
         let line = try #require(Self.lines(proxy, method: "CONNECT").first)
@@ -229,7 +228,7 @@ import Testing
             ("/page.html", [], 200),                             // defaults and a rule allow it
         ]
         for (path, headers, status) in requests {
-            #expect(try SingleExchange.send(RequestText.make("GET", origin.url(path), headers: headers), to: proxy.port).status == status)
+            #expect(try RawHTTPClient.exchange(RequestText.make("GET", origin.url(path), headers: headers), to: proxy.port).status == status)
         }
         let lines = Self.lines(proxy, method: "GET", count: 3)
         try #require(lines.count == 3)

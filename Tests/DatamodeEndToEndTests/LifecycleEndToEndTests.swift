@@ -10,7 +10,7 @@ import Glibc
 /// (slow clients, many idle connections, running out of descriptors).
 @Suite struct LifecycleEndToEndTests {
     static func get(_ url: String, via port: UInt16, headers: [(String, String)] = []) throws -> ParsedResponse {
-        try SingleExchange.send(RequestText.make("GET", url, headers: headers), to: port)
+        try RawHTTPClient.exchange(RequestText.make("GET", url, headers: headers), to: port)
     }
 
     // MARK: SIGHUP
@@ -327,7 +327,7 @@ import Glibc
 
         // ~60 s of trickling at 5 bytes/s if nobody stops it; client-idle (60 s) is not what cuts it.
         let head = RequestText.make("GET", origin.url("/slow"), headers: [("X-Padding", String(repeating: "p", count: 300))])
-        let outcome = try TrickleClient.trickle(Array(head.utf8), to: proxy.port, step: 1, pause: .milliseconds(200))
+        let outcome = try RawHTTPClient(port: proxy.port).trickle(Array(head.utf8), step: 1, pause: .milliseconds(200))
         #expect(outcome.cutOff)
         #expect(outcome.sent < head.utf8.count)
         #expect(origin.requests.isEmpty)
@@ -348,18 +348,19 @@ import Glibc
         let pid = proxy.process.processIdentifier
         let rssBefore = ProcessProbe.residentKiB(pid) ?? 0
 
-        let idle = IdleConnections()
-        defer { idle.closeAll() }
-        try idle.open(count, to: proxy.port)
+        let idle = try (0..<count).map { _ in try RawHTTPClient(port: proxy.port) }
+        defer { for client in idle { client.close() } }
         try #require(AdminPolling.until { (ProcessProbe.openDescriptorCount(pid) ?? 0) >= count }, "the proxy did not accept them all")
 
         // A new client is served, and so is one of the idle ones.
         let response = try Self.get(origin.url("/"), via: proxy.port)
         #expect(response.status == 200)
         #expect(response.bodyText == "still serving")
-        try idle.send(Array(RequestText.make("GET", origin.url("/from-idle")).utf8), on: count / 2)
-        #expect(try idle.receive(on: count / 2, until: "still serving").hasPrefix("HTTP/1.1 200"))
-        #expect(idle.closedByPeerCount() == 0)
+        try idle[count / 2].send(RequestText.make("GET", origin.url("/from-idle")))
+        let fromIdle = try idle[count / 2].readResponse()
+        #expect(fromIdle.status == 200)
+        #expect(fromIdle.bodyText == "still serving")
+        #expect(idle.filter { $0.isClosedByPeer(within: .zero) }.isEmpty)
 
         let rssAfter = ProcessProbe.residentKiB(pid) ?? 0
         print("[measure] \(count) idle connections: proxy RSS \(rssBefore) KiB -> \(rssAfter) KiB "
@@ -382,8 +383,7 @@ import Glibc
 
         // More connections than 64 descriptors can hold: the kernel completes them (backlog), the proxy cannot
         // accept them all.
-        let flood = IdleConnections()
-        try flood.open(150, to: proxy.port)
+        let flood = try (0..<150).map { _ in try RawHTTPClient(port: proxy.port) }
         let logged = AdminPolling.until(timeout: .seconds(10)) {
             let log = proxy.stderr.lowercased()
             return log.contains("accept failed") || log.contains("too many open files")
@@ -391,7 +391,7 @@ import Glibc
         #expect(logged, "\(proxy.stderr)")
         #expect(proxy.process.isRunning)
 
-        flood.closeAll()
+        for client in flood { client.close() }
         // Once they are gone, a new client is served again (the listener resumes; no fixed wait asserted).
         var served: ParsedResponse?
         _ = AdminPolling.until(timeout: .seconds(20)) {

@@ -17,7 +17,7 @@ import Glibc
     }
 
     static func get(_ url: String, via port: UInt16) throws -> ParsedResponse {
-        try SingleExchange.send(RequestText.make("GET", url), to: port)
+        try RawHTTPClient.exchange(RequestText.make("GET", url), to: port)
     }
 
     @Test func aSecondProxyOnTheSameListenAddressExitsNamingIt() throws {
@@ -66,7 +66,7 @@ import Glibc
         let address = "127.0.0.1:\(first.port)"
         // `Connection: close`: the proxy closes first, so its side of each connection is left in TIME_WAIT.
         for _ in 0..<3 {
-            let response = try SingleExchange.send(RequestText.make("GET", origin.url("/x"), headers: [("Connection", "close")]),
+            let response = try RawHTTPClient.exchange(RequestText.make("GET", origin.url("/x"), headers: [("Connection", "close")]),
                                                     to: first.port)
             #expect(response.status == 200)
         }

@@ -83,9 +83,8 @@ import Testing
         let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n")
         defer { proxy.stop() }
 
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
         // Every byte value (CR, LF, NUL included), then more than every buffer on the way holds.
         let small = (0...255).map { UInt8($0) }
         #expect(try client.echoRoundTrip(small) == small)
@@ -105,9 +104,8 @@ import Testing
         let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
                                      environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
         defer { proxy.stop() }
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
         let payload = PatternBody(length: 4 << 20, seed: 5).bytes
         let back = try client.echoRoundTrip(payload)
         #expect(back.count == payload.count)
@@ -139,9 +137,8 @@ import Testing
                     let outcome: String
                     do {
                         // No byte for 5 s on loopback is a stall, not slowness.
-                        let client = try TunnelClient(port: proxy.port, timeout: .seconds(5))
-                        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
-                        let status = try client.readHead().status
+                        let client = try RawHTTPClient(port: proxy.port, timeout: .seconds(5))
+                        let status = try client.openTunnel(to: "127.0.0.1:\(echo.port)").status
                         let back = try client.echoRoundTrip(payload)
                         outcome = status == 200 && StreamChecksum.of(back) == expected ? "ok" : "round \(round) tunnel \(index): corrupted"
                     } catch {
@@ -165,13 +162,12 @@ import Testing
         let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n")
         defer { proxy.stop() }
 
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
         let payload = PatternBody(length: 256 * 1024, seed: 9).bytes
         try client.send(payload)
         client.shutdownWrite()
-        let back = try client.readToEnd()
+        let back = try client.readAll()
         // Counts and checksums, not the arrays: a failure message holding 256 KiB twice takes minutes to render.
         #expect(back.count == payload.count)
         #expect(StreamChecksum.of(back) == StreamChecksum.of(payload))
@@ -212,7 +208,7 @@ import Testing
         let proxy = try ProxyProcess(config: "")  // connect.ports defaults to [443]
         defer { proxy.stop() }
 
-        let response = try SingleExchange.send(Self.connectRequest("127.0.0.1:\(echo.port)"), to: proxy.port, method: "CONNECT")
+        let response = try RawHTTPClient.exchange(Self.connectRequest("127.0.0.1:\(echo.port)"), to: proxy.port, method: "CONNECT")
         #expect(response.status == 403)
         #expect(response.value(of: "Content-Type") == "application/problem+json")
         #expect(response.problem?.error == "connect-port-denied")
@@ -265,7 +261,7 @@ import Testing
         defer { proxy.stop() }
 
         // The rule matches the CONNECT's host: rejected before any DNS lookup or connection.
-        let refused = try SingleExchange.send(Self.connectRequest("cdn.video.example:443"), to: proxy.port, method: "CONNECT")
+        let refused = try RawHTTPClient.exchange(Self.connectRequest("cdn.video.example:443"), to: proxy.port, method: "CONNECT")
         #expect(refused.status == 403)
         #expect(refused.value(of: "Network-Unavailable-Reason") == "constrained")
         #expect(refused.problem?.error == "constrained")
@@ -273,20 +269,19 @@ import Testing
         #expect(refused.problem?.mode == "constrained")
 
         // The client's own tag on a CONNECT counts too.
-        let tagged = try SingleExchange.send(Self.connectRequest("127.0.0.1:\(echo.port)", headers: [("Allow-Constrained", "?0")]),
+        let tagged = try RawHTTPClient.exchange(Self.connectRequest("127.0.0.1:\(echo.port)", headers: [("Allow-Constrained", "?0")]),
                                              to: proxy.port, method: "CONNECT")
         #expect(tagged.status == 403)
         #expect(tagged.problem?.error == "constrained")
-        let invalid = try SingleExchange.send(Self.connectRequest("127.0.0.1:\(echo.port)", headers: [("Allow-Constrained", "perhaps")]),
+        let invalid = try RawHTTPClient.exchange(Self.connectRequest("127.0.0.1:\(echo.port)", headers: [("Allow-Constrained", "perhaps")]),
                                               to: proxy.port, method: "CONNECT")
         #expect(invalid.status == 400)
         #expect(invalid.problem?.error == "invalid-tag")
         #expect(echo.connectionCount == 0)
 
         // Another host under the same mode is tunnelled.
-        let client = try TunnelClient(port: proxy.port)
-        try client.send(Self.connectRequest("127.0.0.1:\(echo.port)"))
-        #expect(try client.readHead().status == 200)
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
         #expect(try client.echoRoundTrip(Array("ping".utf8)) == Array("ping".utf8))
     }
 
@@ -294,7 +289,7 @@ import Testing
         let closed = try LoopbackPort.refusingConnections()
         let proxy = try ProxyProcess(config: "connect: {ports: [\(closed)]}\n")
         defer { proxy.stop() }
-        let response = try SingleExchange.send(Self.connectRequest("127.0.0.1:\(closed)"), to: proxy.port, method: "CONNECT")
+        let response = try RawHTTPClient.exchange(Self.connectRequest("127.0.0.1:\(closed)"), to: proxy.port, method: "CONNECT")
         #expect(response.status == 502)
         #expect(response.problem?.error == "upstream-unreachable")
     }
@@ -321,11 +316,11 @@ import Testing
         let proxy = try ProxyProcess(config: "")
         defer { proxy.stop() }
 
-        let client = try TunnelClient(port: proxy.port)
+        let client = try RawHTTPClient(port: proxy.port)
         try client.send(Self.webSocketRequest(origin.url("/chat")))
-        let switching = try client.readHead()
+        let switching = try client.readResponse()
         #expect(switching.status == 101)
-        let fields = switching.text.lowercased().components(separatedBy: "\r\n")
+        let fields = switching.headText.lowercased().components(separatedBy: "\r\n")
         #expect(fields.contains("upgrade: websocket"))
         #expect(fields.contains { $0.hasPrefix("connection:") && $0.contains("upgrade") })
 
@@ -383,7 +378,7 @@ import Testing
         defer { origin.stop() }
         let proxy = try ProxyProcess(config: "")
         defer { proxy.stop() }
-        let response = try SingleExchange.send(RequestText.make("GET", origin.url("/plain")), to: proxy.port)
+        let response = try RawHTTPClient.exchange(RequestText.make("GET", origin.url("/plain")), to: proxy.port)
         #expect(response.status == 502)
         #expect(response.problem?.error == "upstream-protocol-error")
     }
