@@ -3,17 +3,26 @@ import Foundation
 import Glibc
 #endif
 
-/// Runs a command to completion with its output captured (stdout and stderr together), bounded in time.
+/// Runs a command to completion with its output captured, bounded in time: the one way the tests run a
+/// program that ends (curl, openssl, a script, the proxy's CLI); `ProxyProcess` starts the proxy, which does not.
+///
+/// Output goes through files, not pipes, so a chatty command cannot fill a pipe nobody reads and block.
 public enum ExternalCommand {
     public struct Result: Sendable {
         public var status: Int32
-        /// stdout and stderr, interleaved as written.
-        public var output: String
-        /// stdout alone, as bytes.
-        public var stdout: [UInt8]
+        /// stdout, as bytes.
+        public var stdoutBytes: [UInt8]
+        /// stdout, as text.
+        public var stdout: String { String(decoding: stdoutBytes, as: UTF8.self) }
+        /// stderr, as text.
+        public var stderr: String
+        /// stdout, then stderr.
+        public var output: String { stdout + stderr }
     }
 
-    /// `timeout` kills the command (SIGKILL) when it runs longer; the status is then that of a killed process.
+    /// Runs `executable` with `arguments`; `environment`, when given, is the whole environment (nothing is
+    /// inherited), else the test process's is. `timeout` kills the command (SIGKILL) when it runs longer; the
+    /// status is then that of a killed process.
     public static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
                            timeout: Double = 60) throws -> Result {
         let process = Process()
@@ -24,26 +33,23 @@ public enum ExternalCommand {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let outPath = directory + "/out"
-        let allPath = directory + "/all"
+        let errPath = directory + "/err"
         _ = FileManager.default.createFile(atPath: outPath, contents: nil)
-        _ = FileManager.default.createFile(atPath: allPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: errPath, contents: nil)
         let out = FileHandle(forWritingAtPath: outPath)!
-        let all = FileHandle(forWritingAtPath: allPath)!
+        let err = FileHandle(forWritingAtPath: errPath)!
         process.standardOutput = out
-        process.standardError = all
+        process.standardError = err
         process.standardInput = FileHandle.nullDevice
         try process.run()
         let deadline = Date().addingTimeInterval(timeout)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+        while !ProcessProbe.hasExited(process) && Date() < deadline { usleep(10_000) }
+        if !ProcessProbe.hasExited(process) { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
         try? out.close()
-        try? all.close()
+        try? err.close()
         let stdout = (try? Data(contentsOf: URL(fileURLWithPath: outPath))) ?? Data()
-        let stderr = (try? String(contentsOfFile: allPath, encoding: .utf8)) ?? ""
-        return Result(status: process.terminationStatus,
-                      output: String(decoding: stdout, as: UTF8.self) + stderr, stdout: Array(stdout))
+        let stderr = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
+        return Result(status: process.terminationStatus, stdoutBytes: Array(stdout), stderr: stderr)
     }
 }

@@ -3,8 +3,19 @@ import Foundation
 import Glibc
 #endif
 
-/// What `/proc` says about a process: resident memory, CPU time, open descriptors (Linux only).
+/// What `/proc` says about a process: whether it has exited, resident memory, CPU time, open descriptors
+/// (Linux only).
 public enum ProcessProbe {
+    /// Whether a child has exited. `Process.isRunning` is not reliable here (it can stay true until something
+    /// reaps the child), so the kernel's view is read: a zombie (`Z`) or a vanished process.
+    public static func hasExited(_ process: Process) -> Bool {
+        if !process.isRunning { return true }
+        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return true }
+        let state = stat[stat.index(close, offsetBy: 2)...].prefix(1)
+        return state == "Z" || state == "X"
+    }
+
     /// `VmRSS` from `/proc/PID/status`, in KiB.
     public static func residentKiB(_ pid: Int32) -> Int? {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),

@@ -158,15 +158,8 @@ public final class ProxyProcess: @unchecked Sendable {
         return nil
     }
 
-    /// Whether the child has exited. `Process.isRunning` is not reliable here (it can stay true until
-    /// something reaps the child), so the kernel's view is read: a zombie (`Z`) or a vanished process.
-    public var hasExited: Bool {
-        if !process.isRunning { return true }
-        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { return true }
-        let state = stat[stat.index(close, offsetBy: 2)...].prefix(1)
-        return state == "Z" || state == "X"
-    }
+    /// Whether the child has exited (`ProcessProbe.hasExited`: a zombie counts).
+    public var hasExited: Bool { ProcessProbe.hasExited(process) }
 
     /// SIGTERM, wait, then SIGKILL if needed. Call at the end of every test.
     public func stop() {
@@ -189,24 +182,11 @@ public final class ProxyProcess: @unchecked Sendable {
         if ownsDirectory { try? FileManager.default.removeItem(atPath: directory) }
     }
 
-    /// Runs the binary with `arguments` to completion (CLI tests): exit status, stdout, stderr.
+    /// Runs the binary with `arguments` to completion (CLI tests), with PATH and `environment` only.
     public static func runCLI(_ arguments: [String], environment: [String: String] = [:], timeout: Double = 30) throws
-        -> (status: Int32, stdout: String, stderr: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binaryPath)
-        process.arguments = arguments
+        -> ExternalCommand.Result {
         var env = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]
         for (key, value) in environment { env[key] = value }
-        process.environment = env
-        let out = Pipe()
-        let err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let outData = out.fileHandleForReading.readDataToEndOfFile()
-        let errData = err.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
+        return try ExternalCommand.run(binaryPath, arguments, environment: env, timeout: timeout)
     }
 }

@@ -20,14 +20,14 @@ public final class TLSFileServer: @unchecked Sendable {
         public var description: String
     }
 
-    public init(directory: String) throws {
+    public init(directory: String, subjectAltName: String = "DNS:localhost,IP:127.0.0.1") throws {
         self.directory = directory
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         certificatePath = directory + "/cert.pem"
         let keyPath = directory + "/key.pem"
         let generated = try ExternalCommand.run("/usr/bin/openssl", [
             "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
-            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext", "subjectAltName=\(subjectAltName)",
             "-keyout", keyPath, "-out", certificatePath,
         ])
         guard generated.status == 0 else { throw Failure(description: "openssl req failed: \(generated.output)") }
@@ -67,7 +67,9 @@ public final class TLSFileServer: @unchecked Sendable {
 
     /// Writes a file that `GET /name` will serve.
     public func publish(_ name: String, _ bytes: [UInt8]) throws {
-        try Data(bytes).write(to: URL(fileURLWithPath: directory + "/" + name))
+        let url = URL(fileURLWithPath: directory + "/" + name)
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try Data(bytes).write(to: url)
     }
 
     /// SIGKILL, not SIGTERM: a child of the test runner inherits its blocked signal mask, and s_server does not

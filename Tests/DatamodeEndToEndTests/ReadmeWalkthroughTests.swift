@@ -21,15 +21,7 @@ import Testing
 
     /// curl through the proxy: (status, headers text, body).
     static func curl(_ proxyPort: UInt16, _ url: String) throws -> (status: Int, headers: String, body: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-        process.arguments = ["-s", "-i", "--max-time", "10", "-x", "http://127.0.0.1:\(proxyPort)", url]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        try process.run()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let text = String(decoding: data, as: UTF8.self)
+        let text = try ExternalCommand.run("/usr/bin/curl", ["-s", "-i", "--max-time", "10", "-x", "http://127.0.0.1:\(proxyPort)", url]).stdout
         let parts = text.components(separatedBy: "\r\n\r\n")
         let status = Int(parts[0].split(separator: " ").dropFirst().first ?? "") ?? 0
         return (status, parts[0], parts.dropFirst().joined(separator: "\r\n\r\n"))
@@ -170,15 +162,8 @@ import Testing
 
     /// curl with `arguments` (after `curl`): (status, headers text, body).
     static func curl(_ arguments: [String]) throws -> (status: Int, headers: String, body: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-        process.arguments = ["-s", "--max-time", "10"] + arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        try process.run()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let parts = String(decoding: data, as: UTF8.self).components(separatedBy: "\r\n\r\n")
+        let text = try ExternalCommand.run("/usr/bin/curl", ["-s", "--max-time", "10"] + arguments).stdout
+        let parts = text.components(separatedBy: "\r\n\r\n")
         let status = Int(parts[0].split(separator: " ").dropFirst().first ?? "") ?? 0
         return (status, parts[0], parts.dropFirst().joined(separator: "\r\n\r\n"))
     }
