@@ -3,6 +3,7 @@
 // against a local listener, the Swift runtime collection on a real Swift binary, and the consistency of
 // the Dockerfile, its build context, compose.yaml, the README and the config files with each other and
 // with the repository. What only `docker build` / `docker compose up` can show is listed in docker/README.md.
+import DatamodeTestSupport
 import Foundation
 import Testing
 import Yams
@@ -13,22 +14,7 @@ import Glibc
 
 // MARK: - Where things are
 
-/// The repository root: found by walking up from this file with symlinks resolved (the file may be
-/// symlinked into an isolated package), or DATAMODE_REPO_ROOT.
-private let repositoryRoot: URL = {
-    if let root = ProcessInfo.processInfo.environment["DATAMODE_REPO_ROOT"], !root.isEmpty {
-        return URL(fileURLWithPath: root, isDirectory: true)
-    }
-    var directory = URL(fileURLWithPath: #filePath).resolvingSymlinksInPath().deletingLastPathComponent()
-    while directory.path != "/" {
-        let isRoot = ["Package.swift", "docker/Dockerfile"].allSatisfy {
-            FileManager.default.fileExists(atPath: directory.appendingPathComponent($0).path)
-        }
-        if isRoot { return directory }
-        directory.deleteLastPathComponent()
-    }
-    fatalError("no repository root above \(#filePath); set DATAMODE_REPO_ROOT")
-}()
+private let repositoryRoot = URL(fileURLWithPath: ProxyProcess.packageRoot, isDirectory: true)
 
 private func repoPath(_ relative: String) -> String {
     repositoryRoot.appendingPathComponent(relative).path
@@ -75,48 +61,9 @@ private struct PackagingTestError: Error, CustomStringConvertible {
 
 // MARK: - Running scripts
 
-private struct ProcessResult {
-    var status: Int32
-    var stdout: String
-    var stderr: String
-}
-
-/// Runs a program to completion with exactly `environment` (nothing inherited). Output goes through
-/// files, so a chatty child cannot fill a pipe and block.
-private func runProgram(
-    _ executable: String, _ arguments: [String], environment: [String: String]
-) throws -> ProcessResult {
-    let scratch = try makeScratchDirectory()
-    defer { try? FileManager.default.removeItem(at: scratch) }
-    let stdoutURL = scratch.appendingPathComponent("stdout")
-    let stderrURL = scratch.appendingPathComponent("stderr")
-    _ = FileManager.default.createFile(atPath: stdoutURL.path, contents: nil)
-    _ = FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
-    let stdoutHandle = try FileHandle(forWritingTo: stdoutURL)
-    let stderrHandle = try FileHandle(forWritingTo: stderrURL)
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    process.environment = environment
-    process.standardInput = FileHandle.nullDevice
-    process.standardOutput = stdoutHandle
-    process.standardError = stderrHandle
-    try process.run()
-    process.waitUntilExit()
-    try stdoutHandle.close()
-    try stderrHandle.close()
-    return ProcessResult(
-        status: process.terminationStatus,
-        stdout: try String(contentsOf: stdoutURL, encoding: .utf8),
-        stderr: try String(contentsOf: stderrURL, encoding: .utf8)
-    )
-}
-
+/// A fresh scratch directory (`ScratchDirectory`), as a URL.
 private func makeScratchDirectory() throws -> URL {
-    let url = FileManager.default.temporaryDirectory
-        .appendingPathComponent("datamode-docker-tests-\(UUID().uuidString)", isDirectory: true)
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    return url
+    URL(fileURLWithPath: try ScratchDirectory.make("datamode-docker-tests"), isDirectory: true)
 }
 
 /// The entrypoint under /bin/sh (dash on Debian, as in the image), in dry-run mode unless told otherwise,
@@ -127,11 +74,11 @@ private func runEntrypoint(
     stateDir: String,
     path: String = "/usr/local/bin:/usr/bin:/bin",
     dryRun: Bool = true
-) throws -> ProcessResult {
+) throws -> ExternalCommand.Result {
     var environment = ["PATH": path, "DATAMODE_CONFIG": dockerConfig, "DATAMODE_STATE_DIR": stateDir]
     if dryRun { environment["DATAMODE_ENTRYPOINT_DRY_RUN"] = "1" }
     environment.merge(variables) { _, new in new }
-    return try runProgram("/bin/sh", [entrypoint] + arguments, environment: environment)
+    return try ExternalCommand.run("/bin/sh", [entrypoint] + arguments, environment: environment)
 }
 
 private func which(_ program: String) -> String? {
@@ -320,7 +267,7 @@ struct DockerEntrypointTests {
         try #require(!FileManager.default.fileExists(atPath: defaults.config), "this machine has \(defaults.config)")
         let state = try makeScratchDirectory()
         defer { try? FileManager.default.removeItem(at: state) }
-        let result = try runProgram(
+        let result = try ExternalCommand.run(
             "/bin/sh", [entrypoint],
             environment: ["PATH": "/usr/bin:/bin", "DATAMODE_STATE_DIR": state.path, "DATAMODE_ENTRYPOINT_DRY_RUN": "1"])
         #expect(result.status == 78)
@@ -388,147 +335,66 @@ struct DockerEntrypointTests {
     @Test("shellcheck finds nothing in the scripts", .enabled(if: which("shellcheck") != nil))
     func shellcheck() throws {
         let scripts = ["docker/entrypoint.sh", "docker/healthcheck.sh", "docker/collect-swift-runtime.sh"].map(repoPath)
-        let result = try runProgram(which("shellcheck")!, scripts, environment: ["PATH": "/usr/bin:/bin"])
+        let result = try ExternalCommand.run(which("shellcheck")!, scripts, environment: ["PATH": "/usr/bin:/bin"])
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
     }
 }
 
 // MARK: - The health check
 
-#if canImport(Glibc)
-/// A listener on 127.0.0.1 (port 0, read back) that answers one request with `statusLine` and keeps the
-/// request head it received.
-private final class OneRequestHTTPListener: @unchecked Sendable {
-    let port: UInt16
-    private let socketFD: Int32
-    private let lock = NSLock()
-    private var receivedHead = ""
-    private let finished = DispatchSemaphore(value: 0)
-
-    init(statusLine: String) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw PackagingTestError("socket: \(errno)") }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { generic in
-                bind(fd, generic, length) == 0 && listen(fd, 4) == 0 && getsockname(fd, generic, &length) == 0
-            }
-        }
-        guard bound else { close(fd); throw PackagingTestError("bind/listen: \(errno)") }
-        socketFD = fd
-        port = UInt16(bigEndian: address.sin_port)
-        let response = "\(statusLine)\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        Thread.detachNewThread { [self] in
-            serve(response: response)
-        }
-    }
-
-    private func serve(response: String) {
-        defer { finished.signal() }
-        let connection = accept(socketFD, nil, nil)
-        guard connection >= 0 else { return }
-        defer { close(connection) }
-        var timeout = timeval(tv_sec: 5, tv_usec: 0)
-        setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var head = [UInt8]()
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while !String(decoding: head, as: UTF8.self).contains("\r\n\r\n") {
-            let count = recv(connection, &buffer, buffer.count, 0)
-            if count <= 0 { break }
-            head.append(contentsOf: buffer[0..<count])
-        }
-        lock.withLock { receivedHead = String(decoding: head, as: UTF8.self) }
-        _ = response.withCString { send(connection, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
-    }
-
-    /// The request head, once the connection has been served (or the listener closed).
-    func requestHead() -> String {
-        shutdown(socketFD, Int32(SHUT_RDWR))
-        finished.wait()
-        close(socketFD)
-        return lock.withLock { receivedHead }
-    }
-}
-
-/// Sends `request` to 127.0.0.1:`port` and reads until the server closes the connection (at most 10 s).
-private func sendThroughProxy(port: UInt16, _ request: String) throws -> String {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw PackagingTestError("socket: \(errno)") }
-    defer { close(fd) }
-    var timeout = timeval(tv_sec: 10, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = port.bigEndian
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let connected = withUnsafePointer(to: &address) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-        }
-    }
-    guard connected == 0 else { throw PackagingTestError("connect to port \(port): \(errno)") }
-    _ = request.withCString { send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
-    var response = [UInt8]()
-    var buffer = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = recv(fd, &buffer, buffer.count, 0)
-        if count <= 0 { break }
-        response.append(contentsOf: buffer[0..<count])
-    }
-    return String(decoding: response, as: UTF8.self)
+/// An origin that answers every request with `statusLine` and closes, as an admin API would answer
+/// `/healthz`; it records the request head the health check sent, parsed strictly.
+private func healthOrigin(_ statusLine: String) throws -> RecordingOrigin {
+    try RecordingOrigin { _ in .raw(statusLine + "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", thenClose: true) }
 }
 
 @Suite("docker/healthcheck.sh")
 struct DockerHealthcheckTests {
-    private func runHealthcheck(_ variables: [String: String]) throws -> ProcessResult {
-        try runProgram("/bin/bash", [healthcheck], environment: ["PATH": "/usr/bin:/bin"].merging(variables) { _, new in new })
+    private func runHealthcheck(_ variables: [String: String]) throws -> ExternalCommand.Result {
+        try ExternalCommand.run("/bin/bash", [healthcheck], environment: ["PATH": "/usr/bin:/bin"].merging(variables) { _, new in new })
     }
 
     @Test("200 from /healthz is healthy; the token is sent as a bearer token")
     func healthy() throws {
-        let listener = try OneRequestHTTPListener(statusLine: "HTTP/1.1 200 OK")
+        let origin = try healthOrigin("HTTP/1.1 200 OK")
+        defer { origin.stop() }
         let result = try runHealthcheck([
-            "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(listener.port)", "DATAMODE_ADMIN_TOKEN": validToken,
+            "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(origin.port)", "DATAMODE_ADMIN_TOKEN": validToken,
         ])
-        let head = listener.requestHead()
         #expect(result.status == 0, "stderr: \(result.stderr)")
-        #expect(head.hasPrefix("GET /healthz HTTP/1.1\r\n"))
-        #expect(head.contains("\r\nAuthorization: Bearer \(validToken)\r\n"))
+        let request = try #require(origin.waitForRequests(1).first, "violations: \(origin.violations)")
+        #expect(request.headText.hasPrefix("GET /healthz HTTP/1.1\r\n"))
+        #expect(request.values(of: "Authorization") == ["Bearer \(validToken)"])
     }
 
     @Test("a wildcard admin address is checked on loopback; no token, no Authorization header")
     func wildcard() throws {
-        let listener = try OneRequestHTTPListener(statusLine: "HTTP/1.1 200 OK")
-        let result = try runHealthcheck(["DATAMODE_ADMIN_LISTEN": "0.0.0.0:\(listener.port)"])
-        let head = listener.requestHead()
+        let origin = try healthOrigin("HTTP/1.1 200 OK")
+        defer { origin.stop() }
+        let result = try runHealthcheck(["DATAMODE_ADMIN_LISTEN": "0.0.0.0:\(origin.port)"])
         #expect(result.status == 0, "stderr: \(result.stderr)")
-        #expect(!head.lowercased().contains("authorization"))
+        let request = try #require(origin.waitForRequests(1).first, "violations: \(origin.violations)")
+        #expect(!request.contains("Authorization"))
     }
 
     @Test("any other status is unhealthy", arguments: ["HTTP/1.1 503 Service Unavailable", "HTTP/1.1 401 Unauthorized", "HTTP/1.1 2000 OK"])
     func unhealthy(_ statusLine: String) throws {
-        let listener = try OneRequestHTTPListener(statusLine: statusLine)
-        let result = try runHealthcheck(["DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(listener.port)"])
-        _ = listener.requestHead()
+        let origin = try healthOrigin(statusLine)
+        defer { origin.stop() }
+        let result = try runHealthcheck(["DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(origin.port)"])
+        #expect(origin.requests.count == 1)
         #expect(result.status == 1)
         #expect(result.stderr.contains(statusLine))
     }
 
     @Test("nothing listening is unhealthy")
     func nothingListening() throws {
-        let listener = try OneRequestHTTPListener(statusLine: "HTTP/1.1 200 OK")
-        let port = listener.port
-        _ = listener.requestHead() // closes it: the port is free again
+        let port = try LoopbackPort.refusingConnections()
         let result = try runHealthcheck(["DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(port)"])
         #expect(result.status == 1)
         #expect(result.stderr.contains("cannot connect"))
     }
 }
-#endif
 
 // MARK: - The Swift runtime the image carries
 
@@ -542,7 +408,7 @@ struct DockerSwiftRuntimeTests {
         let binary = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
         let staging = try makeScratchDirectory()
         defer { try? FileManager.default.removeItem(at: staging) }
-        let result = try runProgram(
+        let result = try ExternalCommand.run(
             "/bin/sh", [repoPath("docker/collect-swift-runtime.sh"), binary, staging.path],
             environment: ["PATH": "/usr/bin:/bin"])
         #expect(result.status == 0, "stderr: \(result.stderr)")
@@ -556,7 +422,7 @@ struct DockerSwiftRuntimeTests {
 
         // With the staged directories searched first, every Swift library resolves into the staging tree.
         let directories = Set(copied.map { staging.path + ($0 as NSString).deletingLastPathComponent })
-        let ldd = try runProgram(
+        let ldd = try ExternalCommand.run(
             "/usr/bin/ldd", [binary],
             environment: ["PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": directories.sorted().joined(separator: ":")])
         #expect(ldd.status == 0)
@@ -569,7 +435,7 @@ struct DockerSwiftRuntimeTests {
 
     @Test("a missing binary is an error")
     func missingBinary() throws {
-        let result = try runProgram(
+        let result = try ExternalCommand.run(
             "/bin/sh", [repoPath("docker/collect-swift-runtime.sh"), "/nonexistent/binary", "/tmp/unused"],
             environment: ["PATH": "/usr/bin:/bin"])
         #expect(result.status != 0)
@@ -742,7 +608,7 @@ struct DockerfileTests {
         let manifest = try readRepoFile("Package.swift")
         for piece in manifest.components(separatedBy: "pkgConfig: \"").dropFirst() {
             let name = String(piece.prefix { $0 != "\"" })
-            let flags = try runProgram("/usr/bin/pkg-config", ["--libs-only-l", name], environment: ["PATH": "/usr/bin:/bin"])
+            let flags = try ExternalCommand.run("/usr/bin/pkg-config", ["--libs-only-l", name], environment: ["PATH": "/usr/bin:/bin"])
             #expect(flags.status == 0, "pkg-config \(name): \(flags.stderr) (run scripts/bootstrap.sh)")
             for flag in flags.stdout.split(whereSeparator: \.isWhitespace) where flag.hasPrefix("-l") {
                 libraries.insert(String(flag.dropFirst(2)))
@@ -764,7 +630,7 @@ struct DockerfileTests {
             let devLink = try #require(candidates.first { FileManager.default.fileExists(atPath: $0) },
                                        "lib\(library).so not found: run scripts/bootstrap.sh")
             let real = URL(fileURLWithPath: devLink).resolvingSymlinksInPath().path
-            let owner = try runProgram("/usr/bin/dpkg-query", ["-S", real], environment: ["PATH": "/usr/bin:/bin"])
+            let owner = try ExternalCommand.run("/usr/bin/dpkg-query", ["-S", real], environment: ["PATH": "/usr/bin:/bin"])
             #expect(owner.status == 0, "\(real): \(owner.stderr)")
             // "libevent-core-2.1-7:amd64: /usr/lib/x86_64-linux-gnu/libevent_core-2.1.so.7.0.1"
             needed.insert(String(owner.stdout.prefix { $0 != ":" }))
@@ -913,12 +779,12 @@ struct DockerComposeTests {
     /// `docker-compose`; the Docker CLI plugin works too). No engine is needed for `config`.
     @Test("Docker Compose accepts the file", .enabled(if: which("docker-compose") != nil))
     func composeConfig() throws {
-        let result = try runProgram(
+        let result = try ExternalCommand.run(
             which("docker-compose")!, ["-f", repoPath("docker/compose.yaml"), "config", "--quiet"],
             environment: ["PATH": "/usr/bin:/bin", "HOME": NSTemporaryDirectory(), "DATAMODE_ADMIN_TOKEN": validToken])
         #expect(result.status == 0 && !result.stderr.contains("error"), "\(result.stderr)")
         // Without a token compose reports the missing variable (v2.40 prints the error but may still exit 0).
-        let withoutToken = try runProgram(
+        let withoutToken = try ExternalCommand.run(
             which("docker-compose")!, ["-f", repoPath("docker/compose.yaml"), "config", "--quiet"],
             environment: ["PATH": "/usr/bin:/bin", "HOME": NSTemporaryDirectory()])
         #expect(withoutToken.stderr.contains("required variable DATAMODE_ADMIN_TOKEN is missing"), "\(withoutToken.stderr)")
@@ -984,7 +850,7 @@ struct DockerDocumentationTests {
 
     /// With a built binary (scripts/test.sh builds it before the tests), the proxy's own parser checks
     /// the image's config and the example's, through the entrypoint as `docker run IMAGE check` would.
-    @Test("datamode-proxy check accepts the image's config and the example's", .enabled(if: builtProxyBinary() != nil))
+    @Test("datamode-proxy check accepts the image's config and the example's")
     func proxyAcceptsConfigs() throws {
         let scratch = try makeScratchDirectory()
         defer { try? FileManager.default.removeItem(at: scratch) }
@@ -992,7 +858,7 @@ struct DockerDocumentationTests {
         let bin = scratch.appendingPathComponent("bin", isDirectory: true)
         try FileManager.default.createDirectory(at: bin, withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(
-            atPath: bin.appendingPathComponent("datamode-proxy").path, withDestinationPath: try #require(builtProxyBinary()))
+            atPath: bin.appendingPathComponent("datamode-proxy").path, withDestinationPath: ProxyProcess.binaryPath)
         // The example's variant file lives under /etc/datamode-proxy in the container: point it at the repo.
         let example = try readRepoFile("docker/example/datamode.yaml")
             .replacingOccurrences(of: "/etc/datamode-proxy/variants/", with: repoPath("docker/example/variants") + "/")
@@ -1007,10 +873,9 @@ struct DockerDocumentationTests {
     }
 }
 
-#if canImport(Glibc)
 /// The built proxy started through the entrypoint as the image's CMD starts it, with the example's config:
 /// what the container does, minus the container. Ports are 0 and read back from the "ready" log line.
-@Suite("docker/ with the built proxy", .enabled(if: builtProxyBinary() != nil))
+@Suite("docker/ with the built proxy")
 struct DockerLiveProxyTests {
     @Test("the entrypoint execs the proxy; the health check, a variant, the CLI and SIGTERM work")
     func liveProxy() throws {
@@ -1018,21 +883,14 @@ struct DockerLiveProxyTests {
         defer { try? FileManager.default.removeItem(at: scratch) }
         let bin = scratch.appendingPathComponent("bin", isDirectory: true)
         try FileManager.default.createDirectory(at: bin, withIntermediateDirectories: true)
-        let proxy = bin.appendingPathComponent("datamode-proxy").path
-        try FileManager.default.createSymbolicLink(atPath: proxy, withDestinationPath: try #require(builtProxyBinary()))
+        let binary = bin.appendingPathComponent("datamode-proxy").path
+        try FileManager.default.createSymbolicLink(atPath: binary, withDestinationPath: ProxyProcess.binaryPath)
         let config = scratch.appendingPathComponent("datamode.yaml")
         try readRepoFile("docker/example/datamode.yaml")
             .replacingOccurrences(of: "/etc/datamode-proxy/variants/", with: repoPath("docker/example/variants") + "/")
             .write(to: config, atomically: true, encoding: .utf8)
-        let stdoutURL = scratch.appendingPathComponent("stdout.log")
-        let stderrURL = scratch.appendingPathComponent("stderr.log")
-        _ = FileManager.default.createFile(atPath: stdoutURL.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
 
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = [entrypoint]
-        process.environment = [
+        let proxy = try ProxyProcess(command: ["/bin/sh", entrypoint], environment: [
             "PATH": "\(bin.path):/usr/bin:/bin",
             "DATAMODE_CONFIG": config.path,
             "DATAMODE_STATE_DIR": scratch.appendingPathComponent("state").path,
@@ -1041,89 +899,47 @@ struct DockerLiveProxyTests {
             "DATAMODE_ADMIN_TOKEN": validToken,
             "DATAMODE_MODE": "constrained",
             "DATAMODE_THREADS": "1",
-        ]
-        process.standardInput = FileHandle.nullDevice
-        process.standardOutput = try FileHandle(forWritingTo: stdoutURL)
-        process.standardError = try FileHandle(forWritingTo: stderrURL)
-        try process.run()
+        ], directory: scratch.appendingPathComponent("run").path)
         // If the entrypoint failed to exec, the proxy is its child: stop that too, not only the shell.
-        var children: [Int32] = []
+        let pid = proxy.process.processIdentifier
+        let children = ((try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8)) ?? "")
+            .split(separator: " ").compactMap { Int32($0) }
         defer {
             for child in children { kill(child, SIGKILL) }
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            proxy.stop()
         }
-
-        // Ready: "... admin=127.0.0.1:PORT ... listen=127.0.0.1:PORT ... ready"
-        func port(after key: String, in line: Substring) -> UInt16? {
-            guard let range = line.range(of: key) else { return nil }
-            return UInt16(line[range.upperBound...].prefix { $0 != " " }.split(separator: ":").last ?? "")
-        }
-        var ports: (proxy: UInt16, admin: UInt16)?
-        let deadline = Date().addingTimeInterval(20)
-        while ports == nil && process.isRunning && Date() < deadline {
-            let log = (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? ""
-            if let line = log.split(separator: "\n").first(where: { $0.contains(" ready") }),
-               let proxyPort = port(after: " listen=", in: line), let adminPort = port(after: " admin=", in: line) {
-                ports = (proxyPort, adminPort)
-            } else {
-                usleep(20_000)
-            }
-        }
-        let log = (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? ""
-        let pid = process.processIdentifier
-        children = ((try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8)) ?? "")
-            .split(separator: " ").compactMap { Int32($0) }
-        let (proxyPort, adminPort) = try #require(ports, "not ready: \(log)")
 
         // exec: the entrypoint's process is now the proxy itself, so it gets the container's SIGTERM.
         let command = try String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)
         #expect(command.trimmingCharacters(in: .whitespacesAndNewlines) == "datamode-proxy")
 
-        let health = try runProgram("/bin/bash", [healthcheck], environment: [
-            "PATH": "/usr/bin:/bin", "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(adminPort)", "DATAMODE_ADMIN_TOKEN": validToken,
+        let health = try ExternalCommand.run("/bin/bash", [healthcheck], environment: [
+            "PATH": "/usr/bin:/bin", "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(proxy.adminPort)", "DATAMODE_ADMIN_TOKEN": validToken,
         ])
         #expect(health.status == 0, "\(health.stderr)")
 
         // DATAMODE_MODE=constrained reached the proxy: the example's variant is served from its file.
-        let variant = try sendThroughProxy(port: proxyPort,
-            "GET http://cdn.example/promo.mp4 HTTP/1.1\r\nHost: cdn.example\r\nAllow-Constrained: ?0\r\nConnection: close\r\n\r\n")
-        #expect(variant.hasPrefix("HTTP/1.1 200"), "\(variant.prefix(300))")
-        #expect(variant.lowercased().contains("\r\ndata-mode-variant: promo-poster\r\n"))
-        #expect(variant.hasSuffix("</svg>\n"))
+        let variant = try RawHTTPClient.exchange(
+            "GET http://cdn.example/promo.mp4 HTTP/1.1\r\nHost: cdn.example\r\nAllow-Constrained: ?0\r\nConnection: close\r\n\r\n",
+            to: proxy.port)
+        #expect(variant.status == 200, "\(variant.headText)")
+        #expect(variant.value(of: "Data-Mode-Variant") == "promo-poster")
+        #expect(variant.bodyText.hasSuffix("</svg>\n"))
 
         // The CLI finds the admin API and the token from the same variables, as in `docker exec`.
-        let cliEnvironment = ["PATH": "/usr/bin:/bin", "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(adminPort)"]
-        let refused = try runProgram(proxy, ["mode", "expensive"], environment: cliEnvironment)
+        let cliEnvironment = ["PATH": "/usr/bin:/bin", "DATAMODE_ADMIN_LISTEN": "127.0.0.1:\(proxy.adminPort)"]
+        let refused = try ExternalCommand.run(binary, ["mode", "expensive"], environment: cliEnvironment)
         #expect(refused.status != 0, "no token: \(refused.stdout)")
-        let cli = try runProgram(proxy, ["mode", "expensive"],
-                                 environment: cliEnvironment.merging(["DATAMODE_ADMIN_TOKEN": validToken]) { _, new in new })
-        #expect(cli.status == 0, "\(cli.stdout)\(cli.stderr)")
+        let cli = try ExternalCommand.run(binary, ["mode", "expensive"],
+                                          environment: cliEnvironment.merging(["DATAMODE_ADMIN_TOKEN": validToken]) { _, new in new })
+        #expect(cli.status == 0, "\(cli.output)")
         #expect(cli.stdout.contains("expensive"))
 
-        kill(process.processIdentifier, SIGTERM)
-        let stopDeadline = Date().addingTimeInterval(15)
-        while process.isRunning && Date() < stopDeadline { usleep(20_000) }
-        #expect(!process.isRunning, "still running 15 s after SIGTERM")
-        if !process.isRunning {
-            #expect(process.terminationReason == .exit && process.terminationStatus == 0)
+        proxy.signal(SIGTERM)
+        let status = proxy.waitForExit(timeout: 15)
+        #expect(status != nil, "still running 15 s after SIGTERM")
+        if status != nil {
+            #expect(proxy.process.terminationReason == .exit && status == 0)
         }
     }
-}
-#endif
-
-/// A built `datamode-proxy`, found as DatamodeTestSupport's `ProxyProcess.binaryPath` finds it (not imported
-/// here so that these tests also build without the engine): DATAMODE_PROXY_BIN, else next to the running
-/// test bundle, else the repository's .build/debug or .build/release.
-private func builtProxyBinary() -> String? {
-    let fileManager = FileManager.default
-    if let path = ProcessInfo.processInfo.environment["DATAMODE_PROXY_BIN"], !path.isEmpty {
-        return fileManager.isExecutableFile(atPath: path) ? path : nil
-    }
-    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-    for _ in 0..<4 {
-        let candidate = directory.appendingPathComponent("datamode-proxy").path
-        if fileManager.isExecutableFile(atPath: candidate) { return candidate }
-        directory.deleteLastPathComponent()
-    }
-    return ["debug", "release"].map { repoPath(".build/\($0)/datamode-proxy") }.first { fileManager.isExecutableFile(atPath: $0) }
 }
