@@ -150,19 +150,16 @@ extension ClientConnection {
         }
         guard let exchange = forwardedExchange(of: upstream) else { return }
         exchange.upstream = nil
-        guard !exchange.machine.responseStarted else {
-            abort(.upstreamAborted, detail: detail)
-            return
-        }
-        // A pooled connection the origin had already closed: retry once on a fresh one, if nothing of the
-        // request body has been consumed (so the request can be sent again exactly).
-        if exchange.upstreamReused && !exchange.retried && exchange.requestBody.transferred == 0 && code != .upstreamTimeout {
-            exchange.retried = true
-            exchange.machine.retrying()
+        switch exchange.machine.upstreamFailed(reusedConnection: exchange.upstreamReused,
+                                               bodyBytesConsumed: exchange.requestBody.transferred,
+                                               timedOut: code == .upstreamTimeout) {
+        case .retryOnNewConnection:
             connectUpstream(exchange, key: upstream.key, reuse: false)
-            return
+        case .answer(let close):
+            respondError(exchange, code, detail: detail, close: close)
+        case .abort:
+            abort(.upstreamAborted, detail: detail)
         }
-        respondError(exchange, code, detail: detail, close: !exchange.requestBody.isComplete)
     }
 
     /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than

@@ -49,7 +49,6 @@ final class Exchange {
     var requestBody = BodyRelay(framing: .none)
     var upstream: UpstreamConnection?
     var upstreamReused = false
-    var retried = false
     var upgradeRequested = false
     /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
     var expectsContinue = false

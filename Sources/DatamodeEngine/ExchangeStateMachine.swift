@@ -178,10 +178,37 @@ struct ExchangeStateMachine {
         }
     }
 
-    /// A pooled connection turned out closed before any response: the request goes again on a new one.
-    mutating func retrying() {
-        guard phase == .sending || phase == .connecting else { return }
-        phase = .connecting
+    /// What to do when the upstream fails.
+    enum FailureAction: Equatable {
+        /// Send the request again on a new connection.
+        case retryOnNewConnection
+        /// Answer the client with the failure's problem (502/504); `close` when its request body is unread.
+        case answer(close: Bool)
+        /// The response had started: nothing can be answered any more.
+        case abort
+    }
+
+    /// Whether the request was already sent again once.
+    private(set) var retried = false
+
+    /// The upstream failed. A pooled connection the origin had already closed is retried once on a new one
+    /// (RFC 9112 §9.3.1: an idle connection may be closed at any time), but only while no response started,
+    /// nothing of the request body was consumed (so the request can be sent again exactly), and the failure was
+    /// not a timeout (an origin that is merely slow must not get the request twice).
+    mutating func upstreamFailed(reusedConnection: Bool, bodyBytesConsumed: UInt64, timedOut: Bool) -> FailureAction {
+        guard phase != .done else { return .abort }
+        if responseStarted {
+            phase = .done
+            return .abort
+        }
+        if reusedConnection && !retried && bodyBytesConsumed == 0 && !timedOut {
+            retried = true
+            phase = .connecting
+            return .retryOnNewConnection
+        }
+        phase = .done
+        if !requestComplete { keepAlive = false }
+        return .answer(close: !requestComplete)
     }
 
     /// The exchange ended some other way (a local answer, an upstream failure, the client's error).

@@ -204,6 +204,28 @@ import Testing
         #expect(short.requestBodyStep(step(.moving, before: 10, left: 0)) == .abort(.clientAborted))
     }
 
+    @Test func aStalePooledConnectionIsRetriedOnceAndOnlyWhenTheRequestCanBeSentAgain() {
+        var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        _ = machine.upstreamConnected()
+        #expect(machine.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: false) == .retryOnNewConnection)
+        #expect(machine.phase == .connecting)
+        _ = machine.upstreamConnected()
+        #expect(machine.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: false) == .answer(close: false),
+                "only once")
+
+        var fresh = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        #expect(fresh.upstreamFailed(reusedConnection: false, bodyBytesConsumed: 0, timedOut: false) == .answer(close: false))
+        var consumed = ExchangeStateMachine(requestComplete: false, keepAlive: true)
+        #expect(consumed.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 10, timedOut: false) == .answer(close: true))
+        #expect(!consumed.keepAlive)
+        var slow = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        #expect(slow.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: true) == .answer(close: false),
+                "an origin that is merely slow must not get the request twice")
+        var started = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        _ = started.responseHead(untilClose: false, originKeepsConnection: true, clientKeepsConnection: true)
+        #expect(started.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: false) == .abort)
+    }
+
     @Test func badRequestFramingIsRefusedBeforeTheResponseAndAbortedAfter() {
         var before = ExchangeStateMachine(requestComplete: false, keepAlive: true)
         #expect(before.requestBodyStep(step(.invalid, before: 4, left: 4)) == .refuseRequest)
