@@ -90,7 +90,7 @@ let package = Package(
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
-            dependencies: ["DatamodeEngine", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP"]
+            dependencies: ["DatamodeEngine", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]
         ),
         .testTarget(
             name: "DatamodeAdminTests",

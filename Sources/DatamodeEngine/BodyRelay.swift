@@ -105,15 +105,9 @@ struct BodyRelay {
     /// Parses the framing element at the front of `source`, looking first at the contiguous first chain and
     /// making more contiguous only when the element spans chains (bounded by the decoder's own limits).
     private static func parseFraming(_ decoder: inout ChunkedDecoder, _ source: OpaquePointer) -> ChunkedFramingResult {
-        let available = evbuffer_get_length(source)
-        let contiguous = evbuffer_get_contiguous_space(source)
-        if contiguous > 0, let start = evbuffer_pullup(source, contiguous) {
-            let result = decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: contiguous))
-            if result != .needMore || contiguous >= available { return result }
+        FrontParse.parse(source, limit: 72 * 1024, incomplete: .needMore, isIncomplete: { $0 == .needMore }) {
+            decoder.parseFraming($0)
         }
-        let window = min(available, 72 * 1024)
-        guard let start = evbuffer_pullup(source, window) else { return .needMore }
-        return decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window))
     }
 
     private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {

@@ -259,18 +259,10 @@ final class ClientConnection {
 
     func parseHead(available: Int) -> HeadParseResult<RequestHead> {
         let limits = worker.settings.limits
-        let contiguous = evbuffer_get_contiguous_space(input)
-        if contiguous > 0, let start = evbuffer_pullup(input, contiguous) {
-            let result = HTTP1Parser.parseRequestHead(UnsafeRawBufferPointer(start: start, count: contiguous), limits: limits)
-            if case .incomplete = result, contiguous < available {
-                // The head spans chains: make (a bounded prefix of) it contiguous and try again.
-            } else {
-                return result
-            }
+        return FrontParse.parse(input, limit: worker.settings.maxHeadBytes, incomplete: .incomplete,
+                                isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseRequestHead($0, limits: limits)
         }
-        let window = min(available, worker.settings.maxHeadBytes)
-        guard let start = evbuffer_pullup(input, window) else { return .incomplete }
-        return HTTP1Parser.parseRequestHead(UnsafeRawBufferPointer(start: start, count: window), limits: limits)
     }
 
     // MARK: deciding

@@ -202,11 +202,10 @@ final class UpstreamConnection {
     /// Parses the next response head at the front of `input` (an interim 1xx or the final one), strictly and
     /// bounded, and removes it from the buffer. A final head or a `101` stops the response timer.
     func takeResponseHead() -> HeadParseResult<ResponseHead> {
-        let available = evbuffer_get_length(input)
-        guard available > 0 else { return .incomplete }
-        let window = min(available, Flow.maxResponseHeadBytes)
-        guard let start = evbuffer_pullup(input, window) else { return .incomplete }
-        let result = HTTP1Parser.parseResponseHead(UnsafeRawBufferPointer(start: start, count: window), limits: Flow.responseLimits)
+        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
+                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits)
+        }
         if case .complete(let head, let length) = result {
             evbuffer_drain(input, length)
             if head.status >= 200 || head.status == 101 { responseHeadReceived() }
