@@ -110,6 +110,21 @@ struct BodyRelay {
         }
     }
 
+    /// `n` bytes of a length-delimited body were moved outside the relay (splice(2), kernel to kernel).
+    mutating func movedElsewhere(_ n: UInt64) {
+        guard case .length(let remaining) = mode else { return }
+        let n = min(n, remaining)
+        transferred += n
+        delivered += n
+        mode = remaining == n ? .done : .length(remaining - n)
+    }
+
+    /// What is left of a length-delimited body (nil for other framings).
+    var remainingLength: UInt64? {
+        if case .length(let remaining) = mode { return remaining }
+        return nil
+    }
+
     private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {
         if let destination {
             evbuffer_remove_buffer(source, destination, n)

@@ -280,3 +280,62 @@ extension ClientConnection {
         exchange.response = nil
     }
 }
+
+/// Content-Length response bodies, moved kernel to kernel.
+extension ClientConnection {
+    /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
+    /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
+    static let bodySpliceEnabled: Bool = getenv("DATAMODE_BODY_SPLICE").map { String(cString: $0) != "0" } ?? true
+    /// Below this much body left, the pipe is not worth setting up.
+    static let bodySpliceThreshold: UInt64 = 64 * 1024
+
+    /// Hands the rest of a Content-Length response body to splice(2) once nothing of the exchange is buffered
+    /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
+    /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
+    func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
+        guard Self.bodySpliceEnabled, exchange.splices.isEmpty, exchange.response != nil,
+              case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
+              !exchange.machine.originEnded,
+              let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
+              let upstream = exchange.upstream, upstream.isConnected, upstream.isPlainTCP,
+              evbuffer_get_length(upstream.input) == 0, outputLength == 0, evbuffer_get_length(input) == 0
+        else { return }
+        guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: bufferevent_getfd(bev),
+                                      limit: remaining) else { return }
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        upstream.suspendIO()
+        exchange.splicedBytes = [0, 0]
+        relay.onProgress = { [unowned self, unowned exchange] relay in self.bodySpliceProgressed(exchange, relay) }
+        exchange.splices = [relay]
+        worker.metrics.bodySpliced()
+        relay.start()
+    }
+
+    private func bodySpliceProgressed(_ exchange: Exchange, _ relay: SpliceRelay) {
+        let delta = relay.moved - exchange.splicedBytes[1]
+        exchange.splicedBytes[1] = relay.moved
+        if delta > 0 {
+            exchange.responseBody.movedElsewhere(delta)
+            exchange.bytesOut = exchange.responseBody.transferred
+        }
+        if relay.failed {
+            abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
+            return
+        }
+        guard relay.complete || relay.finished else { return }
+        // The body is over, or the origin closed before its end: libevent takes both sockets back.
+        relay.stop()
+        exchange.splices = []
+        bufferevent_enable(bev, Int16(EV_READ))
+        exchange.upstream?.resumeIO()
+        if relay.complete {
+            perform(exchange, exchange.machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0),
+                                                                unwritten: false))
+        } else {
+            _ = exchange.machine.originSentEOF()
+            perform(exchange, exchange.machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0),
+                                                                unwritten: false))
+        }
+        flushPendingWrites()
+    }
+}

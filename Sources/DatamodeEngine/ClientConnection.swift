@@ -124,6 +124,8 @@ final class ClientConnection {
             guard let tunnel = exchange.tunnel else { return }
             if tunnel.clientEnded || tunnel.originEnded { propagateTunnelEnds(exchange) }
             if !released && SpliceRelay.enabled && exchange.splices.isEmpty { switchTunnelToSpliceIfIdle(exchange) }
+        case .forwarding(let exchange):
+            if exchange.splices.isEmpty && exchange.response != nil { switchBodyToSpliceIfIdle(exchange) }
         case .closing:
             if outputLength == 0 { apply(machine.outputDrained()) }
         default:

@@ -22,6 +22,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let bytesOut = Atomic<Int>(0)
     private let connections = Atomic<Int>(0)
     private let splices = Atomic<Int>(0)
+    private let bodySplices = Atomic<Int>(0)
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -66,6 +67,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     func connectionOpened() { connections.add(1, ordering: .relaxed) }
     func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
     func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
+    func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
 
     /// Adds this worker's values into `total`.
     func accumulate(into total: inout MetricsSnapshot) {
@@ -82,6 +84,7 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.bytesOut += bytesOut.load(ordering: .relaxed)
         total.connectionsActive += connections.load(ordering: .relaxed)
         total.tunnelSplices += splices.load(ordering: .relaxed)
+        total.bodySplices += bodySplices.load(ordering: .relaxed)
     }
 }
 
@@ -105,6 +108,8 @@ public struct MetricsSnapshot: Sendable {
     public var bytesOut = 0
     public var connectionsActive = 0
     public var tunnelSplices = 0
+    /// Content-Length response bodies handed to splice(2).
+    public var bodySplices = 0
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
     public init() {}

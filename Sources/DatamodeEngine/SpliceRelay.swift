@@ -33,9 +33,21 @@ final class SpliceRelay {
     /// Called after every step that may have changed `ended` / `failed` / `moved`.
     var onProgress: ((SpliceRelay) -> Void)?
 
-    init?(base: OpaquePointer, source: Int32, sink: Int32) {
+    /// At most this many bytes are read from the source (a Content-Length body: not one byte of the next
+    /// message may be taken from the socket); nil for a tunnel, which runs until EOF.
+    let limit: UInt64?
+    /// A tunnel passes the source's EOF on as a half-close of the sink; a body does not (the client connection
+    /// carries on).
+    let passesEOF: Bool
+    private var taken: UInt64 = 0
+    /// A limited relay moved all its bytes.
+    var complete: Bool { limit.map { moved == $0 } ?? false }
+
+    init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil) {
         self.source = source
         self.sink = sink
+        self.limit = limit
+        self.passesEOF = limit == nil
         guard dm_splice_pipe(&pipe, Int32(Self.chunk)) == 0 else { return nil }
         readEvent = event_new(base, source, Int16(EV_READ | EV_PERSIST), spliceReadableCallback, context(self))
         writeEvent = event_new(base, sink, Int16(EV_WRITE | EV_PERSIST), spliceWritableCallback, context(self))
@@ -61,15 +73,21 @@ final class SpliceRelay {
     func sourceReadable() {
         while !ended && !failed {
             if inPipe > 0 && !drain() { break }
-            let n = dm_splice(source, pipe[1], Self.chunk)
+            let want = limit.map { Int(min(UInt64(Self.chunk), $0 - taken)) } ?? Self.chunk
+            guard want > 0 else {
+                event_del(readEvent)  // the whole body is in: nothing more is read
+                break
+            }
+            let n = dm_splice(source, pipe[1], want)
             if n > 0 {
                 inPipe += n
+                taken += UInt64(n)
                 continue
             }
             if n == 0 {
                 ended = true
                 event_del(readEvent)
-                if inPipe == 0 { shutdown(sink, Int32(SHUT_WR)) }
+                if inPipe == 0 && passesEOF { shutdown(sink, Int32(SHUT_WR)) }
             } else if errno != EAGAIN {
                 failed = true
             }
@@ -82,8 +100,8 @@ final class SpliceRelay {
         if drain() {
             event_del(writeEvent)
             if ended {
-                shutdown(sink, Int32(SHUT_WR))
-            } else {
+                if passesEOF { shutdown(sink, Int32(SHUT_WR)) }
+            } else if limit.map({ taken < $0 }) ?? true {
                 event_add(readEvent, nil)
                 sourceReadable()
                 return

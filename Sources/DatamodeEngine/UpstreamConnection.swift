@@ -126,6 +126,12 @@ final class UpstreamConnection {
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
     }
 
+    /// A body splice gave the socket back: reads resume (a pooled connection must notice the origin closing).
+    func resumeIO() {
+        guard state != .closed else { return }
+        bufferevent_enable(bev, Int16(EV_READ))
+    }
+
     var isConnected: Bool { state == .busy || state == .idle }
     /// Request bytes may be queued: connected, or still resolving/connecting (they are written once connected,
     /// and moved along if another address is tried).

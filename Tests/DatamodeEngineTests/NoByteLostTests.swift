@@ -177,3 +177,48 @@ import Testing
         }
     }
 }
+
+/// Large Content-Length bodies move kernel to kernel (splice(2), exactly the body's bytes taken from the
+/// origin's socket): byte-exact, the pooled upstream reused for the next response, and an origin that closes
+/// mid-body still cuts the client short instead of hanging it.
+@Suite struct BodySpliceTests {
+    @Test func aSplicedBodyArrivesIntactAndTheConnectionsStayInStep() throws {
+        let origin = try RecordingOrigin { request in
+            let size = UInt64(request.target.split(separator: "/").last.flatMap { UInt64($0) } ?? 0)
+            return .stream(status: 200, body: BodyGenerator(PatternBody(length: size, seed: size & 0xff)), framing: .contentLength)
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(60), receiveBuffer: 64 * 1024)
+
+        for (run, size) in [20_000_000, 300_000, 10, 7_000_000].enumerated() {
+            let pattern = PatternBody(length: UInt64(size), seed: UInt64(size) & 0xff)
+            try client.send(RequestText.make("GET", origin.url("/body/\(size)")))
+            var received = StreamChecksum()
+            let response = try client.readResponse(bodySink: { received.update($0) })
+            #expect(response.status == 200)
+            #expect(received.length == UInt64(size), "run \(run)")
+            #expect(received.value == pattern.checksum, "run \(run)")
+        }
+        #expect(proxy.server.metrics().bodySplices >= 1, "the large bodies went through splice(2)")
+        #expect(origin.connectionCount == 1, "the upstream connection was pooled and reused after each body")
+    }
+
+    @Test func anOriginThatClosesMidSplicedBodyCutsTheClientShort() throws {
+        let origin = try RecordingOrigin { _ in
+            .raw("HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n" + String(repeating: "x", count: 3_000_000), thenClose: true)
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30), receiveBuffer: 16 * 1024)
+        try client.send(RequestText.make("GET", origin.url("/short")))
+        var received = 0
+        #expect(throws: (any Error).self) {
+            _ = try client.readResponse(bodySink: { received += $0.count; Thread.sleep(forTimeInterval: 0.0002) })
+        }
+        #expect(received == 3_000_000, "every byte the origin sent before closing reached the client")
+        #expect(client.isClosedByPeer())
+    }
+}
