@@ -298,10 +298,13 @@ extension ClientConnection {
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
               let upstream = exchange.upstream, upstream.isConnected, upstream.isPlainTCP,
-              evbuffer_get_length(upstream.input) == 0, outputLength == 0, evbuffer_get_length(input) == 0
+              evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0,
+              outputLength == 0, evbuffer_get_length(input) == 0
         else { return }
         guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: bufferevent_getfd(bev),
                                       limit: remaining) else { return }
+        // The output is empty: the speculative writer must not stay parked on a write event it will not get.
+        writer.drained(bev, output: output)
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         upstream.suspendIO()
         exchange.splicedBytes = [0, 0]

@@ -32,7 +32,7 @@ final class ClientConnection {
     private var processing = false
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
-    private var writer = SpeculativeWriter()
+    var writer = SpeculativeWriter()
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
