@@ -275,8 +275,9 @@ final class ClientConnection {
         let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
         let tokens = head.connectionTokens
         exchange.connectionTokens = tokens
-        let keepAlive = (head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive"))
-            && !machine.clientEnded
+        // A client that half-closed still gets every request it sent before answered (pipelining, SPEC §6);
+        // the connection closes once nothing complete is left to read.
+        let keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
 
         // Framing first: a request whose body boundaries are ambiguous must never be answered on a kept-alive
         // connection, whatever else is wrong with it (RFC 9112 §6.3, request smuggling).

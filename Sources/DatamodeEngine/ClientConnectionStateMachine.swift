@@ -113,9 +113,11 @@ struct ClientConnectionStateMachine<Exchange> {
     /// what is queued has been written.
     mutating func exchangeFinished(keepAlive: Bool, draining: Bool, outputBacklog: Int) -> Action {
         guard !isClosed else { return .none }
-        if keepAlive && !draining && !clientEnded {
+        if keepAlive && !draining {
+            // The next request, pipelined or not, is read; a client that half-closed is closed once nothing
+            // complete is left (`inputEmpty`, `incompleteHeadAtEOF`).
             state = .readingHead(since: nil)
-            return .none  // the executor parses what is buffered next (pipelining), or waits idle
+            return .none
         }
         return closeWhenFlushed(outputBacklog: outputBacklog)
     }

@@ -101,11 +101,12 @@ struct ExchangeStateMachine {
         return requestComplete ? .none : .pumpRequestBody
     }
 
-    /// The client half-closed. Answer what was asked, then close; a body still buffered is relayed first.
+    /// The client half-closed. What it sent before is still answered: a body still buffered is relayed first,
+    /// and requests pipelined behind this one are answered after it (the connection closes once nothing
+    /// complete is left to read; see `ClientConnectionStateMachine`).
     mutating func clientSentEOF() -> Action {
         guard phase != .done else { return .none }
         clientEnded = true
-        keepAlive = false
         return requestComplete ? .none : .pumpRequestBody
     }
 

@@ -222,3 +222,43 @@ import Testing
         #expect(client.isClosedByPeer())
     }
 }
+
+/// Found from outside: three pipelined requests written at once and followed at once by a half-close got one
+/// answer; the two others were dropped without a word. Every request sent before the EOF is answered, in order,
+/// then the connection closes (SPEC §6: pipelined requests answered in order; no byte is lost).
+@Suite struct PipelinedHalfCloseTests {
+    @Test(arguments: [false, true])
+    func everyRequestSentBeforeAHalfCloseIsAnswered(withBodies: Bool) throws {
+        let origin = try RecordingOrigin { request in .ok("\(request.target) \(request.payloadLength)") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+
+        for run in 1...5 {
+            let client = try proxy.connect()
+            defer { client.close() }
+            var batch = ""
+            var expected: [String] = []
+            for (index, path) in ["/a", "/b", "/c"].enumerated() {
+                if withBodies && index == 0 {
+                    batch += "POST \(origin.url(path)) HTTP/1.1\r\nHost: \(origin.authority)\r\nContent-Length: 5\r\n\r\nhello"
+                    expected.append("\(path) 5")
+                } else if withBodies && index == 1 {
+                    batch += "POST \(origin.url(path)) HTTP/1.1\r\nHost: \(origin.authority)\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                    expected.append("\(path) 3")
+                } else {
+                    batch += "GET \(origin.url(path)) HTTP/1.1\r\nHost: \(origin.authority)\r\n\r\n"
+                    expected.append("\(path) 0")
+                }
+            }
+            try client.send(batch)
+            client.shutdownWrite()
+            for want in expected {
+                let response = try client.readResponse()
+                #expect(response.status == 200, "run \(run)")
+                #expect(response.bodyText == want, "run \(run)")
+            }
+            #expect(client.isClosedByPeer(), "run \(run): the connection closes once everything was answered")
+        }
+    }
+}
