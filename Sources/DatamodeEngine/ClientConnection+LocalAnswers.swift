@@ -23,9 +23,11 @@ extension ClientConnection {
         // this worker and every connection on it. O_NOFOLLOW: a symbolic link swapped in is not followed out of
         // the directory (the declared path is a real path, so a link there is never legitimate). Then only a
         // regular file is served; anything else is an error response, not a hang.
+        // O_NOFOLLOW covers only the last component: a directory on the way swapped for a symbolic link would
+        // lead outside. The declared path is a real path, so the file opened must have exactly that path.
         let fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
         var info = stat()
-        guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+        guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Self.openedPath(fd) == path else {
             if fd >= 0 { Glibc.close(fd) }
             respondError(exchange, .upstreamUnreachable, detail: "variant \(variant): file \(path) cannot be read", close: false)
             return
@@ -47,6 +49,14 @@ extension ClientConnection {
             exchange.bytesOut = UInt64(size)
         }
         finishLocalResponse(exchange)
+    }
+
+    /// The path the kernel has for an open descriptor (symbolic links resolved), from /proc/self/fd.
+    static func openedPath(_ fd: Int32) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = readlink("/proc/self/fd/\(fd)", &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     func respondError(_ exchange: Exchange, _ code: ProxyErrorCode, detail: String?, close: Bool,

@@ -114,3 +114,37 @@ import Glibc
         #expect(try client.readResponse().status == 200)
     }
 }
+
+/// Found from outside: `O_NOFOLLOW` guards only the last component. A directory on the way to a declared file,
+/// swapped for a symbolic link to elsewhere, served the file of the same name outside the variants directory.
+@Suite struct VariantMiddleSymlinkTests {
+    @Test func aDirectorySwappedForASymlinkOutsideIsNotFollowed() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("datamode-middle-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        try FileManager.default.createDirectory(atPath: base + "/variants/sub", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: base + "/outside", withIntermediateDirectories: true)
+        try Data("inside".utf8).write(to: URL(fileURLWithPath: base + "/variants/sub/f.jpg"))
+        try Data("SECRET".utf8).write(to: URL(fileURLWithPath: base + "/outside/f.jpg"))
+        let origin = try RecordingOrigin { _ in .ok("origin") }
+        defer { origin.stop() }
+        let yaml = """
+            variants:
+              - id: sub
+                match: "\(origin.url("/s.jpg"))"
+                file: variants/sub/f.jpg
+                when: always
+            """
+        let proxy = try ProxyHarness(yaml: yaml, baseDirectory: base, threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(3))
+        try client.send(RequestText.make("GET", origin.url("/s.jpg")))
+        #expect(try client.readResponse().bodyText == "inside")
+
+        try FileManager.default.removeItem(atPath: base + "/variants/sub")
+        try FileManager.default.createSymbolicLink(atPath: base + "/variants/sub", withDestinationPath: base + "/outside")
+        try client.send(RequestText.make("GET", origin.url("/s.jpg")))
+        let response = try client.readResponse()
+        #expect(response.status == 502)
+        #expect(!response.bodyText.contains("SECRET"))
+    }
+}
