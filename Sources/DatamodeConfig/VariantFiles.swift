@@ -37,6 +37,8 @@ public struct VariantFiles: Sendable, Equatable {
         case notRegular(resolved: String, kind: String)
         /// Inside and regular, but the proxy cannot read it.
         case unreadable(resolved: String)
+        /// A name no file has: empty, with a NUL byte (C would cut it there), or ending in `/` (a directory's).
+        case malformed(written: String, why: String)
 
         public var description: String {
             switch self {
@@ -50,6 +52,8 @@ public struct VariantFiles: Sendable, Equatable {
                     + "\(quoted(directory)) (variants-dir)"
             case .notRegular(let resolved, let kind):
                 "\(quoted(resolved)) is not a regular file (it is \(kind))"
+            case .malformed(let written, let why):
+                "file \(quoted(written)) is not a file name: \(why)"
             case .unreadable(let resolved):
                 "file \(quoted(resolved)) is not readable"
             }
@@ -59,6 +63,9 @@ public struct VariantFiles: Sendable, Equatable {
     /// The real path (absolute, no `.` or `..`, no symbolic links) of the regular file that `written` names,
     /// provided it lies inside the (real) variants directory. A relative `written` is taken from `baseDirectory`.
     public func resolve(_ written: String) -> Result<String, Problem> {
+        if written.isEmpty { return .failure(.malformed(written: written, why: "it is empty")) }
+        if written.utf8.contains(0) { return .failure(.malformed(written: written, why: "it contains a NUL byte")) }
+        if written.hasSuffix("/") { return .failure(.malformed(written: written, why: "it ends with / (a directory)")) }
         let path = ProxyConfiguration.absolutePath(written.hasPrefix("/") ? written : baseDirectory + "/" + written)
         guard let realDirectory = Self.realPath(directory), Self.isDirectory(realDirectory) else {
             return .failure(.noDirectory(directory: directory))

@@ -47,6 +47,9 @@ struct VariantFileTests {
         ErrorCase(fileVariant("variants/sub"), key: "variants[0].file", line: 4, "is not a regular file (it is a directory)"),
         ErrorCase(fileVariant("variants"), key: "variants[0].file", line: 4, "is not a regular file (it is a directory)"),
         ErrorCase(fileVariant("variants/missing.jpg"), key: "variants[0].file", line: 4, "does not exist"),
+        // Found from outside: names no file has were accepted, cut at the NUL or normalised.
+        ErrorCase(fileVariant("variants/poster.jpg\\u0000x"), key: "variants[0].file", line: 4, "contains a NUL byte"),
+        ErrorCase(fileVariant("variants/poster.jpg/"), key: "variants[0].file", line: 4, "ends with / (a directory)"),
         // With another variants-dir, the default one is no longer allowed.
         ErrorCase("variants-dir: assets\n" + fileVariant("variants/poster.jpg"), key: "variants[0].file", line: 5,
                   "outside the variants directory"),
