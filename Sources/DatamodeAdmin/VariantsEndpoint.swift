@@ -124,7 +124,11 @@ enum VariantJSON {
         }
         func string(_ key: String) -> Result<String?, AdminFailure> {
             guard let value = object[key] else { return .success(nil) }
-            guard let text = value as? String, !text.isEmpty else {
+            guard let text = value as? String else {
+                return .failure(AdminFailure(400, "bad-request", "\"\(key)\" must be a non-empty string"))
+            }
+            // An empty `file` names no file: refused as such (`invalid-variant`, SPEC §5) by the variants-dir check.
+            guard !text.isEmpty || key == "file" else {
                 return .failure(AdminFailure(400, "bad-request", "\"\(key)\" must be a non-empty string"))
             }
             return .success(text)

@@ -69,6 +69,8 @@ struct VariantsEndpointTests {
         (#"{"action": "proxy", "match": "http://a.example/*", "target": "http://b.example/"}"#, "bad-request", "\"action\""),
         (#"{"content-type": "image/png", "match": "http://a.example/*", "target": "http://b.example/"}"#, "bad-request", "file variants only"),
         (#"{"match": "", "target": "http://b.example/"}"#, "bad-request", "non-empty string"),
+        // An empty file names no file (SPEC §5: refused as invalid-variant, not as a malformed body).
+        (#"{"match": "http://a.example/*", "file": ""}"#, "invalid-variant", "it is empty"),
         // Valid JSON, refused by the policy compiler: the same checks as a config variant.
         (#"{"match": "http://a.example/*", "target": "http://b.example/$3"}"#, "invalid-variant", "$3"),
     ])
