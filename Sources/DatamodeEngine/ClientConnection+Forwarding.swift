@@ -309,7 +309,7 @@ extension ClientConnection {
         writer.drained(bev, output: output)
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         upstream.suspendIO()
-        exchange.splicedBytes = [0, 0]
+        exchange.splicedBytes = .zero
         relay.onProgress = { [unowned self, unowned exchange] relay in self.bodySpliceProgressed(exchange, relay) }
         exchange.splices = [relay]
         worker.metrics.bodySpliced()

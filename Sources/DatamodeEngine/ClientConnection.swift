@@ -43,8 +43,7 @@ final class ClientConnection {
         self.peerAddress = peer.ipAddress
         self.peerText = peer.hostText
         let settings = worker.settings
-        machine = StateMachine(timeouts: .init(clientIdle: settings.clientIdleMs, clientHeader: settings.clientHeaderMs,
-                                               drain: settings.drainMs))
+        machine = StateMachine(timeouts: settings.clientTimeouts)
     }
 
     func start() {
@@ -272,6 +271,8 @@ final class ClientConnection {
     func begin(_ head: RequestHead, startedAt: UInt64) {
         worker.refreshSnapshot()
         let settings = worker.settings
+        // A reload's timeouts apply to connections already open from their next request on, as before.
+        machine.timeouts = settings.clientTimeouts
         let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
         let tokens = head.connectionTokens
         exchange.connectionTokens = tokens

@@ -64,7 +64,9 @@ final class Exchange {
     /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
     var tunnel: TunnelStateMachine?
     var splices: [SpliceRelay] = []
-    var splicedBytes: [UInt64] = [0, 0]
+    /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
+    /// fixed pair, so that no array is allocated per exchange.
+    var splicedBytes = SIMD2<UInt64>(0, 0)
     var logged = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {

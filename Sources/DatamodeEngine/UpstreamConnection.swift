@@ -51,7 +51,6 @@ final class UpstreamConnection {
     private var writer = SpeculativeWriter()
     /// The client this connection serves now (for flushing after an upstream callback).
     var attachedClient: ClientConnection? { client }
-    private var responseTimeoutMs: Int64 = -1
 
     init(worker: Worker, key: UpstreamKey) {
         self.worker = worker
@@ -152,7 +151,6 @@ final class UpstreamConnection {
     func send(_ head: [UInt8], responseTimeoutMs: Int64) {
         guard state != .closed else { return }
         if !head.isEmpty { evbuffer_add(output, head, head.count) }
-        self.responseTimeoutMs = responseTimeoutMs
         responseTimer = OriginResponseTimer(timeoutMs: responseTimeoutMs)
         carryOut(responseTimer.requestStarted(connected: state == .busy, pending: evbuffer_get_length(output)))
     }
@@ -289,7 +287,7 @@ final class UpstreamConnection {
             // Plain TCP: EV_WRITE stays off and writes are speculative; TLS keeps libevent's write path.
             bufferevent_enable(bev, Int16(ssl == nil ? EV_READ : EV_READ | EV_WRITE))
             guard let client else { return }
-            if responseTimeoutMs < 0 { client.tunnelConnected(self) } else { client.upstreamConnected(self) }
+            if responseTimer.timeoutMs < 0 { client.tunnelConnected(self) } else { client.upstreamConnected(self) }
             return
         }
         switch state {

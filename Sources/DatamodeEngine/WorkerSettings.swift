@@ -13,6 +13,10 @@ struct WorkerSettings {
     var upstreamConnectMs: Int64
     var upstreamResponseMs: Int64
     var drainMs: Int64
+    /// The client-side timeouts as the connection state machine takes them (once per snapshot).
+    var clientTimeouts: ClientConnectionStateMachine<Exchange>.Timeouts {
+        .init(clientIdle: clientIdleMs, clientHeader: clientHeaderMs, drain: drainMs)
+    }
     var policy: PolicySnapshot
     var mode: DataMode
     var tagSettings: TagSettings
