@@ -297,7 +297,7 @@ final class ClientConnection {
             exchange.expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
         }
 
-        if head.values(of: "host").count > 1 {
+        if head.count(of: "host") > 1 {
             respondError(exchange, .badRequest, detail: "more than one Host header field (RFC 9112 §3.2)", close: true)
             return
         }

@@ -45,7 +45,7 @@ final class Exchange {
     var headBytes: [UInt8] = []
     var requestFraming: BodyFraming = .none
     /// The request's `Connection` tokens, computed once per request (keep-alive, upgrade, hop-by-hop removal).
-    var connectionTokens: Set<String> = []
+    var connectionTokens = ConnectionOptions()
     var requestBody = BodyRelay(framing: .none)
     var upstream: UpstreamConnection?
     var upstreamReused = false

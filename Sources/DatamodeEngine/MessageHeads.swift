@@ -21,11 +21,9 @@ enum MessageHeads {
     // removed from a variant served in place of the requested URL.
 
     /// Whether the Connection header lists any field name that is not removed anyway (`close`, `keep-alive`
-    /// and the hop-by-hop names): only then is each field checked against the list, which costs a lowercased
-    /// copy and a hash per field.
-    private static func listsOtherFields(_ listed: Set<String>, request: Bool) -> Bool {
-        listed.contains { token in
-            if token == "close" { return false }
+    /// and the hop-by-hop names): only then is each field checked against the list.
+    private static func listsOtherFields(_ listed: ConnectionOptions, request: Bool) -> Bool {
+        listed.fieldNames.contains { token in
             let known = KnownField.of(token)
             return !(request ? known.isRequestHopByHop : known.isResponseHopByHop)
         }
@@ -53,7 +51,7 @@ enum MessageHeads {
     /// (a player seeking in what it is being served) is kept.
     static func forwardedRequest(_ head: RequestHead, target: RequestTarget, tags: RequestTags,
                                  settings: TagSettings, mode: DataMode, upgrade: Bool, framing: BodyFraming,
-                                 connectionTokens listed: Set<String>, variantTarget: Bool = false) -> [UInt8] {
+                                 connectionTokens listed: ConnectionOptions, variantTarget: Bool = false) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.requestLine(method: head.method, target: target.path, version: .http11)
         writer.field("Host", target.hostHeaderValue)
@@ -66,7 +64,7 @@ enum MessageHeads {
                 if upgrade && known == .upgrade { writer.field(field.name, field.value) }
                 continue
             }
-            if checkListed && listed.contains(field.name.lowercased()) { continue }
+            if checkListed && listed.contains(field.name) { continue }
             if variantTarget && known.isConditional { continue }
             if dropRange && known == .range { continue }
             if addSaveData && known == .saveData { continue }
@@ -98,7 +96,7 @@ enum MessageHeads {
     /// fetch the real resource, not revalidate the low-res one.
     static func relayedResponse(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
                                 stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
-                                framing: BodyFraming? = nil, connectionTokens: Set<String>? = nil) -> [UInt8] {
+                                framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.statusLine(version: .http11, status: head.status, reason: head.reason)
         let listed = connectionTokens ?? head.connectionTokens
@@ -117,7 +115,7 @@ enum MessageHeads {
                 if upgrade && known == .upgrade { writer.field(field.name, field.value) }
                 continue
             }
-            if checkListed && listed.contains(field.name.lowercased()) { continue }
+            if checkListed && listed.contains(field.name) { continue }
             if stripTransferEncoding && known == .transferEncoding { continue }
             if variant != nil && known == .dataModeVariant { continue }
             if inPlace && known.isCaching { continue }

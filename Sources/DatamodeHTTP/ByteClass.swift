@@ -68,6 +68,14 @@ enum ASCII {
     }
 
     /// Case-insensitive ASCII equality (field names, codings, schemes are case-insensitive; RFC 9110 §5.1).
+    /// Whether `bytes` spell `lowercase` in any case; `lowercase` must be lowercase ASCII.
+    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
+        guard bytes.count == lowercase.utf8CodeUnitCount else { return false }
+        let expected = lowercase.utf8Start
+        for i in 0..<bytes.count where ByteClass.lower(bytes[i]) != expected[i] { return false }
+        return true
+    }
+
     static func equalsIgnoringCase(_ a: String, _ b: String) -> Bool {
         // Lengths first: O(1) for native strings, and almost every mismatch is decided there.
         guard a.utf8.count == b.utf8.count else { return false }

@@ -14,28 +14,30 @@ enum FieldLookup {
         fields.contains { ASCII.equalsIgnoringCase($0.name, name) }
     }
 
-    /// Lowercased tokens of every `Connection` field (RFC 9110 §7.6.1: a comma list of option names,
+    /// How many fields are named `name` (any case), without collecting their values.
+    static func count(_ fields: [HTTPField], _ name: String) -> Int {
+        var n = 0
+        for f in fields where ASCII.equalsIgnoringCase(f.name, name) { n += 1 }
+        return n
+    }
+
+    /// The options of every `Connection` field (RFC 9110 §7.6.1: a comma list of option names,
     /// case-insensitive). The proxy removes the named hop-by-hop fields before forwarding; missing one copy
     /// would leak a hop-by-hop field to the next hop.
-    static func connectionTokens(_ fields: [HTTPField]) -> Set<String> {
-        var tokens = Set<String>()
+    static func connectionOptions(_ fields: [HTTPField]) -> ConnectionOptions {
+        var options = ConnectionOptions()
         for f in fields where f.name.utf8.count == 10 && ASCII.equalsIgnoringCase(f.name, "connection") {
             var value = f.value
             value.withUTF8 { u in
                 var start = 0
                 for i in 0...u.count where i == u.count || u[i] == 0x2C {
                     let (a, b) = ASCII.trimOWS(u, start, i)
-                    if b > a {
-                        tokens.insert(String(unsafeUninitializedCapacity: b - a) { out in
-                            for k in 0..<(b - a) { out[k] = ByteClass.lower(u[a + k]) }
-                            return b - a
-                        })
-                    }
+                    if b > a { options.insert(UnsafeBufferPointer(rebasing: u[a..<b])) }
                     start = i + 1
                 }
             }
         }
-        return tokens
+        return options
     }
 }
 
@@ -44,8 +46,10 @@ extension RequestHead {
     public func values(of name: String) -> [String] { FieldLookup.values(fields, name) }
     /// Whether at least one field `name` (any case) is present.
     public func contains(_ name: String) -> Bool { FieldLookup.contains(fields, name) }
-    /// Lowercased tokens of every Connection field.
-    public var connectionTokens: Set<String> { FieldLookup.connectionTokens(fields) }
+    /// How many fields are named `name` (any case).
+    public func count(of name: String) -> Int { FieldLookup.count(fields, name) }
+    /// The options of every Connection field.
+    public var connectionTokens: ConnectionOptions { FieldLookup.connectionOptions(fields) }
 }
 
 extension ResponseHead {
@@ -53,6 +57,8 @@ extension ResponseHead {
     public func values(of name: String) -> [String] { FieldLookup.values(fields, name) }
     /// Whether at least one field `name` (any case) is present.
     public func contains(_ name: String) -> Bool { FieldLookup.contains(fields, name) }
-    /// Lowercased tokens of every Connection field.
-    public var connectionTokens: Set<String> { FieldLookup.connectionTokens(fields) }
+    /// How many fields are named `name` (any case).
+    public func count(of name: String) -> Int { FieldLookup.count(fields, name) }
+    /// The options of every Connection field.
+    public var connectionTokens: ConnectionOptions { FieldLookup.connectionOptions(fields) }
 }
