@@ -46,6 +46,7 @@ extension ClientConnection {
         } else {
             // sendfile(2) when the output goes to a socket: the file's bytes never enter user space.
             evbuffer_add_file(output, fd, 0, Int64(size))  // takes ownership of fd
+            writer.queuedFile()
             exchange.bytesOut = UInt64(size)
         }
         finishLocalResponse(exchange)
