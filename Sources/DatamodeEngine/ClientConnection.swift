@@ -20,9 +20,17 @@ final class ClientConnection {
     typealias StateMachine = ClientConnectionStateMachine<Exchange>
 
     unowned let worker: Worker
+    /// The bufferevent and its buffers; while parked (`machine.isParked`) they are freed and must not be used.
     private(set) var bev: OpaquePointer
-    let input: OpaquePointer
-    let output: OpaquePointer
+    private(set) var input: OpaquePointer
+    private(set) var output: OpaquePointer
+    /// The socket, for the read event that wakes a parked connection.
+    let fd: Int32
+    /// A parked connection's read event (created on the first park, kept for the next ones).
+    private var parkedRead: OpaquePointer?
+    /// The bufferevent was freed by `park()` and not yet replaced (the resource, as `machine.isParked` is the
+    /// phase: `close()` moves the machine to `.closed` before `release()` frees what is left).
+    private var bufferEventFreed = false
     let peer: SocketAddress
     let peerAddress: IPAddress?
     let peerText: String
@@ -39,6 +47,7 @@ final class ClientConnection {
         self.bev = bev
         self.input = bufferevent_get_input(bev)
         self.output = bufferevent_get_output(bev)
+        self.fd = bufferevent_getfd(bev)
         self.peer = peer
         self.peerAddress = peer.ipAddress
         self.peerText = peer.hostText
@@ -47,6 +56,12 @@ final class ClientConnection {
     }
 
     func start() {
+        configureBufferevent()
+        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
+        apply(machine.started())
+    }
+
+    private func configureBufferevent() {
         bufferevent_setcb(bev, clientReadCallback, clientWriteCallback, clientEventCallback, context(self))
         // Read high watermark: a client cannot make us buffer more than this while we are busy with its
         // previous request (pipelining) or while the upstream is slower than the client (request bodies).
@@ -54,11 +69,44 @@ final class ClientConnection {
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
         bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
         bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
-        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
         // EV_WRITE stays off: writes are speculative (see SpeculativeWriter).
         bufferevent_disable(bev, Int16(EV_WRITE))
         bufferevent_enable(bev, Int16(EV_READ))
-        apply(machine.started())
+    }
+
+    // MARK: parking (an idle connection gives its buffers back)
+
+    /// Frees the bufferevent and its buffers while the connection waits idle; a read event on the socket
+    /// brings them back (`unpark`). Only when nothing is buffered either way.
+    private func park() {
+        guard machine.isReadingHead, !writer.waiting, fd >= 0,
+              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0 else { return }
+        if parkedRead == nil { parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self)) }
+        guard let parkedRead else { return }
+        // The socket stays open: the bufferevent forgets it before it is freed (BEV_OPT_CLOSE_ON_FREE).
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        bufferevent_setfd(bev, -1)
+        bufferevent_free(bev)
+        bufferEventFreed = true
+        event_add(parkedRead, nil)
+        machine.parked()
+        worker.metrics.connectionParked()
+    }
+
+    /// The parked socket is readable (a request's first byte, or EOF): a new bufferevent reads it.
+    func unpark() {
+        guard machine.isParked, let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+            if machine.isParked { close() }
+            return
+        }
+        bev = new
+        bufferEventFreed = false
+        input = bufferevent_get_input(new)
+        output = bufferevent_get_output(new)
+        writer = SpeculativeWriter()
+        machine.unparked()
+        worker.metrics.connectionUnparked()
+        configureBufferevent()
     }
 
     /// Carries out a connection-level action.
@@ -74,6 +122,9 @@ final class ClientConnection {
             disarmTimer()
         case .close:
             release()
+        case .park(let milliseconds):
+            park()
+            armTimer(milliseconds)
         }
     }
 
@@ -95,7 +146,7 @@ final class ClientConnection {
             pumpTunnel(exchange, fromClient: true)
         case .closing:
             evbuffer_drain(input, evbuffer_get_length(input))
-        case .closed:
+        case .parked, .closed:
             break
         }
     }
@@ -106,7 +157,7 @@ final class ClientConnection {
     func flushPendingWrites() -> UpstreamConnection? {
         var rounds = 0
         var flushed: UpstreamConnection?
-        while !machine.isClosed {
+        while !machine.isClosed && !machine.isParked {
             flushed = machine.exchange?.upstream
             flushed?.flushPendingWrites()
             writer.flush(bev, output: output)
@@ -171,7 +222,7 @@ final class ClientConnection {
             pumpResponseBody(exchange)
         case .tunnel(let exchange):
             pumpTunnel(exchange, fromClient: false)
-        case .readingHead, .drainingRefusedBody, .closed:
+        case .readingHead, .drainingRefusedBody, .parked, .closed:
             break
         }
     }
@@ -194,7 +245,7 @@ final class ClientConnection {
             discardRequestBody(exchange)
         case .tunnel(let exchange):
             tunnelPeerClosed(exchange, client: true)
-        case .closing, .closed:
+        case .closing, .parked, .closed:
             break
         }
     }
@@ -452,13 +503,21 @@ final class ClientConnection {
         }
         if let timer { event_free(timer) }
         timer = nil
-        bufferevent_free(bev)
+        if let parkedRead { event_free(parkedRead) }
+        parkedRead = nil
+        if bufferEventFreed {
+            // The bufferevent is gone already; the socket is still ours.
+            Glibc.close(fd)
+            worker.metrics.connectionUnparked()
+        } else {
+            bufferevent_free(bev)
+        }
         worker.clientClosed(self)
     }
 
     /// Drain: close now if idle between requests; otherwise close after the current response.
     func drain() {
-        if machine.isReadingHead && evbuffer_get_length(input) == 0 {
+        if machine.isParked || (machine.isReadingHead && evbuffer_get_length(input) == 0) {
             close()
         } else {
             machine.exchange?.machine.closeAfter()

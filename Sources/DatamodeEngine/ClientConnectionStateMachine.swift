@@ -21,6 +21,11 @@ struct ClientConnectionStateMachine<Exchange> {
         /// Writing what is queued for the client, then closing. `backlog`: what the output held when the timer
         /// was last armed (a reader that still reads gets another period).
         case closing(backlog: Int)
+        /// Idle between requests with its buffers given back: the bufferevent and its buffers are freed, only a
+        /// read event and the timer are left (nginx frees an idle keep-alive connection's buffers the same way;
+        /// they were ~1 KiB of the ~1.5 KiB an idle connection held, issue 12). The first byte, or the client's
+        /// EOF, brings them back; `client-idle` still runs.
+        case parked
         /// Freed: no event changes anything any more.
         case closed
     }
@@ -30,6 +35,11 @@ struct ClientConnectionStateMachine<Exchange> {
         var clientIdle: Int64
         var clientHeader: Int64
         var drain: Int64
+
+        /// How long a connection waits idle before it is parked: a second, or half of `client-idle` when that is
+        /// shorter (so that a parked connection always has some idle time left). Parking costs a bufferevent
+        /// set-up when the next request comes; a client that sends its next request within a second never pays it.
+        var park: Int64 { min(1000, clientIdle / 2) }
     }
 
     enum Action: Equatable {
@@ -39,11 +49,16 @@ struct ClientConnectionStateMachine<Exchange> {
         case disarmTimer
         /// Everything queued has been written (or nothing will be): free the connection now.
         case close
+        /// Idle long enough: free the buffers if nothing is queued (`parked()`), and arm the timer for the rest of
+        /// `client-idle` either way.
+        case park(thenArmMilliseconds: Int64)
     }
 
     private(set) var state: State = .readingHead(since: nil)
     /// The client half-closed: whatever it already sent is answered, then the connection closes.
     private(set) var clientEnded = false
+    /// The timer armed in `readingHead(since: nil)` is the park timer, not yet `client-idle`'s end.
+    private(set) var parkDue = false
     var timeouts: Timeouts
 
     init(timeouts: Timeouts) {
@@ -60,11 +75,16 @@ struct ClientConnectionStateMachine<Exchange> {
         return false
     }
 
+    var isParked: Bool {
+        if case .parked = state { return true }
+        return false
+    }
+
     /// The exchange being forwarded, refused or tunnelled, if any.
     var exchange: Exchange? {
         switch state {
         case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange): exchange
-        case .readingHead, .closing, .closed: nil
+        case .readingHead, .parked, .closing, .closed: nil
         }
     }
 
@@ -75,11 +95,23 @@ struct ClientConnectionStateMachine<Exchange> {
         .armTimer(milliseconds: timeouts.clientIdle)
     }
 
+    /// Waiting idle for a next head: the park timer first, when parking leaves some idle time.
+    private mutating func waitIdle() -> Action {
+        let park = timeouts.park
+        guard park > 0, park < timeouts.clientIdle else {
+            parkDue = false
+            return .armTimer(milliseconds: timeouts.clientIdle)
+        }
+        parkDue = true
+        return .armTimer(milliseconds: park)
+    }
+
     /// Bytes of a head are buffered; the first of them starts `client-header` (slowloris: a head that trickles
     /// in is cut however busy the client looks).
     mutating func headBytesBuffered(now: UInt64) -> Action {
         guard case .readingHead(nil) = state else { return .none }
         state = .readingHead(since: now)
+        parkDue = false
         return .armTimer(milliseconds: timeouts.clientHeader)
     }
 
@@ -88,7 +120,7 @@ struct ClientConnectionStateMachine<Exchange> {
         guard case .readingHead = state else { return .none }
         state = .readingHead(since: nil)
         if clientEnded { return closeWhenFlushed(outputBacklog: outputBacklog) }
-        return .armTimer(milliseconds: timeouts.clientIdle)
+        return waitIdle()
     }
 
     /// A head is buffered only in part and the client ended: it will never be complete.
@@ -102,6 +134,7 @@ struct ClientConnectionStateMachine<Exchange> {
     mutating func headParsed() -> (since: UInt64?, action: Action) {
         guard case .readingHead(let since) = state else { return (nil, .none) }
         state = .readingHead(since: nil)
+        parkDue = false
         return (since, .disarmTimer)
     }
 
@@ -138,6 +171,19 @@ struct ClientConnectionStateMachine<Exchange> {
         clientEnded = true
     }
 
+    /// The buffers were freed after `.park`.
+    mutating func parked() {
+        guard case .readingHead(nil) = state else { return }
+        state = .parked
+    }
+
+    /// The parked connection's socket became readable (a byte, or EOF): its buffers are back, the next head is
+    /// read. The timer keeps running for what is left of `client-idle`.
+    mutating func unparked() {
+        guard case .parked = state else { return }
+        state = .readingHead(since: nil)
+    }
+
     /// The output was written out.
     mutating func outputDrained() -> Action {
         guard case .closing = state else { return .none }
@@ -148,7 +194,10 @@ struct ClientConnectionStateMachine<Exchange> {
     /// The timer fired.
     mutating func timerFired(outputBacklog: Int) -> Action {
         switch state {
-        case .readingHead:
+        case .readingHead(nil) where parkDue:
+            parkDue = false
+            return .park(thenArmMilliseconds: max(1, timeouts.clientIdle - timeouts.park))
+        case .readingHead, .parked:
             // Idle keep-alive expired, or a head trickled in too slowly: cut it without a word.
             state = .closed
             return .close
@@ -168,5 +217,6 @@ struct ClientConnectionStateMachine<Exchange> {
     /// The connection was freed (an error, an abort, or the end).
     mutating func closed() {
         state = .closed
+        parkDue = false
     }
 }

@@ -21,6 +21,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let bytesIn = Atomic<Int>(0)
     private let bytesOut = Atomic<Int>(0)
     private let connections = Atomic<Int>(0)
+    private let parked = Atomic<Int>(0)
     private let splices = Atomic<Int>(0)
     private let bodySplices = Atomic<Int>(0)
     private let reasonIndex: [String: Int]
@@ -66,6 +67,8 @@ public final class WorkerMetrics: @unchecked Sendable {
     func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
     func connectionOpened() { connections.add(1, ordering: .relaxed) }
     func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
+    func connectionParked() { parked.add(1, ordering: .relaxed) }
+    func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
     func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
     func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
 
@@ -83,6 +86,7 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.bytesIn += bytesIn.load(ordering: .relaxed)
         total.bytesOut += bytesOut.load(ordering: .relaxed)
         total.connectionsActive += connections.load(ordering: .relaxed)
+        total.connectionsParked += parked.load(ordering: .relaxed)
         total.tunnelSplices += splices.load(ordering: .relaxed)
         total.bodySplices += bodySplices.load(ordering: .relaxed)
     }
@@ -107,6 +111,8 @@ public struct MetricsSnapshot: Sendable {
     public var bytesIn = 0
     public var bytesOut = 0
     public var connectionsActive = 0
+    /// Open client connections idle with their buffers freed (`ClientConnectionStateMachine.State.parked`).
+    public var connectionsParked = 0
     public var tunnelSplices = 0
     /// Content-Length response bodies handed to splice(2).
     public var bodySplices = 0

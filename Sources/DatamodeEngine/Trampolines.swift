@@ -39,6 +39,10 @@ let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
     client.clientEvent(what)
     client.flushPendingWrites()
 }
+let clientParkedReadCallback: event_callback_fn = { _, _, ctx in
+    let client = owner(ctx, as: ClientConnection.self)
+    client.unpark()
+}
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
     let client = owner(ctx, as: ClientConnection.self)
     client.clientTimerFired()

@@ -37,7 +37,7 @@ import Testing
         #expect(kept.timerFired(outputBacklog: 0) == .none, "no client timer while an exchange runs")
         #expect(kept.exchangeFinished(keepAlive: true, draining: false, outputBacklog: 100) == .none)
         #expect(kept.isReadingHead)
-        #expect(kept.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 60_000))
+        #expect(kept.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 1_000), "the park timer first")
 
         var closing = Machine(timeouts: Self.timeouts)
         closing.forward(2)
@@ -47,6 +47,48 @@ import Testing
         var empty = Machine(timeouts: Self.timeouts)
         empty.forward(3)
         #expect(empty.exchangeFinished(keepAlive: true, draining: true, outputBacklog: 0) == .close)
+    }
+
+    /// An idle keep-alive connection gives its buffers back after a second (issue 12) and still closes when
+    /// `client-idle` ends, counted from when it went idle, not from when it was parked.
+    @Test func anIdleConnectionIsParkedThenClosedAtClientIdle() {
+        var machine = Machine(timeouts: Self.timeouts)
+        machine.forward(1)
+        _ = machine.exchangeFinished(keepAlive: true, draining: false, outputBacklog: 0)
+        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 1_000))
+        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 59_000))
+        #expect(machine.isReadingHead, "parked only once the executor has freed the buffers")
+        machine.parked()
+        #expect(machine.isParked && machine.exchange == nil)
+        #expect(machine.timerFired(outputBacklog: 0) == .close)
+        #expect(machine.isClosed)
+    }
+
+    @Test func aParkedConnectionWakesForItsNextHeadWithTheIdleClockRunning() {
+        var machine = Machine(timeouts: Self.timeouts)
+        _ = machine.inputEmpty(outputBacklog: 0)
+        _ = machine.timerFired(outputBacklog: 0)
+        machine.parked()
+        machine.unparked()
+        #expect(machine.isReadingHead && !machine.parkDue)
+        // The timer still armed is the rest of client-idle: firing now closes, it does not park again.
+        #expect(machine.timerFired(outputBacklog: 0) == .close)
+
+        var woken = Machine(timeouts: Self.timeouts)
+        _ = woken.inputEmpty(outputBacklog: 0)
+        _ = woken.timerFired(outputBacklog: 0)
+        woken.parked()
+        woken.unparked()
+        #expect(woken.headBytesBuffered(now: 7) == .armTimer(milliseconds: 15_000))
+    }
+
+    @Test func aShortClientIdleParksAtHalfOfIt() {
+        var machine = Machine(timeouts: .init(clientIdle: 400, clientHeader: 15_000, drain: 10_000))
+        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 200))
+        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 200))
+        var tiny = Machine(timeouts: .init(clientIdle: 1, clientHeader: 15_000, drain: 10_000))
+        #expect(tiny.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 1), "too short to park")
+        #expect(tiny.timerFired(outputBacklog: 0) == .close)
     }
 
     /// SPEC §6 "No byte is lost": a slow reader is cut only after a whole drain-timeout without progress.
