@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import resource
 import select
 import shutil
@@ -30,6 +31,9 @@ from procs import Procs, cpu_seconds, free_port, rss_kib, system_cpu, per_cpu_bu
 SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
 PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
 DM = "datamode-proxy"
+# Measurement 6 (scale across cores): second instances with two workers each, not pinned.
+SCALE_WORKERS = 2
+SCALE = {DM: "datamode-proxy-threads2", "haproxy": "haproxy-nbthread2", "nginx": "nginx-workers2"}
 NO_PROXY_ENV = {k: v for k, v in os.environ.items()
                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
 
@@ -51,6 +55,9 @@ def render(template, **values):
         text = f.read()
     for k, v in values.items():
         text = text.replace(f"@{k.upper()}@", str(v))
+    left = sorted(set(re.findall(r"@[A-Z_]+@", text)))
+    if left:
+        raise ValueError(f"{template}: no value for {', '.join(left)}")
     return text
 
 
@@ -180,12 +187,13 @@ class Bench:
             return False, f"short body {len(body)} < {size}"
         return True, status_line
 
-    def start_proxy(self, name, label, argv, port, cwd=None, connect=True, connect_note="", env=None):
+    def start_proxy(self, name, label, argv, port, cwd=None, connect=True, connect_note="", env=None, cpu=None):
+        """cpu: what taskset gets (default: the proxy core; the scale row passes every core)."""
         t = Target(name, label, connect=connect, connect_note=connect_note)
         t.port = port
         self.targets[name] = t
         try:
-            t.proc = self.procs.start(name, argv, cpu=self.a.proxy_cpu, cwd=cwd, env=env)
+            t.proc = self.procs.start(name, argv, cpu=self.a.proxy_cpu if cpu is None else cpu, cwd=cwd, env=env)
         except OSError as e:
             t.reason = f"could not start: {e}"
             log(f"{name}: {t.reason}")
@@ -224,16 +232,9 @@ class Bench:
         w = self.work
         want = [p for p in PEERS if p in self.a.targets]
         if "haproxy" in want:
-            port = free_port()
-            conf = self.write("haproxy.cfg", render("haproxy.cfg.tmpl", port=port, origin_port=o, work=w))
-            self.start_proxy("haproxy", "HAProxy (reverse proxy, abs-form)", ["haproxy", "-db", "-f", conf], port,
-                             connect=False, connect_note="n/a: not a forward proxy")
+            self.start_haproxy("haproxy", "HAProxy (reverse proxy, abs-form)")
         if "nginx" in want:
-            port = free_port()
-            conf = self.write("nginx-proxy.conf", render("nginx-proxy.conf.tmpl", port=port, origin_port=o, work=w))
-            self.start_proxy("nginx", "nginx (upstream keep-alive)",
-                             ["nginx", "-c", conf, "-e", os.path.join(w, "logs/nginx-proxy.err")], port,
-                             connect=False, connect_note="n/a: nginx cannot CONNECT")
+            self.start_nginx("nginx", "nginx-proxy", "nginx (upstream keep-alive)")
         if "squid" in want:
             port = free_port()
             conf = self.write("squid.conf", render("squid.conf.tmpl", port=port, origin_port=o, work=w))
@@ -243,23 +244,39 @@ class Bench:
             conf = self.write("tinyproxy.conf", render("tinyproxy.conf.tmpl", port=port, origin_port=o, work=w))
             self.start_proxy("tinyproxy", "tinyproxy", ["tinyproxy", "-d", "-c", conf], port)
 
-    def datamode_argv(self, name, conf, port, admin, mode=None):
+    def start_haproxy(self, name, label, threads=1, cpu=None):
+        port = free_port()
+        conf = self.write(f"{name}.cfg", render("haproxy.cfg.tmpl", port=port, origin_port=self.origin_port,
+                                                 work=self.work, name=name, threads=threads))
+        return self.start_proxy(name, label, ["haproxy", "-db", "-f", conf], port, cpu=cpu,
+                                connect=False, connect_note="n/a: not a forward proxy")
+
+    def start_nginx(self, name, conf_name, label, workers=1, cpu=None):
+        """conf_name: file names of its config, pid, error log and temp dir (nginx-proxy for the 1-worker peer)."""
+        port = free_port()
+        os.makedirs(os.path.join(self.work, f"{conf_name}-tmp"), exist_ok=True)
+        conf = self.write(f"{conf_name}.conf", render("nginx-proxy.conf.tmpl", port=port, origin_port=self.origin_port,
+                                                      work=self.work, name=conf_name, workers=workers))
+        return self.start_proxy(name, label, ["nginx", "-c", conf, "-e", os.path.join(self.work, f"logs/{conf_name}.err")],
+                                port, cpu=cpu, connect=False, connect_note="n/a: nginx cannot CONNECT")
+
+    def datamode_argv(self, name, conf, port, admin, mode=None, threads=1):
         argv = [self.a.proxy_bin, "run", "--config", conf, "--listen", f"127.0.0.1:{port}",
-                "--admin-listen", f"127.0.0.1:{admin}", "--threads", "1",
+                "--admin-listen", f"127.0.0.1:{admin}", "--threads", str(threads),
                 "--state-dir", os.path.join(self.work, f"{name}-state")]
         if mode:
             argv += ["--mode", mode]
         return argv
 
-    def start_datamode(self, name, label, extra_yaml=None, mode=None):
+    def start_datamode(self, name, label, extra_yaml=None, mode=None, threads=1, cpu=None):
         port, admin = free_port(), free_port()
         base = render("datamode.yaml.tmpl", port=port, admin_port=admin, origin_port=self.origin_port,
-                      work=self.work, name=name)
+                      work=self.work, name=name, threads=threads)
         text = base if extra_yaml is None else extra_yaml(base)
         conf = self.write(f"{name}.yaml", text)
         os.makedirs(os.path.join(self.work, f"{name}-state"), exist_ok=True)
-        t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode), port,
-                             cwd=self.work, env=NO_PROXY_ENV)
+        t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode, threads), port,
+                             cwd=self.work, env=NO_PROXY_ENV, cpu=cpu)
         t.admin_port = admin
         if not t.available:
             # say why, in the proxy's own words, when it is the configuration
@@ -322,11 +339,11 @@ class Bench:
                 "total_cpu_s": total, "other_cpu_s": other, "other_pct": 100 * other / wall if wall else 0,
                 "other_on_proxy_core_pct": 100 * other_proxy_core / wall if wall else 0}
 
-    def run_client(self, argv, timeout):
-        """Run a client pinned to the client core; returns (stdout, client CPU seconds, rc)."""
+    def run_client(self, argv, timeout, cpu=None):
+        """Run a client pinned to the client core (or to cpu, a taskset list); returns (stdout, client CPU seconds, rc)."""
         out_path = os.path.join(self.work, "logs", "client.out")
         with open(out_path, "wb") as out:
-            p = subprocess.Popen(["taskset", "-c", str(self.a.client_cpu)] + argv, stdout=out,
+            p = subprocess.Popen(["taskset", "-c", str(self.a.client_cpu if cpu is None else cpu)] + argv, stdout=out,
                                  stderr=subprocess.STDOUT, env=dict(NO_PROXY_ENV, BENCH_LUA_DIR=os.path.join(self.work, "lua")),
                                  start_new_session=True)
             self.procs.started.append(("client", p))
@@ -351,7 +368,7 @@ class Bench:
         client = (ru.ru_utime + ru.ru_stime) if ru else 0.0
         return text, client, rc
 
-    def wrk(self, t, script, script_args, duration, connections=None):
+    def wrk(self, t, script, script_args, duration, connections=None, threads=1):
         c = connections or self.a.connections
         lua = os.path.join(self.work, "lua", script)
         if t.is_direct:
@@ -360,19 +377,28 @@ class Bench:
         else:
             url = f"http://127.0.0.1:{t.port}/"
             extra = ["--"] + list(script_args)
-        argv = ["wrk", "-t1", f"-c{c}", f"-d{duration}s", "--timeout", "10s", "--latency", "-s", lua, url] + extra
+        argv = ["wrk", f"-t{threads}", f"-c{c}", f"-d{duration}s", "--timeout", "10s", "--latency", "-s", lua, url] + extra
         return argv
 
-    def measure_wrk(self, t, script, script_args, duration):
+    def measure_wrk(self, t, script, script_args, duration, connections=None, threads=1, cpu=None):
+        """cpu: None = the usual split (wrk on the client core, proxy pinned to its core); a taskset list =
+        wrk runs there and nothing is pinned to one core (the scale row: no per-core figures)."""
         if not t.available or (not t.is_direct and not t.alive()):
             if t.available:
                 t.available, t.reason = False, "process exited during the run"
             return {"available": False, "reason": t.reason}
-        argv = self.wrk(t, script, script_args, duration)
+        argv = self.wrk(t, script, script_args, duration, connections, threads)
         before = self.snapshot(t)
-        text, client_s, rc = self.run_client(argv, timeout=duration + 30)
+        text, client_s, rc = self.run_client(argv, timeout=duration + 30, cpu=cpu)
         after = self.snapshot(t)
         rec = self.cpu_delta(t, before, after, client_s)
+        if cpu is not None:
+            # nothing has a core of its own: "other work on the proxy's core" means nothing here
+            rec.pop("other_on_proxy_core_pct", None)
+            wall = rec["wall_s"]
+            rec.update(wrk_threads=threads, connections=connections or self.a.connections, cpus=str(cpu),
+                       proxy_cores=rec["proxy_cpu_s"] / wall if wall and not t.is_direct else None,
+                       client_origin_cores=(rec["client_cpu_s"] + rec["origin_cpu_s"]) / wall if wall else None)
         line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
         if rc != 0 or not line:
             rec.update(available=True, failed=True, reason=f"wrk rc={rc}: {text.strip()[-300:]}")
@@ -611,6 +637,88 @@ class Bench:
         self.results["measurements"][key] = res
         self.procs.stop(cons.proc)
 
+    def set_origin_cpus(self, cpus):
+        """Re-pin every thread of the running origin nginx (master and worker) to the given CPU set."""
+        for pid in tree(self.origin.pid):
+            try:
+                tids = [int(x) for x in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def threads_of(pids):
+        """(processes, threads) of a running proxy, from /proc: shows the workers really run."""
+        n = 0
+        for pid in pids:
+            try:
+                n += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                pass
+        return len(pids), n
+
+    def m6_scale(self):
+        """Two workers per proxy, nothing pinned: 1 KiB keep-alive at saturation, wrk -t2, many connections.
+        On a 2-core machine the proxy shares both cores with wrk and the origin."""
+        key = "scale_1k"
+        every = ",".join(str(c) for c in self.a.all_cpus)
+        w = SCALE_WORKERS
+        names = ["direct"]
+        if DM in self.a.targets:
+            n = SCALE[DM]
+            if self.a.datamode_unavailable or not self.a.proxy_bin:
+                t = Target(n, f"datamode-proxy threads: {w}")
+                t.reason = self.a.datamode_unavailable or "no binary"
+                self.targets[n] = t
+            else:
+                self.start_datamode(n, f"datamode-proxy threads: {w}", threads=w, cpu=every)
+            names.append(n)
+        if "haproxy" in self.a.targets:
+            self.start_haproxy(SCALE["haproxy"], f"HAProxy nbthread {w}", threads=w, cpu=every)
+            names.append(SCALE["haproxy"])
+        if "nginx" in self.a.targets:
+            self.start_nginx(SCALE["nginx"], SCALE["nginx"], f"nginx worker_processes {w}", workers=w, cpu=every)
+            names.append(SCALE["nginx"])
+        path = "/1k.bin"
+        absolute = f"http://{self.origin_hostport()}{path}"
+        conns = self.a.scale_connections
+
+        def args_for(t):
+            return [path] if t.is_direct else [absolute, self.origin_hostport()]
+
+        def run(t, duration):
+            return self.measure_wrk(t, "absolute.lua", args_for(t), duration, connections=conns, threads=w, cpu=every)
+
+        def warm(t):
+            if self.a.warmup > 0 and t.available:
+                run(t, self.a.warmup)
+
+        info = {"workers": w, "connections": conns, "wrk_threads": w, "cpus": every, "instances": {}}
+        for n in names:
+            t = self.targets[n]
+            info["instances"][n] = {"label": t.label, "available": t.available, "reason": t.reason, "port": t.port}
+            if t.available and not t.is_direct:
+                procs_n, threads_n = self.threads_of(t.pids())
+                info["instances"][n].update(processes=procs_n, threads=threads_n)
+        self.set_origin_cpus(set(self.a.all_cpus))
+        log(f"m6-scale: {w} workers per proxy on CPUs {every}, origin and wrk -t{w} -c{conns} there too")
+        try:
+            res = self.interleaved("m6-scale", names, lambda t, r: run(t, self.a.duration), warm)
+        finally:
+            self.set_origin_cpus({self.a.client_cpu})
+        for n in names[1:]:
+            t = self.targets[n]
+            if t.proc is not None and t.available and not t.alive():
+                info["instances"][n]["reason"] = f"exited during the run (rc {t.proc.returncode})"
+            if t.proc is not None:
+                self.procs.stop(t.proc)
+        res["info"] = info
+        self.results["measurements"][key] = res
+
     # ------------------------------------------------------------ run
 
     def run(self):
@@ -624,6 +732,8 @@ class Bench:
             self.m1_small()
         if "policy" in m:
             self.m4_policy()
+        if "scale" in m:
+            self.m6_scale()
         if "download" in m:
             self.m2_download()
         if "connect" in m:
@@ -678,10 +788,12 @@ def main():
     ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     ap.add_argument("--warmup", type=int, default=1, help="seconds of wrk warm-up per target before the rounds (0: none)")
     ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--scale-connections", type=int, default=100,
+                    help="wrk connections in the scale row (2 workers per proxy, wrk -t2, nothing pinned)")
     ap.add_argument("--downloads", type=int, default=3, help="100 MiB downloads per sample (one connection)")
     ap.add_argument("--idle-conns", type=int, default=5000)
     ap.add_argument("--targets", default=",".join([DM] + PEERS), help="comma list of proxies (direct is always run)")
-    ap.add_argument("--only", default="small,policy,download,connect,idle", help="comma list of measurements")
+    ap.add_argument("--only", default="small,policy,download,connect,idle,scale", help="comma list of measurements")
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
@@ -694,6 +806,7 @@ def main():
     a.rounds = max(1, a.rounds)
     if os.cpu_count() < 2:
         raise SystemExit("bench needs 2 cores: one for the proxy, one for client and origin")
+    a.all_cpus = sorted(os.sched_getaffinity(0))  # before pinning ourselves: the scale row uses all of them
     os.sched_setaffinity(0, {a.client_cpu})
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
@@ -741,7 +854,8 @@ def main():
     res = b.results
     res.update(stamp=stamp, env=env, elapsed_s=elapsed, interrupted=interrupted,
                params={k: getattr(a, k) for k in ("rounds", "duration", "warmup", "connections", "downloads",
-                                                    "idle_conns", "targets", "only", "proxy_cpu", "client_cpu")},
+                                                    "idle_conns", "targets", "only", "proxy_cpu", "client_cpu",
+                                                    "scale_connections", "all_cpus")},
                command=a.command or " ".join(sys.argv), finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, stamp)

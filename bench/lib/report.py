@@ -4,7 +4,10 @@ import statistics
 ORDER = ["direct", "datamode-proxy", "haproxy", "nginx", "squid", "tinyproxy"]
 NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-proxy**", "haproxy": "HAProxy",
          "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy",
-         "datamode-constrained": "**datamode-proxy** constrained, 1,000 rules + 10,000 variants"}
+         "datamode-constrained": "**datamode-proxy** constrained, 1,000 rules + 10,000 variants",
+         "datamode-proxy-threads2": "**datamode-proxy** `threads: 2`", "haproxy-nbthread2": "HAProxy `nbthread 2`",
+         "nginx-workers2": "nginx `worker_processes 2`"}
+SCALE_ORDER = ["direct", "datamode-proxy-threads2", "haproxy-nbthread2", "nginx-workers2"]
 BUSY_PCT = 10.0  # other CPU above this (% of one core) marks a measurement as noisy
 
 
@@ -220,6 +223,58 @@ def noise_summary(res):
             f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.")
 
 
+def ratio_cell(block, a, b, key):
+    """a over b for key: the ratio of the medians, and the spread of the per-round ratios (same round, A next to B)."""
+    sa, sb = stat(ok_records(block.get(a, [])), key), stat(ok_records(block.get(b, [])), key)
+    if not sa or not sb or not sb[0]:
+        return "—"
+    rb = {r.get("round"): r[key] for r in ok_records(block.get(b, [])) if r.get(key)}
+    per = [r[key] / rb[r.get("round")] for r in ok_records(block.get(a, []))
+           if r.get(key) is not None and r.get("round") in rb]
+    out = f"{sa[0] / sb[0]:.2f}×"
+    if len(per) > 1 and min(per) != max(per):
+        out += f" (per round {min(per):.2f}–{max(per):.2f}×)"
+    return out
+
+
+def scale_section(res):
+    block = res["measurements"].get("scale_1k")
+    if not block:
+        return "_not run_\n"
+    info = block.get("info", {})
+    inst = info.get("instances", {})
+    w = info.get("workers", 2)
+    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | proxy CPU, cores | wrk + origin CPU, cores | "
+             "errors | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    names = [n for n in SCALE_ORDER if n in block] + [n for n in block if n not in SCALE_ORDER and n != "info"]
+    for n in names:
+        recs = block[n]
+        if unavailable(recs):
+            lines.append(f"| {label(n)} | not available: {reason_of(recs, inst.get(n))} | | | | | | | |")
+            continue
+        ok = ok_records(recs)
+        errs = sum(r.get("errors", 0) for r in ok)
+        lines.append(f"| {label(n)} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | "
+                     f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | "
+                     f"{fmt_small(stat(ok, 'proxy_cores'), 2)} | {fmt_small(stat(ok, 'client_origin_cores'), 2)} | "
+                     f"{errs:,} | {other_cell(recs)} |")
+    out = "\n".join(lines) + "\n\n"
+    dm, ha, ng = "datamode-proxy-threads2", "haproxy-nbthread2", "nginx-workers2"
+    if dm in block and ha in block:
+        out += (f"**datamode-proxy / HAProxy, {w} workers each:** requests/s {ratio_cell(block, dm, ha, 'rps')} "
+                f"(higher is better), proxy CPU µs/request {ratio_cell(block, dm, ha, 'cpu_us_per_req')} (lower is better).")
+        if ng in block:
+            out += (f" Against nginx: requests/s {ratio_cell(block, dm, ng, 'rps')}, "
+                    f"CPU µs/request {ratio_cell(block, dm, ng, 'cpu_us_per_req')}.")
+        out += "\n\n"
+    seen = [f"{label(n)} {v['processes']} process{'es' if v['processes'] != 1 else ''} / {v['threads']} threads"
+            for n, v in inst.items() if v.get("threads")]
+    if seen:
+        out += "Seen in /proc when started: " + "; ".join(seen) + ".\n"
+    return out
+
+
 def dm_line(res):
     env = res.get("env", {})
     t = res.get("targets", {}).get("datamode-proxy")
@@ -258,13 +313,16 @@ def markdown(res, png):
         f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client and the nginx origin on CPU {p.get('client_cpu')}; "
         f"one worker per proxy, logging off, keep-alive on; {p.get('rounds')} round{'s' if p.get('rounds') != 1 else ''} interleaved (A B C … A B C …); "
         f"wrk 1 thread, {p.get('connections')} connections, {p.get('duration')} s per run after a {p.get('warmup')} s warm-up; "
-        f"cells are median (min–max) over the rounds.",
+        f"cells are median (min–max) over the rounds"
+        + (f". Section 6 differs: {p.get('scale_connections')} connections, wrk 2 threads, two workers per proxy, nothing pinned"
+           if "scale_1k" in res.get("measurements", {}) else "") + ".",
         f"- {noise_summary(res)}",
         f"- Whole run: {res.get('elapsed_s', 0) / 60:.1f} min. Raw samples: `{stamp}.json`.",
         "",
     ]
     if png:
         out += [f"![requests/s and proxy CPU per request]({png})", ""]
+    scale_workers = (res["measurements"].get("scale_1k") or {}).get("info", {}).get("workers", 2)
     out += ["## 1. Small responses, keep-alive, absolute-form", "", "### 1 KiB", "", small_table(res, "small_1k"),
             "### 100 KiB", "", small_table(res, "small_100k"),
             "Proxy CPU µs/request = the proxy's utime+stime (all threads and worker processes, /proc/PID/stat) over the run, "
@@ -282,5 +340,16 @@ def markdown(res, png):
             "## 5. CONNECT tunnel, 100 MiB", "",
             "curl `-p` (CONNECT to the origin's port, then GET through the tunnel). Direct is the plain download.", "",
             download_table(res, "connect_100m"),
+            f"## 6. Scale across cores: {scale_workers} workers, 1 KiB keep-alive", "",
+            f"Second instances with two workers each (datamode-proxy `threads: 2`, HAProxy `nbthread 2`, nginx "
+            f"`worker_processes 2`), not pinned: they may use both cores (CPUs {','.join(map(str, p.get('all_cpus') or []))}), "
+            f"and so do `wrk -t2 -c{p.get('scale_connections')}` and the origin (its one worker floats across the cores "
+            "for this row). On this 2-core machine the load generator and the origin share the cores with the proxy, so "
+            "this row does not show a proxy's throughput on two cores of its own: it shows how each proxy uses two "
+            "cores it shares with the client and the origin — requests/s at saturation, and proxy CPU µs/request "
+            "(utime+stime of all its threads and processes, /proc). *Proxy CPU, cores* = the proxy's CPU seconds over "
+            "the wall time (2.00 = both cores all the time); *wrk + origin* the same for the client and the origin. "
+            "Direct is wrk against the one-worker origin, also on both cores.", "",
+            scale_section(res),
             ]
     return "\n".join(out) + "\n"
