@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 
 import policy  # noqa: E402
 import procs  # noqa: E402
-from procs import Procs, cpu_seconds, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
+from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
 
 SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
 PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
@@ -315,6 +315,7 @@ class Bench:
         return {
             "t": time.time(),
             "proxy": cpu_seconds(t.pids()) if not t.is_direct else 0.0,
+            "proxy_kernel": kernel_ticks(t.pids()) / procs.CLK_TCK if not t.is_direct else 0.0,
             "origin": cpu_seconds(tree(self.origin.pid)),
             "sys": system_cpu()[0],
             "percpu": per_cpu_busy(),
@@ -409,7 +410,9 @@ class Bench:
         rec.update(available=True, requests=reqs, rps=reqs / dur if dur else 0, p50_ms=w["lat_p50_us"] / 1000,
                    p99_ms=w["lat_p99_us"] / 1000, errors=w["connect"] + w["read"] + w["write"] + w["timeout"] + w["status"],
                    errors_detail={k: w[k] for k in ("connect", "read", "write", "timeout", "status")},
-                   bytes=w["bytes"], cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / reqs) if reqs and not t.is_direct else None)
+                   bytes=w["bytes"], cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / reqs) if reqs and not t.is_direct else None,
+                   kernel_us_per_req=((after["proxy_kernel"] - before["proxy_kernel"]) * 1e6 / reqs)
+                   if reqs and not t.is_direct else None)
         if not t.is_direct and not t.alive():
             rec["reason"] = "proxy exited during this run"
         return rec

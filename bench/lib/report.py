@@ -70,12 +70,12 @@ def small_table(res, key):
     if not block:
         return "_not run_\n"
     tinfo = res.get("targets", {})
-    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | errors | other CPU % of a core |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | of which kernel | errors | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n in targets_in(block):
         recs = block[n]
         if unavailable(recs):
-            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | |")
+            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | | |")
             continue
         ok = ok_records(recs)
         errs = sum(r.get("errors", 0) for r in ok)
@@ -86,7 +86,7 @@ def small_table(res, key):
             err_cell += " (reads: closes after every response, no keep-alive)"
         lines.append(f"| {label(n)} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | "
                      f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | "
-                     f"{err_cell} | {other_cell(recs)} |")
+                     f"{fmt_small(stat(ok, 'kernel_us_per_req'), 1)} | {err_cell} | {other_cell(recs)} |")
     return "\n".join(lines) + "\n"
 
 
