@@ -101,7 +101,7 @@ public struct DataModeClientSettings: Sendable, Equatable {
 /// The tags come from the request's and the configuration's `allows…NetworkAccess` where the platform has them,
 /// else from `URLRequest.dataModeAllows…NetworkAccess` and the settings. The settings are per process (a
 /// `URLProtocol` class cannot see the session that runs it): one proxy per process, as apps have.
-public final class DataModeURLProtocol: URLProtocol, @unchecked Sendable {
+public final class DataModeURLProtocol: URLProtocol {
     private static let state = NSLock()
     nonisolated(unsafe) private static var current = DataModeClientSettings()
     private static let handledKey = "DataModeURLProtocolHandled"
@@ -158,25 +158,64 @@ public final class DataModeURLProtocol: URLProtocol, @unchecked Sendable {
         return out
     }
 
+    private var exchange: ProxyExchange?
+
     public override func startLoading() {
         let settings = Self.settings
         let tagged = Self.tagged(request, settings: settings)
+        #if !canImport(Darwin)
+        // swift-corelibs-foundation ignores `connectionProxyDictionary`: an `http://` request is sent to the proxy
+        // by this protocol itself. (`https://` goes through URLSession, which reaches the proxy only through
+        // libcurl's `https_proxy` environment variable.)
+        if tagged.url?.scheme?.lowercased() == "http" {
+            let exchange = ProxyExchange(request: tagged, proxyHost: settings.proxyHost, proxyPort: settings.proxyPort)
+            self.exchange = exchange
+            let url = tagged.url!
+            let owner = UncheckedBox(self)
+            Thread.detachNewThread {
+                let self_ = owner.value
+                do {
+                    try exchange.run(head: { head in
+                        var fields: [String: String] = [:]
+                        for (name, value) in head.fields {
+                            fields[name] = fields[name].map { $0 + ", " + value } ?? value
+                        }
+                        if let response = HTTPURLResponse(url: url, statusCode: head.status, httpVersion: "HTTP/1.1",
+                                                          headerFields: fields) {
+                            _ = self_.received(response)
+                        }
+                    }, body: { data in self_.received(data) })
+                    self_.completed(nil)
+                } catch is CancellationError {
+                    return
+                } catch {
+                    self_.completed(URLError(.networkConnectionLost, userInfo: [NSLocalizedDescriptionKey: "\(error)"]))
+                }
+            }
+            return
+        }
+        #endif
         let mutable = (tagged as NSURLRequest).mutableCopy() as! NSMutableURLRequest
         URLProtocol.setProperty(true, forKey: Self.handledKey, in: mutable)
         let configuration = URLSessionConfiguration.ephemeral
         configuration.protocolClasses = []
         configuration.connectionProxyDictionary = [
-            "HTTPEnable": 1, "HTTPProxy": settings.proxyHost, "HTTPPort": settings.proxyPort,
-            "HTTPSEnable": 1, "HTTPSProxy": settings.proxyHost, "HTTPSPort": settings.proxyPort,
+            "HTTPEnable": true, "HTTPProxy": settings.proxyHost, "HTTPPort": settings.proxyPort,
+            "HTTPSEnable": true, "HTTPSProxy": settings.proxyHost, "HTTPSPort": settings.proxyPort,
         ]
         let delegate = InnerDelegate(owner: self)
         let session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: nil)
         inner = session
-        session.dataTask(with: mutable as URLRequest).resume()
+        let request = mutable as URLRequest
+        // Not on the calling (outer session's) queue: with swift-corelibs-foundation, every session's work queue
+        // targets one serial queue, so starting a task of the inner session from there waits on itself.
+        DispatchQueue.global().async { session.dataTask(with: request).resume() }
     }
 
     public override func stopLoading() {
-        inner?.invalidateAndCancel()
+        exchange?.cancel()
+        // Not from inside the inner session's callbacks, whose queue its invalidation waits for.
+        if let session = inner { DispatchQueue.global().async { session.invalidateAndCancel() } }
         inner = nil
     }
 
@@ -214,8 +253,6 @@ public final class DataModeURLProtocol: URLProtocol, @unchecked Sendable {
         } else {
             client?.urlProtocolDidFinishLoading(self)
         }
-        inner?.finishTasksAndInvalidate()
-        inner = nil
     }
 }
 
@@ -243,4 +280,11 @@ private final class InnerDelegate: NSObject, URLSessionDataDelegate, @unchecked 
                     newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void) {
         completionHandler(nil)
     }
+}
+
+/// Hands the protocol instance to the thread that runs its exchange: URLProtocol is not Sendable, but the client
+/// callbacks it makes are made from one thread at a time (the exchange's), as URLSession's own loaders do.
+private struct UncheckedBox<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
 }

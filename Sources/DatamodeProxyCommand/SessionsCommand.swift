@@ -81,9 +81,11 @@ struct WatchCommand: ParsableCommand {
     func run() throws {
         var path = "/events"
         if let session { path += "?session=" + (session.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? session) }
-        setvbuf(stdout, nil, _IOLBF, 0)
         do {
-            try options.client.follow(path) { type, data in print("\(type) \(data)") }
+            try options.client.follow(path) { type, data in
+                print("\(type) \(data)")
+                fflush(nil)  // one line per event, as it happens, also into a pipe
+            }
         } catch {
             throw CommandFailure(error)
         }
