@@ -35,6 +35,11 @@ public struct SessionTally: Sendable, Equatable {
         public var error: String
         /// Wall-clock nanoseconds since the Unix epoch.
         public var time: Int64
+        public init(url: String, error: String, time: Int64) {
+            self.url = url
+            self.error = error
+            self.time = time
+        }
     }
 
     /// The most rejected URLs kept (SPEC §12: the last 100).
