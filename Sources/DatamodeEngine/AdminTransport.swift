@@ -147,6 +147,12 @@ public final class AdminTransport {
         // A stream is idle by design: evhttp's read and write timeouts would cut it. A dead or stalled reader
         // is found by the heartbeat and the backlog limit instead.
         evhttp_connection_set_timeout(connection, -1)
+        // A small kernel send buffer too: a reader that stops shows up in the backlog after tens of KiB, not after
+        // the megabytes loopback autotuning would otherwise queue in the kernel for it.
+        if let bev = evhttp_connection_get_bufferevent(connection) {
+            var size = Int32(Self.subscriberBacklogLimit)
+            _ = setsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         if !response.body.isEmpty {
             let buffer = evbuffer_new()!
             evbuffer_add(buffer, response.body, response.body.count)
