@@ -58,19 +58,6 @@ public struct SessionTally: Sendable, Equatable {
 
     public init(serial: UInt64) { self.serial = serial }
 
-    mutating func record(outcome: String, reason: String?, bytesIn: UInt64, bytesOut: UInt64, variant: String?,
-                         rejectedURL: String?, wallTime: Int64, now: UInt64) {
-        requests[outcome, default: [:]][reason ?? "", default: 0] += 1
-        self.bytesIn += Int(bytesIn)
-        self.bytesOut += Int(bytesOut)
-        if let variant { variants[variant, default: 0] += 1 }
-        if let rejectedURL {
-            if rejected.count == Self.rejectedLimit { rejected.removeFirst() }
-            rejected.append(Rejected(url: rejectedURL, error: reason ?? outcome, time: wallTime))
-        }
-        lastSeen = max(lastSeen, now)
-    }
-
     /// Adds another worker's share (of the same session incarnation).
     public mutating func merge(_ other: SessionTally) {
         for (outcome, reasons) in other.requests {
@@ -92,20 +79,85 @@ public struct SessionTally: Sendable, Equatable {
 /// One worker's session counters. Written only by the worker's thread, without a lock, on the request path;
 /// the control plane reads them by message (`Worker.Command.reportSessions`): the worker copies them into its
 /// mailbox between two events, so a reader never sees a half-updated tally and the request path never waits.
+///
+/// A request costs one hash lookup of its session id and a few array increments (the outcome × reason table is
+/// indexed as `WorkerMetrics`' is); dictionaries are built only when the counters are read.
 final class WorkerSessionTallies {
-    private(set) var tallies: [String: SessionTally] = [:]
+    final class Live {
+        let serial: UInt64
+        var requests: [Int]
+        var bytesIn = 0
+        var bytesOut = 0
+        var variants: [String: Int] = [:]
+        /// A ring of the last `SessionTally.rejectedLimit` rejections; `next` is the oldest once full.
+        var rejected: [SessionTally.Rejected] = []
+        var next = 0
+        var lastSeen: UInt64 = 0
+        init(serial: UInt64) {
+            self.serial = serial
+            requests = Array(repeating: 0, count: WorkerMetrics.outcomes.count * WorkerMetrics.reasons.count)
+        }
 
-    func record(session: String, serial: UInt64, outcome: String, reason: String?, bytesIn: UInt64, bytesOut: UInt64,
+        var tally: SessionTally {
+            var out = SessionTally(serial: serial)
+            let reasons = WorkerMetrics.reasons
+            for (index, count) in requests.enumerated() where count > 0 {
+                out.requests[WorkerMetrics.outcomes[index / reasons.count], default: [:]][reasons[index % reasons.count]] = count
+            }
+            out.bytesIn = bytesIn
+            out.bytesOut = bytesOut
+            out.variants = variants
+            out.rejected = rejected.count < SessionTally.rejectedLimit ? rejected : Array(rejected[next...] + rejected[..<next])
+            out.lastSeen = lastSeen
+            return out
+        }
+    }
+
+    private var live: [String: Live] = [:]
+    private static let reasonIndex: [String: Int] = {
+        var index: [String: Int] = [:]
+        for (i, reason) in WorkerMetrics.reasons.enumerated() { index[reason] = i }
+        return index
+    }()
+
+    /// The counters as values, for a report.
+    var tallies: [String: SessionTally] { live.mapValues(\.tally) }
+
+    func record(session: String, serial: UInt64, outcome: Outcome, reason: String?, bytesIn: UInt64, bytesOut: UInt64,
                 variant: String?, rejectedURL: String?, wallTime: Int64, now: UInt64) {
-        if tallies[session]?.serial != serial { tallies[session] = SessionTally(serial: serial) }
-        tallies[session]!.record(outcome: outcome, reason: reason, bytesIn: bytesIn, bytesOut: bytesOut, variant: variant,
-                                 rejectedURL: rejectedURL, wallTime: wallTime, now: now)
+        var entry = live[session]
+        if entry?.serial != serial {
+            entry = Live(serial: serial)
+            live[session] = entry
+        }
+        let tally = entry!
+        let o: Int
+        switch outcome {
+        case .forwarded: o = 0
+        case .rewritten: o = 1
+        case .rejected: o = 2
+        case .error: o = 3
+        }
+        tally.requests[o * WorkerMetrics.reasons.count + (reason.flatMap { Self.reasonIndex[$0] } ?? 0)] += 1
+        tally.bytesIn += Int(bytesIn)
+        tally.bytesOut += Int(bytesOut)
+        if let variant { tally.variants[variant, default: 0] += 1 }
+        if let rejectedURL {
+            let entry = SessionTally.Rejected(url: rejectedURL, error: reason ?? outcome.rawValue, time: wallTime)
+            if tally.rejected.count < SessionTally.rejectedLimit {
+                tally.rejected.append(entry)
+            } else {
+                tally.rejected[tally.next] = entry
+                tally.next = (tally.next + 1) % SessionTally.rejectedLimit
+            }
+        }
+        tally.lastSeen = max(tally.lastSeen, now)
     }
 
     /// Forgets the counters of sessions that no longer exist (or exist anew), after a new snapshot.
     func prune(keeping sessions: [String: SessionScope]) {
-        guard !tallies.isEmpty else { return }
-        tallies = tallies.filter { sessions[$0.key]?.serial == $0.value.serial }
+        guard !live.isEmpty else { return }
+        live = live.filter { sessions[$0.key]?.serial == $0.value.serial }
     }
 }
 

@@ -276,7 +276,7 @@ final class Worker {
         metrics.add(bytesIn: Int(exchange.bytesIn))
         metrics.add(bytesOut: Int(exchange.bytesOut))
         if let session = exchange.session {
-            sessionTallies.record(session: session.id, serial: session.serial, outcome: outcome.rawValue,
+            sessionTallies.record(session: session.id, serial: session.serial, outcome: outcome,
                                   reason: exchange.reason, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
                                   variant: exchange.variant, rejectedURL: outcome == .rejected ? exchange.url : nil,
                                   wallTime: clock.wallNanoseconds(), now: clock.nowNanoseconds())

@@ -113,6 +113,21 @@ struct SessionsEndToEndTests {
         }
     }
 
+    @Test("the last 100 rejected URLs, oldest first")
+    func lastHundredRejected() throws {
+        let origin = try RecordingOrigin()
+        defer { origin.stop() }
+        try withAdminProxy(config: Self.config) { proxy, admin in
+            #expect(try admin.put("/sessions/many", #"{"mode": "constrained"}"#).status == 201)
+            let statuses = try Self.runRig(proxyPort: proxy.port, origin: origin, session: "many", count: 130)
+            #expect(statuses.allSatisfy { $0 == 403 })
+            let document = try admin.get("/sessions/many").object
+            #expect(Self.count(document, "rejected", "constrained") == 130)
+            let urls = (document["rejected"] as? [[String: Any]] ?? []).compactMap { $0["url"] as? String }
+            #expect(urls == (30..<130).map { origin.url("/many/\($0)") })
+        }
+    }
+
     @Test("sessions off: the header is ignored but still never forwarded")
     func disabled() throws {
         let origin = try RecordingOrigin()
