@@ -144,16 +144,18 @@ struct ClientKitTests {
             #expect(waitFor { updates.withLock { !$0.isEmpty } }, "the current mode arrives first")
             #expect(monitor.currentPath.isConstrained == false)
 
-            let flipped = Date()
+            let asked = Date()
             #expect(try admin.put("/mode", #"{"mode": "constrained-expensive"}"#).status == 200)
+            let flipped = Date()  // the mode is applied (and emitted) just before the PUT is answered
             #expect(waitFor { updates.withLock { $0.contains { $0.0.isConstrained } } }, "the update handler reports the flip")
             #expect(monitor.currentPath.isConstrained)
             let seen = updates.withLock { $0.first { $0.0.isConstrained }?.1 } ?? .distantFuture
             let latency = seen.timeIntervalSince(flipped)
             // SPEC §14 asks for 100 ms; the machine under test is shared, so the assertion is generous and the
             // latency is reported.
-            print("path monitor: mode flip seen after \(Int(latency * 1000)) ms")
-            #expect(latency < 2.0)
+            print("path monitor: mode flip seen \(Int(latency * 1000)) ms after the PUT was answered, "
+                  + "\(Int(seen.timeIntervalSince(asked) * 1000)) ms after it was sent (the PUT's fsync included)")
+            #expect(latency < 1.0)
             #expect(monitor.currentPath.isExpensive)
             #expect(!monitor.currentPath.isUltraConstrained)
             // The read token cannot change anything.
