@@ -158,7 +158,9 @@ public final class DataModeURLProtocol: URLProtocol {
         return out
     }
 
+    #if !canImport(Darwin)
     private var exchange: ProxyExchange?
+    #endif
 
     public override func startLoading() {
         let settings = Self.settings
@@ -213,7 +215,9 @@ public final class DataModeURLProtocol: URLProtocol {
     }
 
     public override func stopLoading() {
+        #if !canImport(Darwin)
         exchange?.cancel()
+        #endif
         // Not from inside the inner session's callbacks, whose queue its invalidation waits for.
         if let session = inner { DispatchQueue.global().async { session.invalidateAndCancel() } }
         inner = nil

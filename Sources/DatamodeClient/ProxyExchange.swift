@@ -1,3 +1,5 @@
+// Linux only: on Apple platforms URLSession honours `connectionProxyDictionary` and this file compiles to nothing.
+#if !canImport(Darwin)
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -8,12 +10,12 @@ private let systemSocket = Glibc.socket
 private let systemConnect = Glibc.connect
 private let systemSend = Glibc.send
 private let streamType = Int32(SOCK_STREAM.rawValue)
-#elseif canImport(Darwin)
-import Darwin
-private let systemSocket = Darwin.socket
-private let systemConnect = Darwin.connect
-private let systemSend = Darwin.send
-private let streamType = SOCK_STREAM
+#elseif canImport(Musl)
+import Musl
+private let systemSocket = Musl.socket
+private let systemConnect = Musl.connect
+private let systemSend = Musl.send
+private let streamType = Int32(SOCK_STREAM)
 #endif
 
 /// One `http://` request sent to the proxy in absolute form over a socket of its own, and its response streamed
@@ -234,3 +236,4 @@ struct ChunkDecoder {
         }
     }
 }
+#endif
