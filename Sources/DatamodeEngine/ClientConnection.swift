@@ -345,7 +345,7 @@ final class ClientConnection {
                 break
             case .session(let id, let scope):
                 mode = scope.mode
-                exchange.session = (id, scope.serial)
+                exchange.session = (id, scope.serial, scope.profile)
             case .refused(let code, let detail):
                 respondError(exchange, code, detail: detail, close: false)
                 return
