@@ -40,6 +40,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var drainTimeout: Duration
     /// Access log destination.
     public var log: LogSection
+    /// Sessions for test rigs (SPEC §12).
+    public var sessions: SessionsSection = SessionsSection()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool

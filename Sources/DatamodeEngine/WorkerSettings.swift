@@ -23,6 +23,7 @@ struct WorkerSettings {
     var users: [String: String]
     var connectPorts: Set<UInt16>
     var allow: [CIDR]
+    var sessions: SessionSettings
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -39,12 +40,13 @@ struct WorkerSettings {
         users = configuration.access.users
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
+        sessions = SessionSettings(snapshot)
     }
 }
 
 extension Duration {
     /// Whole milliseconds, at least 1 for any positive duration.
-    var milliseconds: Int64 {
+    public var milliseconds: Int64 {
         let (seconds, attoseconds) = components
         let ms = seconds * 1000 + attoseconds / 1_000_000_000_000_000
         return ms == 0 && attoseconds > 0 ? 1 : ms
