@@ -37,6 +37,19 @@ long dm_ssl_ctx_min_tls12(SSL_CTX *ctx) {
     return SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 }
 
+EVP_PKEY *dm_ec_p256_keygen(void) {
+    return EVP_EC_gen("P-256");
+}
+
+long dm_ssl_ctx_set_servername_callback(SSL_CTX *ctx, int (*cb)(SSL *, int *, void *)) {
+    return SSL_CTX_set_tlsext_servername_callback(ctx, cb);
+}
+
+long dm_ssl_ctx_server_session_cache(SSL_CTX *ctx, long size) {
+    SSL_CTX_sess_set_cache_size(ctx, size);
+    return SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
+}
+
 int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int64_t write_ms) {
     struct timeval r = { .tv_sec = read_ms / 1000, .tv_usec = (read_ms % 1000) * 1000 };
     struct timeval w = { .tv_sec = write_ms / 1000, .tv_usec = (write_ms % 1000) * 1000 };

@@ -17,10 +17,14 @@ public final class AdminAPI: @unchecked Sendable {
     let reloads: () -> ReloadCounts
     let logger: Logger
     let now: () -> Int64
+    /// The local CA's certificate (PEM), when one is loaded (SPEC §9).
+    let caCertificate: () -> String?
 
     public init(runtime: RuntimeState, store: StateStore, token: String?, logger: Logger,
                 metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
-                now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
+                now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) },
+                caCertificate: @escaping () -> String? = { nil }) {
+        self.caCertificate = caCertificate
         self.runtime = runtime
         self.store = store
         self.token = token
@@ -33,6 +37,9 @@ public final class AdminAPI: @unchecked Sendable {
     public func handle(_ request: AdminRequest) -> AdminResponse {
         // Liveness reveals nothing and must work for a container HEALTHCHECK that has no token.
         if request.path == "/healthz" { return HealthEndpoint.handle(request) }
+        if request.path == "/ca.pem" && CACertificateEndpoint.openWithoutToken(self) {
+            return CACertificateEndpoint(api: self).handle(request)
+        }
         if let token, !Self.authorized(request.headers["authorization"], token: token) {
             var response = AdminProblem.response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
             response.headers.append(("WWW-Authenticate", "Bearer realm=\"datamode-proxy admin\""))
@@ -42,12 +49,13 @@ public final class AdminAPI: @unchecked Sendable {
         case "/mode": return ModeEndpoint(api: self).handle(request)
         case "/variants": return VariantsEndpoint(api: self).handleCollection(request)
         case "/metrics": return MetricsEndpoint(api: self).handle(request)
+        case "/ca.pem": return CACertificateEndpoint(api: self).handle(request)
         default:
             if request.path.hasPrefix("/variants/") {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /healthz")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /healthz, /ca.pem")
         }
     }
 

@@ -20,7 +20,8 @@ final class ClientConnection {
     typealias StateMachine = ClientConnectionStateMachine<Exchange>
 
     unowned let worker: Worker
-    /// The bufferevent and its buffers; while parked (`machine.isParked`) they are freed and must not be used.
+    /// The client's bufferevent: its socket's, or (once a tunnel is intercepted) the TLS filter over it. While parked
+    /// (`machine.isParked`) they are freed and must not be used.
     private(set) var bev: OpaquePointer
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
@@ -41,6 +42,15 @@ final class ClientConnection {
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
     var writer = SpeculativeWriter()
+    /// Where this connection's requests come from: nil for the proxy port itself (absolute-form requests), or the
+    /// intercepted tunnel whose TLS the proxy terminated (origin-form requests for its authority, SPEC §9). The
+    /// HTTP path below is the same for both; SPEC §16's transparent listener and HTTP/2 will be further sources.
+    var intercepted: InterceptedTunnel?
+    /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
+    var truncated = false
+    /// Plain TCP to the client: speculative writes, bulk reads and splice(2) work on its socket. Not under TLS,
+    /// whose socket carries records, not the payload.
+    var clientIsPlain: Bool { intercepted?.ssl == nil }
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
@@ -79,7 +89,8 @@ final class ClientConnection {
     /// Frees the bufferevent and its buffers while the connection waits idle; a read event on the socket
     /// brings them back (`unpark`). Only when nothing is buffered either way.
     private func park() {
-        guard machine.isReadingHead, !writer.waiting, fd >= 0,
+        // Never under TLS: the filter's bufferevent holds the session, which a socket bufferevent cannot bring back.
+        guard clientIsPlain, machine.isReadingHead, !writer.waiting, fd >= 0,
               evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0 else { return }
         if parkedRead == nil { parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self)) }
         guard let parkedRead else { return }
@@ -109,6 +120,13 @@ final class ClientConnection {
         configureBufferevent()
     }
 
+    /// The TLS filter of an intercepted tunnel takes the socket bufferevent's place (which it now owns).
+    func replaceBufferevent(_ filter: OpaquePointer) {
+        bev = filter
+        input = bufferevent_get_input(filter)
+        output = bufferevent_get_output(filter)
+    }
+
     /// Carries out a connection-level action.
     func apply(_ action: StateMachine.Action) {
         switch action {
@@ -121,7 +139,7 @@ final class ClientConnection {
         case .disarmTimer:
             disarmTimer()
         case .close:
-            release()
+            release(graceful: true)
         case .park(let milliseconds):
             park()
             armTimer(milliseconds)
@@ -144,6 +162,8 @@ final class ClientConnection {
         case .tunnel(let exchange):
             readMoreIfPending()
             pumpTunnel(exchange, fromClient: true)
+        case .openingInterception(let exchange):
+            clientHelloReadable(exchange)
         case .closing:
             evbuffer_drain(input, evbuffer_get_length(input))
         case .parked, .closed:
@@ -160,7 +180,7 @@ final class ClientConnection {
         while !machine.isClosed && !machine.isParked {
             flushed = machine.exchange?.upstream
             flushed?.flushPendingWrites()
-            writer.flush(bev, output: output)
+            if clientIsPlain { writer.flush(bev, output: output) }
             rounds += 1
             guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
         }
@@ -214,7 +234,7 @@ final class ClientConnection {
     }
 
     func clientWritable() {
-        defer { if !released { writer.drained(bev, output: output) } }
+        defer { if !released && clientIsPlain { writer.drained(bev, output: output) } }
         switch machine.state {
         case .closing:
             if outputLength == 0 { apply(machine.outputDrained()) }
@@ -222,12 +242,21 @@ final class ClientConnection {
             pumpResponseBody(exchange)
         case .tunnel(let exchange):
             pumpTunnel(exchange, fromClient: false)
-        case .readingHead, .drainingRefusedBody, .parked, .closed:
+        case .readingHead, .drainingRefusedBody, .parked, .openingInterception, .closed:
             break
         }
     }
 
     func clientEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_CONNECTED) != 0 {
+            // Only a TLS filter reports this: the client's handshake completed.
+            if case .openingInterception(let exchange) = machine.state { interceptionHandshakeCompleted(exchange) }
+            return
+        }
+        if case .openingInterception(let exchange) = machine.state, intercepted?.ssl != nil {
+            interceptionHandshakeFailed(exchange, what)
+            return
+        }
         guard what & Int16(BEV_EVENT_EOF) != 0 else {
             // BEV_EVENT_ERROR (reset, write failure): nothing more can be sent to this client.
             abort(.clientAborted, detail: "client connection error")
@@ -245,6 +274,9 @@ final class ClientConnection {
             discardRequestBody(exchange)
         case .tunnel(let exchange):
             tunnelPeerClosed(exchange, client: true)
+        case .openingInterception(let exchange):
+            // Gone before any byte of a ClientHello: the CONNECT is over.
+            if exchange.tunnel == nil { close() }
         case .closing, .parked, .closed:
             break
         }
@@ -257,6 +289,7 @@ final class ClientConnection {
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
     @inline(__always)
     func readMoreIfPending() {
+        guard clientIsPlain else { return }
         let buffered = evbuffer_get_length(input)
         guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
         BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
@@ -356,17 +389,26 @@ final class ClientConnection {
             respondError(exchange, .accessDenied, detail: "client \(peerText) is not in access.allow", close: true)
             return
         }
-        if !settings.users.isEmpty && !ProxyAuthorization.accepts(head.values(of: "proxy-authorization"), users: settings.users) {
+        // Inside an intercepted tunnel the client authenticated on its CONNECT; its requests carry no credentials.
+        if intercepted == nil && !settings.users.isEmpty && !ProxyAuthorization.accepts(head.values(of: "proxy-authorization"), users: settings.users) {
             respondError(exchange, .proxyAuthRequired, detail: nil, close: false,
                          extraFields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
             return
         }
-        let target: RequestTarget
+        var target: RequestTarget
         switch RequestTarget.parse(head.target, method: head.method) {
         case .success(let t): target = t
         case .failure(let error):
             respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
             return
+        }
+        if let intercepted {
+            switch Self.targetInside(intercepted, target, host: head.values(of: "host").first) {
+            case .success(let inside): target = inside
+            case .failure(let refusal):
+                respondError(exchange, refusal.code, detail: refusal.detail, close: refusal.code == .badRequest)
+                return
+            }
         }
         switch target.form {
         case .origin, .asterisk:
@@ -409,7 +451,11 @@ final class ClientConnection {
             break
         }
         if target.form == .authority {
-            beginTunnel(exchange, target: target)
+            if settings.tls.intercepts(host: target.host) && worker.tlsServer != nil {
+                beginInterception(exchange, target: target)
+            } else {
+                beginTunnel(exchange, target: target)
+            }
             return
         }
         switch decision {
@@ -489,9 +535,12 @@ final class ClientConnection {
     }
 
     /// Frees everything: the exchange's upstream and splices (when it still has one), the timer, the bufferevent.
-    func release(_ exchange: Exchange? = nil) {
+    func release(_ exchange: Exchange? = nil, graceful: Bool = false) {
         guard !released else { return }
         released = true
+        // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
+        // the close from a cut one; an abort or a truncated response ends without it (RFC 8446 §6.1).
+        if graceful && !truncated, let ssl = intercepted?.ssl, intercepted?.established == true { sendCloseNotify(ssl) }
         if let exchange {
             for relay in exchange.splices { relay.stop() }
             exchange.splices = []

@@ -23,6 +23,8 @@ struct WorkerSettings {
     var users: [String: String]
     var connectPorts: Set<UInt16>
     var allow: [CIDR]
+    /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
+    var tls: TLSSection
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -39,6 +41,7 @@ struct WorkerSettings {
         users = configuration.access.users
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
+        tls = configuration.tls
     }
 }
 

@@ -26,6 +26,13 @@ int dm_set_nodelay(int fd);
 long dm_ssl_set_sni(SSL *ssl, const char *name);
 /** SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION). */
 long dm_ssl_ctx_min_tls12(SSL_CTX *ctx);
+/** EVP_EC_gen("P-256") (a variadic macro in OpenSSL 3): a new ECDSA P-256 key, NULL on failure. */
+EVP_PKEY *dm_ec_p256_keygen(void);
+/** SSL_CTX_set_tlsext_servername_callback(ctx, cb): called with the client's SNI during the handshake. */
+long dm_ssl_ctx_set_servername_callback(SSL_CTX *ctx, int (*cb)(SSL *, int *, void *));
+/** SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER) with a bounded cache: resumption for clients
+    without tickets, on top of the tickets OpenSSL issues by default. */
+long dm_ssl_ctx_server_session_cache(SSL_CTX *ctx, long size);
 /** bufferevent_set_timeouts with millisecond values (0: none). */
 int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int64_t write_ms);
 /** Ignores SIGPIPE for the whole process: a peer closing mid-write must be an error, not a death. */
