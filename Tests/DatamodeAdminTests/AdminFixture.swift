@@ -24,7 +24,7 @@ final class AdminFixture: Sendable {
 
     /// `yaml` as the config file (relative variant files against the fixture's directory), the mode resolved as at
     /// start-up without an API mode.
-    init(_ yaml: String = "", token: String? = nil) throws {
+    init(_ yaml: String = "", token: String? = nil, caCertificate: String? = nil) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("datamode-admin-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory + "/variants", withIntermediateDirectories: true)
         var configuration = try ProxyConfiguration.parse(yaml: yaml, source: "test.yaml", baseDirectory: directory)
@@ -39,7 +39,8 @@ final class AdminFixture: Sendable {
         (self.metrics, self.reloads, self.clock) = (metrics, reloads, clock)
         api = AdminAPI(runtime: runtime, store: store, token: token,
                        logger: Logger(label: "admin-test") { _ in SwiftLogNoOpLogHandler() },
-                       metrics: { metrics.value }, reloads: { reloads.value }, now: { clock.value })
+                       metrics: { metrics.value }, reloads: { reloads.value }, now: { clock.value },
+                       caCertificate: { caCertificate })
     }
 
     deinit { try? FileManager.default.removeItem(atPath: directory) }
