@@ -87,6 +87,11 @@ extension ClientConnection {
             return
         }
         tunnel.ssl = ssl
+        socketOutput = bufferevent_get_output(socketBev)
+        // The filter encrypts only while its socket holds less than this (libevent checks the underlying's write
+        // high watermark), so a slow client keeps the plaintext in the filter's output, where backpressure sees it,
+        // and at most this much ciphertext waits for the socket.
+        bufferevent_setwatermark(socketBev, Int16(EV_WRITE), Flow.lowWater, Flow.highWater)
         // Many clients end a TLS connection without close_notify once they have what they wanted; between
         // requests that is an ordinary close, not an error. (Origins do not get this leniency: see UpstreamConnection.)
         bufferevent_openssl_set_allow_dirty_shutdown(filter, 1)

@@ -127,7 +127,7 @@ extension ClientConnection {
         guard let upstream = exchange.upstream else { return }
         while let action = exchange.tunnel?.nextAction(TunnelBuffers(
             clientInput: evbuffer_get_length(input), originOutput: evbuffer_get_length(upstream.output),
-            originInput: evbuffer_get_length(upstream.input), clientOutput: outputLength)) {
+            originInput: evbuffer_get_length(upstream.input), clientOutput: unsentOutput)) {
             switch action {
             case .shutDownOriginWrite:
                 upstream.shutdownWrite()

@@ -48,6 +48,10 @@ final class ClientConnection {
     var intercepted: InterceptedTunnel?
     /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
     var truncated = false
+    /// Under TLS, the socket bufferevent's output (encrypted records waiting for the socket); nil on plain TCP.
+    var socketOutput: OpaquePointer?
+    /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
+    var watchingSocketOutput = false
     /// Plain TCP to the client: speculative writes, bulk reads and splice(2) work on its socket. Not under TLS,
     /// whose socket carries records, not the payload.
     var clientIsPlain: Bool { intercepted?.ssl == nil }
@@ -134,7 +138,14 @@ final class ClientConnection {
             break
         case .armTimer(let milliseconds):
             // Closing: the write callback must fire when the output is empty, not at the low watermark.
-            if case .closing = machine.state { bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0) }
+            if case .closing = machine.state {
+                bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+                if let socketOutput, !watchingSocketOutput {
+                    // Under TLS the filter's write callback says nothing about the socket: watch its buffer.
+                    watchingSocketOutput = true
+                    evbuffer_add_cb(socketOutput, tlsSocketOutputCallback, context(self))
+                }
+            }
             armTimer(milliseconds)
         case .disarmTimer:
             disarmTimer()
@@ -146,7 +157,15 @@ final class ClientConnection {
         }
     }
 
+    /// What is queued in the client's output (plaintext under TLS): what backpressure and the pumps measure.
     var outputLength: Int { evbuffer_get_length(output) }
+
+    /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
+    /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
+    /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
+    var unsentOutput: Int {
+        evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
+    }
 
     // MARK: libevent events
 
@@ -197,7 +216,7 @@ final class ClientConnection {
         case .forwarding(let exchange):
             if exchange.splices.isEmpty && exchange.response != nil { switchBodyToSpliceIfIdle(exchange) }
         case .closing:
-            if outputLength == 0 { apply(machine.outputDrained()) }
+            if unsentOutput == 0 { apply(machine.outputDrained()) }
         default:
             break
         }
@@ -237,7 +256,7 @@ final class ClientConnection {
         defer { if !released && clientIsPlain { writer.drained(bev, output: output) } }
         switch machine.state {
         case .closing:
-            if outputLength == 0 { apply(machine.outputDrained()) }
+            if unsentOutput == 0 { apply(machine.outputDrained()) }
         case .forwarding(let exchange):
             pumpResponseBody(exchange)
         case .tunnel(let exchange):
@@ -267,7 +286,7 @@ final class ClientConnection {
         switch machine.state {
         case .readingHead:
             processInput()
-            if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: outputLength)) }
+            if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: unsentOutput)) }
         case .forwarding(let exchange):
             perform(exchange, exchange.machine.clientSentEOF())
         case .drainingRefusedBody(let exchange):
@@ -282,8 +301,15 @@ final class ClientConnection {
         }
     }
 
+    /// The TLS socket wrote some records (an evbuffer callback, inside libevent's write): once everything is out,
+    /// a closing connection closes, from the timer (never from inside the buffer's own callback).
+    func socketOutputDrained() {
+        guard case .closing = machine.state, unsentOutput == 0 else { return }
+        armTimer(0)
+    }
+
     func clientTimerFired() {
-        apply(machine.timerFired(outputBacklog: outputLength))
+        apply(machine.timerFired(outputBacklog: unsentOutput))
     }
 
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
@@ -311,7 +337,7 @@ final class ClientConnection {
         while machine.isReadingHead {
             let available = evbuffer_get_length(input)
             if available == 0 {
-                apply(machine.inputEmpty(outputBacklog: outputLength))
+                apply(machine.inputEmpty(outputBacklog: unsentOutput))
                 return
             }
             if case .readingHead(nil) = machine.state {
@@ -319,7 +345,7 @@ final class ClientConnection {
             }
             switch parseHead(available: available) {
             case .incomplete:
-                apply(machine.incompleteHeadAtEOF(outputBacklog: outputLength))
+                apply(machine.incompleteHeadAtEOF(outputBacklog: unsentOutput))
                 return
             case .invalid(let error):
                 worker.refreshSnapshot()
@@ -504,7 +530,7 @@ final class ClientConnection {
         }
         logExchange(exchange)
         apply(machine.exchangeFinished(keepAlive: exchange.machine.keepAlive, draining: worker.isDraining,
-                                       outputBacklog: outputLength))
+                                       outputBacklog: unsentOutput))
         if machine.isReadingHead { processInput() }
     }
 
@@ -538,6 +564,10 @@ final class ClientConnection {
     func release(_ exchange: Exchange? = nil, graceful: Bool = false) {
         guard !released else { return }
         released = true
+        if watchingSocketOutput, let socketOutput {
+            watchingSocketOutput = false
+            evbuffer_remove_cb(socketOutput, tlsSocketOutputCallback, context(self))
+        }
         // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
         // the close from a cut one; an abort or a truncated response ends without it (RFC 8446 §6.1).
         if graceful && !truncated, let ssl = intercepted?.ssl, intercepted?.established == true { sendCloseNotify(ssl) }

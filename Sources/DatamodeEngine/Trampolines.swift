@@ -132,6 +132,11 @@ let spliceWritableCallback: event_callback_fn = { _, _, ctx in
 
 // MARK: TLS interception (OpenSSL calls these during a client's handshake, on the worker's thread)
 
+let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
+    guard let buffer, evbuffer_get_length(buffer) == 0 else { return }
+    owner(ctx, as: ClientConnection.self).socketOutputDrained()
+}
+
 let tlsServerNameCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<Int32>?, UnsafeMutableRawPointer?) -> Int32 = {
     ssl, alert, _ in
     guard let ssl else { return 0 }

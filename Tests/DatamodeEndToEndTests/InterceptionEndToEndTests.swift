@@ -118,10 +118,20 @@ import Testing
         let file = rig.directory + "/big.bin"
         let result = try rig.curl(["-o", file, "-w", "%{http_code}", rig.url("/bytes/\(length)")])
         #expect(result.stdout == "200", "\(result.output)")
+        try Self.expectPattern(file, length: length)
+        // The proxy closes after this one (Connection: close) while a slow client still reads: the TLS records
+        // queued for its socket must all be written before the close (and then a close_notify, not a cut).
+        let closing = try rig.curl(["-o", file, "-w", "%{http_code}", "-H", "Connection: close", "--limit-rate", "3M",
+                                    rig.url("/bytes/\(length)")])
+        #expect(closing.stdout == "200" && closing.status == 0, "\(closing.output)")
+        try Self.expectPattern(file, length: length)
+    }
+
+    static func expectPattern(_ file: String, length: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: file)))
-        #expect(bytes.count == length)
+        #expect(bytes.count == length, sourceLocation: sourceLocation)
         let firstDifference = bytes.indices.first { bytes[$0] != HTTPSOrigin.patternByte($0) }
-        #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)")
+        #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
     }
 
     @Test func pythonRequestsVerifiesTheLeafAgainstTheExportedCA() throws {
