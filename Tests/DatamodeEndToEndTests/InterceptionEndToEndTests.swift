@@ -225,6 +225,13 @@ import Testing
         #expect(try rig.metrics().counter("datamode_tls_handshake_failures_total", ["side": "origin", "reason": "verify-failed"]) == 1)
     }
 
+    @Test func upstreamVerifyFalseWarnsAtStartUpAndAcceptsAnyOrigin() throws {
+        let rig = try Rig(tls: "intercept: [localhost], upstream-verify: false", trustOrigin: false)
+        #expect(rig.proxy.stderr.contains("tls.upstream-verify is false"), "\(rig.proxy.stderr)")
+        let result = try rig.curl([rig.url("/hello.txt")])
+        #expect(result.stdout == "hello over tls\n", "\(result.output)")
+    }
+
     @Test func aHostNamingAnotherAuthorityIs421() throws {
         let rig = try Rig()
         let result = try rig.curl(["-i", "-H", "Host: elsewhere.example", rig.url("/hello.txt")])
