@@ -36,7 +36,8 @@ public final class CertificateAuthority: @unchecked Sendable {
     let leafKey: OpaquePointer
 
     private init(certificatePath: String, keyPath: String, certificate: OpaquePointer, key: OpaquePointer) throws(CertificateAuthorityError) {
-        guard let leafKey = dm_ec_p256_keygen() else {
+        // The EC_KEY-made kind: a leaf then costs one signature, not an encoder run too (see the shim).
+        guard let leafKey = dm_ec_p256_leaf_keygen() else {
             X509_free(certificate)
             EVP_PKEY_free(key)
             throw CertificateAuthorityError("cannot generate the leaf key: \(TLSClientContext.lastError())")
@@ -120,7 +121,12 @@ public final class CertificateAuthority: @unchecked Sendable {
 
     /// The certificate at `path` (PEM) and its SHA-256 fingerprint, without touching the key (`ca export`).
     public static func certificateOnly(path: String) throws(CertificateAuthorityError) -> (pem: String, fingerprint: String) {
-        let text = try readFile(path, what: "CA certificate")
+        let text: [UInt8]
+        do {
+            text = try readFile(path, what: "CA certificate")
+        } catch {
+            throw CertificateAuthorityError(error.description + "; create a CA with `datamode-proxy ca init`")
+        }
         guard let certificate = text.withBIO({ PEM_read_bio_X509($0, nil, nil, nil) }) else {
             throw CertificateAuthorityError("\(path): not a PEM certificate; create a CA with `datamode-proxy ca init`")
         }
