@@ -197,6 +197,31 @@ import Testing
         #expect(start != nil && start! < Date().addingTimeInterval(-50 * 60), "\(dates)")
     }
 
+    @Test func theLeafFollowsSNIAndAReturningClientResumesItsSession() throws {
+        let rig = try Rig("threads: 1", tls: "intercept: [\"*\"]")
+        let base = ["s_client", "-proxy", "127.0.0.1:\(rig.proxy.port)", "-connect", "localhost:\(rig.origin.port)",
+                    "-CAfile", rig.caPath]
+        // SNI other than the CONNECT host: the leaf is for the name the client asked for.
+        let other = try ExternalCommand.run("/bin/sh", ["-c", "/usr/bin/openssl " + (base + ["-servername", "www.other.example"])
+            .joined(separator: " ") + " </dev/null 2>/dev/null | /usr/bin/openssl x509 -noout -ext subjectAltName"])
+        #expect(other.stdout.contains("DNS:www.other.example"), "\(other.output)")
+        // A second connection with the session of the first is resumed (tickets; one worker, so one SSL_CTX).
+        let session = rig.directory + "/session.pem"
+        let first = try ExternalCommand.run("/bin/sh", ["-c", "sleep 1 | /usr/bin/openssl " + (base + ["-servername", "localhost",
+                                                                                                       "-sess_out", session]).joined(separator: " ")])
+        #expect(first.stdout.contains("New, TLSv1.3"), "\(first.output)")
+        let second = try ExternalCommand.run("/bin/sh", ["-c", "sleep 1 | /usr/bin/openssl " + (base + ["-servername", "localhost",
+                                                                                                        "-sess_in", session]).joined(separator: " ")])
+        #expect(second.stdout.contains("Reused, TLSv1.3"), "\(second.output)")
+    }
+
+    @Test func aClientThatSendsNothingAfterThe200IsClosedAfterClientHeader() throws {
+        let rig = try Rig("timeouts: {client-header: 1s}")
+        let client = try RawHTTPClient(port: rig.proxy.port)
+        #expect(try client.openTunnel(to: "localhost:\(rig.origin.port)").status == 200)
+        #expect(client.isClosedByPeer(within: .seconds(10)))
+    }
+
     @Test func bypassedHostsAndNonTLSBytesAreRelayedBlind() throws {
         let echo = try EchoServer()
         defer { echo.stop() }
