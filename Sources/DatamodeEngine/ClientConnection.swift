@@ -163,8 +163,10 @@ final class ClientConnection {
     /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
     /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
     /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
+    /// A parked connection has no buffers (they were freed with the bufferevent): nothing is unsent.
     var unsentOutput: Int {
-        evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
+        guard !bufferEventFreed else { return 0 }
+        return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
     }
 
     // MARK: libevent events
@@ -596,8 +598,12 @@ final class ClientConnection {
 
     /// Drain: close now if idle between requests; otherwise close after the current response.
     func drain() {
-        if machine.isParked || (machine.isReadingHead && evbuffer_get_length(input) == 0) {
+        if machine.isParked {
             close()
+        } else if machine.isReadingHead && evbuffer_get_length(input) == 0 {
+            // Idle between requests: an intercepted client is told with close_notify that nothing was cut.
+            machine.closed()
+            release(graceful: unsentOutput == 0)
         } else {
             machine.exchange?.machine.closeAfter()
         }

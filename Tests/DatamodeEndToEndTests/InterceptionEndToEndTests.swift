@@ -222,6 +222,36 @@ import Testing
         #expect(client.isClosedByPeer(within: .seconds(10)))
     }
 
+    @Test func aDrainingProxyEndsAnIdleInterceptedConnectionWithCloseNotify() throws {
+        let rig = try Rig()
+        let script = """
+            import os, signal, socket, ssl, sys
+            proxy_port, port, ca, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            context = ssl.create_default_context(cafile=ca)
+            # Debian's Python ignores a missing close_notify by default; this test is about exactly that.
+            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+            tls.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % port)
+            got = b""
+            while not got.endswith(b"hello over tls\\n"):
+                got += tls.recv(65536)
+            os.kill(pid, signal.SIGTERM)
+            try:
+                print("clean EOF" if tls.recv(65536) == b"" else "unexpected bytes")
+            except ssl.SSLError as error:
+                print("TLS error:", error)
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath, String(rig.proxy.process.processIdentifier)],
+                                             timeout: 60)
+        #expect(result.stdout == "clean EOF\n", "\(result.output)")
+    }
+
     @Test func bypassedHostsAndNonTLSBytesAreRelayedBlind() throws {
         let echo = try EchoServer()
         defer { echo.stop() }
