@@ -11,6 +11,8 @@ import Glibc
 /// Paths:
 /// - `/echo-headers`: the request head as the origin received it (text), to see what the proxy forwarded;
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
+/// - `/close-delimited/N`, `/cut/N`: N bytes without `Content-Length`, then a clean TLS close (close_notify) or a
+///   dropped TCP connection (a truncation the client must be able to see);
 /// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
 /// - any other path: the file of that name under `directory/www`, else 404.
 /// Every response carries `X-Origin-Connections`: how many TLS connections the origin has accepted so far.
@@ -91,7 +93,7 @@ public final class HTTPSOrigin: @unchecked Sendable {
     deinit { stop() }
 
     static let script = #"""
-    import http.server, socketserver, ssl, sys, os, threading
+    import http.server, socket, socketserver, ssl, sys, os, threading
 
     cert, key, root = sys.argv[1], sys.argv[2], sys.argv[3]
     lock = threading.Lock()
@@ -137,6 +139,24 @@ public final class HTTPSOrigin: @unchecked Sendable {
                 self.reply(200, text.encode(), "text/plain")
             elif self.path.startswith("/bytes/"):
                 self.reply(200, pattern(int(self.path[7:])))
+            elif self.path.startswith("/close-delimited/") or self.path.startswith("/cut/"):
+                # No Content-Length: the body ends with the connection. /close-delimited/N ends it properly
+                # (close_notify), /cut/N just drops the TCP connection after N bytes (a truncation).
+                n = int(self.path.rsplit("/", 1)[1])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(pattern(n))
+                self.wfile.flush()
+                self.close_connection = True
+                try:
+                    if self.path.startswith("/cut/"):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    else:
+                        self.connection.unwrap()
+                except OSError:
+                    pass
             elif self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
                 self.send_response(101)
                 self.send_header("Upgrade", "websocket")

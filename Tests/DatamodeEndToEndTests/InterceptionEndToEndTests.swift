@@ -134,6 +134,42 @@ import Testing
         #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
     }
 
+    /// A body delimited by the close is whole only if the origin closed cleanly: the proxy passes a clean end on as
+    /// close_notify and a cut as a cut, so a truncated response is never presented as complete (SPEC §6, §9).
+    @Test(arguments: [("/close-delimited/300000", "300000 bytes, clean end"), ("/cut/300000", "TLS error after")])
+    func aCloseDelimitedBodyEndsAsTheOriginEndedIt(path: String, expected: String) throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, sys
+            proxy_port, port, ca, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            context = ssl.create_default_context(cafile=ca)
+            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+            tls.sendall(b"GET %s HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (path.encode(), port))
+            data = b""
+            try:
+                while True:
+                    chunk = tls.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                body = data.split(b"\\r\\n\\r\\n", 1)[1]
+                print("%d bytes, clean end" % len(body))
+            except ssl.SSLError:
+                print("TLS error after %d bytes" % len(data))
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath, path], timeout: 60)
+        #expect(result.stdout.hasPrefix(expected), "\(result.output)")
+        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+        #expect(line?["outcome"] as? String == (path.hasPrefix("/cut") ? "error" : "forwarded"), "\(String(describing: line))")
+    }
+
     @Test func pythonRequestsVerifiesTheLeafAgainstTheExportedCA() throws {
         let rig = try Rig()
         let exported = try ProxyProcess.runCLI(["ca", "export", "--state-dir", rig.proxy.stateDirectory])
