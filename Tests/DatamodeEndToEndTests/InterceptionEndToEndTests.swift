@@ -288,6 +288,35 @@ import Testing
         #expect(result.stdout == "clean EOF\n", "\(result.output)")
     }
 
+    /// Idle plain connections are parked after a second (their bufferevent freed); an intercepted one must not be,
+    /// its bufferevent holds the TLS session. Two requests 1.5 s apart on one tunnel.
+    @Test func anIdleInterceptedConnectionIsNotParked() throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, sys, time
+            proxy_port, port, ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname="localhost")
+            for i in range(2):
+                tls.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % port)
+                got = b""
+                while not got.endswith(b"hello over tls\\n"):
+                    chunk = tls.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+                print(got.split(b"\\r\\n")[0].decode())
+                time.sleep(1.5)
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath], timeout: 60)
+        #expect(result.stdout == "HTTP/1.1 200 OK\nHTTP/1.1 200 OK\n", "\(result.output)")
+    }
+
     @Test func bypassedHostsAndNonTLSBytesAreRelayedBlind() throws {
         let echo = try EchoServer()
         defer { echo.stop() }
