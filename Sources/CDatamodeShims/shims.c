@@ -1,4 +1,6 @@
 #define _GNU_SOURCE
+/* dm_ec_p256_leaf_keygen uses the EC_KEY API on purpose (see its comment in the header). */
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include "CDatamodeShims.h"
 #include <fcntl.h>
 #include <unistd.h>
@@ -35,6 +37,31 @@ long dm_ssl_set_sni(SSL *ssl, const char *name) {
 
 long dm_ssl_ctx_min_tls12(SSL_CTX *ctx) {
     return SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+}
+
+EVP_PKEY *dm_ec_p256_keygen(void) {
+    return EVP_EC_gen("P-256");
+}
+
+EVP_PKEY *dm_ec_p256_leaf_keygen(void) {
+    EC_KEY *ec = EC_KEY_new_by_curve_name(NID_X9_62_prime256v1);
+    if (ec == NULL) return NULL;
+    EVP_PKEY *key = EVP_PKEY_new();
+    if (key == NULL || EC_KEY_generate_key(ec) != 1 || EVP_PKEY_assign_EC_KEY(key, ec) != 1) {
+        EVP_PKEY_free(key);
+        EC_KEY_free(ec);
+        return NULL;
+    }
+    return key;
+}
+
+long dm_ssl_ctx_set_servername_callback(SSL_CTX *ctx, int (*cb)(SSL *, int *, void *)) {
+    return SSL_CTX_set_tlsext_servername_callback(ctx, cb);
+}
+
+long dm_ssl_ctx_server_session_cache(SSL_CTX *ctx, long size) {
+    SSL_CTX_sess_set_cache_size(ctx, size);
+    return SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
 }
 
 int dm_bufferevent_set_timeouts_ms(struct bufferevent *bev, int64_t read_ms, int64_t write_ms) {

@@ -31,6 +31,8 @@ public final class AdminAPI: @unchecked Sendable {
     public let schedules = ScheduleBook()
     /// When each session was last created, changed or read through the API (monotonic nanoseconds).
     var sessionTouched: [String: UInt64] = [:]
+    /// The local CA's certificate (PEM), when one is loaded (SPEC §9).
+    let caCertificate: () -> String?
 
     public init(runtime: RuntimeState, store: StateStore, token: String?, readToken: String? = nil, logger: Logger,
                 metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
@@ -38,7 +40,9 @@ public final class AdminAPI: @unchecked Sendable {
                 now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) },
                 monotonic: @escaping () -> UInt64 = { SystemClock().nowNanoseconds() },
                 knownProfiles: @escaping () -> Set<String> = { LinkProfileNames.builtIn },
-                events: EventHub = EventHub()) {
+                events: EventHub = EventHub(),
+                caCertificate: @escaping () -> String? = { nil }) {
+        self.caCertificate = caCertificate
         self.runtime = runtime
         self.store = store
         self.token = token
@@ -56,6 +60,9 @@ public final class AdminAPI: @unchecked Sendable {
     public func handle(_ request: AdminRequest) -> AdminResponse {
         // Liveness reveals nothing and must work for a container HEALTHCHECK that has no token.
         if request.path == "/healthz" { return HealthEndpoint.handle(request) }
+        if request.path == "/ca.pem" && CACertificateEndpoint.openWithoutToken(self) {
+            return CACertificateEndpoint(api: self).handle(request)
+        }
         if let token, !Self.authorized(request.headers["authorization"], token: token),
            !(Self.isMonitorRead(request) && readToken.map { Self.authorized(request.headers["authorization"], token: $0) } == true) {
             var response = AdminProblem.response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
@@ -69,6 +76,7 @@ public final class AdminAPI: @unchecked Sendable {
         case "/sessions": return SessionsEndpoint(api: self).handleCollection(request)
         case "/events": return EventsEndpoint(api: self).handle(request)
         case "/schedule": return ScheduleEndpoint(api: self).handle(request)
+        case "/ca.pem": return CACertificateEndpoint(api: self).handle(request)
         default:
             if request.path.hasPrefix("/sessions/") {
                 let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
@@ -78,13 +86,14 @@ public final class AdminAPI: @unchecked Sendable {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /sessions, /events, /schedule, /healthz")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /sessions, /events, /schedule, /healthz, /ca.pem")
         }
     }
 
-    /// What `admin.read-token` grants (SPEC §7): reading the mode and following the events, nothing that changes state.
+    /// What `admin.read-token` grants (SPEC §7, §9): reading the mode, following the events and fetching the CA
+    /// certificate, nothing that changes state.
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
-        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events")
+        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events" || request.path == "/ca.pem")
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

@@ -41,6 +41,15 @@ struct MetricsEndpoint {
         out += "# HELP datamode_log_dropped_total Access log lines dropped because their destination did not keep up.\n"
         out += "# TYPE datamode_log_dropped_total counter\n"
         out += "datamode_log_dropped_total \(metrics.logDropped)\n"
+        out += "# HELP datamode_tls_intercepted_total HTTPS tunnels intercepted: client handshakes completed with a leaf of the local CA.\n"
+        out += "# TYPE datamode_tls_intercepted_total counter\n"
+        out += "datamode_tls_intercepted_total \(metrics.tlsIntercepted)\n"
+        out += "# HELP datamode_tls_handshake_failures_total TLS handshakes that failed, by side (client, origin) and reason.\n"
+        out += "# TYPE datamode_tls_handshake_failures_total counter\n"
+        for label in TLSFailureLabel.all {
+            let value = metrics.tlsHandshakeFailures[label] ?? 0
+            out += "datamode_tls_handshake_failures_total{side=\"\(label.side.rawValue)\",reason=\"\(label.reason.rawValue)\"} \(value)\n"
+        }
         out += "# HELP datamode_mode Whether each condition of the data mode holds (1) or not (0).\n"
         out += "# TYPE datamode_mode gauge\n"
         out += "datamode_mode{condition=\"constrained\"} \(snapshot.mode.constrained ? 1 : 0)\n"

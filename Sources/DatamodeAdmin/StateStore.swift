@@ -26,7 +26,9 @@ public final class StateStore: @unchecked Sendable {
             guard isDirectory.boolValue else { throw StateError(description: "state-dir \(directory) is not a directory") }
         } else {
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                // 0700: the local CA's key lives here by default (SPEC §9).
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                        attributes: [.posixPermissions: 0o700])
             } catch {
                 throw StateError(description: "cannot create state-dir \(directory): \(error.localizedDescription)")
             }

@@ -26,7 +26,8 @@ struct ConfigParser {
     }
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
-                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions"]
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
+                               "tls"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -73,6 +74,7 @@ struct ConfigParser {
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
+        if let node = section["tls"] { configuration.tls = try tls(node) }
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance
@@ -390,6 +392,48 @@ struct ConfigParser {
             }
         }
         return log
+    }
+
+    /// `tls:` (SPEC §9). Globs are host globs as in `rules[].match.host`; a CA path is relative to the config file.
+    private mutating func tls(_ node: ConfigNode) throws(ConfigError) -> TLSSection {
+        let section = try node.section(known: ["intercept", "bypass", "ca", "upstream-verify"])
+        var tls = TLSSection()
+        if let value = section["intercept"] { tls.intercept = try hostGlobs(value) }
+        if let value = section["bypass"] { tls.bypass = try hostGlobs(value) }
+        if let value = section["ca"] {
+            let ca = try value.section(known: ["cert", "key"])
+            if let cert = ca["cert"], !cert.isNull { tls.caCertificate = try filePath(cert, "a PEM certificate path") }
+            if let key = ca["key"], !key.isNull { tls.caKey = try filePath(key, "a PEM private key path") }
+            if (tls.caCertificate == nil) != (tls.caKey == nil) {
+                throw value.error("tls.ca needs both cert and key, or neither (then ca.pem and ca-key.pem in state-dir)")
+            }
+        }
+        if let value = section["upstream-verify"] { tls.upstreamVerify = try value.bool() }
+        return tls
+    }
+
+    /// A list of host globs: host characters (letters, digits, `-`, `.`, `_`, `:` for IPv6) and `*`; nothing else
+    /// (a scheme, a port or a path is a mistake that would never match).
+    private func hostGlobs(_ node: ConfigNode) throws(ConfigError) -> [Glob] {
+        var globs: [Glob] = []
+        for item in try node.sequence("a list of host globs such as [\"*.example.com\", cdn.example]") {
+            let text = try item.nonEmptyString("a host glob such as *.example.com")
+            guard text.count <= 253, text.unicodeScalars.allSatisfy({ scalar in
+                switch scalar {
+                case "a"..."z", "A"..."Z", "0"..."9", "-", ".", "_", ":", "*": true
+                default: false
+                }
+            }) else {
+                throw item.expected("a host glob of letters, digits, '-', '.', '_', ':' and '*' (no scheme, port or path)")
+            }
+            globs.append(Glob(text, caseInsensitive: true))
+        }
+        return globs
+    }
+
+    private func filePath(_ node: ConfigNode, _ what: String) throws(ConfigError) -> String {
+        let written = try node.nonEmptyString(what)
+        return ProxyConfiguration.absolutePath(written.hasPrefix("/") ? written : baseDirectory + "/" + written)
     }
 
     // MARK: Policy

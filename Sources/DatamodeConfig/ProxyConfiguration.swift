@@ -42,6 +42,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var log: LogSection
     /// Sessions for test rigs (SPEC §12).
     public var sessions: SessionsSection = SessionsSection()
+    /// HTTPS interception and the local CA (SPEC §9).
+    public var tls: TLSSection
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
@@ -57,7 +59,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
-                log: LogSection = LogSection()) {
+                log: LogSection = LogSection(), tls: TLSSection = TLSSection()) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -73,6 +75,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.timeouts = timeouts
         self.drainTimeout = drainTimeout
         self.log = log
+        self.tls = tls
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }
@@ -93,6 +96,9 @@ public struct ProxyConfiguration: Sendable, Equatable {
         let base = provenance.baseDirectory ?? Self.absolutePath(".")
         return VariantFiles(baseDirectory: base, directory: variantsDirectory ?? Self.absolutePath(base + "/variants"))
     }
+
+    /// The CA certificate and key paths (SPEC §9): `tls.ca`, else `ca.pem` / `ca-key.pem` in the state directory.
+    public var caPaths: (certificate: String, key: String) { tls.caPaths(stateDirectory: stateDirectory) }
 
     /// The number of worker threads to start: `threads`, or the core count when it is 0.
     public func workerCount(cores: Int = ProcessInfo.processInfo.activeProcessorCount) -> Int {

@@ -175,3 +175,41 @@ extension ListenAddress {
     /// `127.0.0.1:8878`, the admin API's default listener.
     public static let defaultAdmin = ListenAddress(address: IPAddress(bytes: [127, 0, 0, 1])!, port: 8878)
 }
+
+/// HTTPS interception (SPEC §9): which `CONNECT` tunnels are terminated with a leaf of the local CA and inspected
+/// as `https://` requests, where the CA lives, and whether origins are verified.
+public struct TLSSection: Sendable, Equatable {
+    /// Host globs (case-insensitive, `*` any run of characters) whose tunnels are intercepted; `*` = all. Default none.
+    public var intercept: [Glob]
+    /// Host globs never intercepted (certificate-pinning apps); checked before `intercept`.
+    public var bypass: [Glob]
+    /// The CA certificate (PEM); `nil` = `ca.pem` in the state directory.
+    public var caCertificate: String?
+    /// The CA key (PEM); `nil` = `ca-key.pem` in the state directory.
+    public var caKey: String?
+    /// Verify origins against the system trust store (`SSL_CERT_FILE` / `SSL_CERT_DIR`). Default true.
+    public var upstreamVerify: Bool
+
+    public init(intercept: [Glob] = [], bypass: [Glob] = [], caCertificate: String? = nil, caKey: String? = nil,
+                upstreamVerify: Bool = true) {
+        self.intercept = intercept
+        self.bypass = bypass
+        self.caCertificate = caCertificate
+        self.caKey = caKey
+        self.upstreamVerify = upstreamVerify
+    }
+
+    /// Whether a `CONNECT` to `host` is intercepted: not bypassed, and intercepted. `host` is the CONNECT target's
+    /// host as the request target parser gives it (IPv6 without brackets).
+    public func intercepts(host: String) -> Bool {
+        guard !intercept.isEmpty else { return false }
+        if bypass.contains(where: { $0.matches(host) }) { return false }
+        return intercept.contains { $0.matches(host) }
+    }
+
+    /// Where the CA certificate and key are, for a state directory.
+    public func caPaths(stateDirectory: String) -> (certificate: String, key: String) {
+        let directory = stateDirectory.hasSuffix("/") ? String(stateDirectory.dropLast()) : stateDirectory
+        return (caCertificate ?? directory + "/ca.pem", caKey ?? directory + "/ca-key.pem")
+    }
+}

@@ -70,6 +70,7 @@ extension ClientConnection {
             respondError(exchange, .upstreamProtocolError, detail: "invalid chunked response body: " + detail,
                          close: !exchange.requestBody.isComplete)
         case .truncate(let reason):
+            truncated = true
             exchange.outcome = .error
             if exchange.reason == nil { exchange.reason = reason.rawValue }
             finishExchange(exchange, recycleUpstream: false)
@@ -140,7 +141,7 @@ extension ClientConnection {
     /// The upstream failed before or while answering.
     func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
         if let exchange = tunnelExchange(of: upstream) {
-            if exchange.tunnel?.phase == .connecting {
+            if exchange.tunnel?.phase == .connecting && !exchange.connectAnswered {
                 exchange.upstream = nil
                 respondError(exchange, code, detail: detail, close: true)
             } else {
@@ -270,12 +271,14 @@ extension ClientConnection {
         let length = outputLength
         guard queued > 0, length >= queued else { return }
         let earlier = evbuffer_new()!
-        // The front of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter).
-        evbuffer_unfreeze(output, 1)
+        // The front of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter); a TLS
+        // filter's is not.
+        let frozen = clientIsPlain
+        if frozen { evbuffer_unfreeze(output, 1) }
         evbuffer_remove_buffer(output, earlier, length - queued)
         evbuffer_drain(output, queued)
         evbuffer_add_buffer(output, earlier)
-        evbuffer_freeze(output, 1)
+        if frozen { evbuffer_freeze(output, 1) }
         evbuffer_free(earlier)
         exchange.response = nil
     }
@@ -295,7 +298,7 @@ extension ClientConnection {
     /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, exchange.splices.isEmpty, exchange.response != nil,
+        guard Self.bodySpliceEnabled, clientIsPlain, exchange.splices.isEmpty, exchange.response != nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,

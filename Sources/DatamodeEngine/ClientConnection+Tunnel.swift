@@ -32,8 +32,10 @@ extension ClientConnection {
     func tunnelConnected(_ upstream: UpstreamConnection) {
         guard let exchange = tunnelExchange(of: upstream), exchange.tunnel?.phase == .connecting else { return }
         exchange.tunnel?.established()
-        let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
-        _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
+        if !exchange.connectAnswered {
+            let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
+            _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
+        }
         exchange.status = 200
         // Logged when the tunnel ends (SPEC §8), with the bytes of both directions: see `release()`.
         // Bytes the client sent before our 200 (RFC 9110 §9.3.6 lets a client optimistically send the TLS
@@ -73,7 +75,7 @@ extension ClientConnection {
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle(_ exchange: Exchange) {
-        guard exchange.tunnel?.canSplice == true, let upstream = exchange.upstream,
+        guard clientIsPlain, exchange.tunnel?.canSplice == true, let upstream = exchange.upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
@@ -125,12 +127,13 @@ extension ClientConnection {
         guard let upstream = exchange.upstream else { return }
         while let action = exchange.tunnel?.nextAction(TunnelBuffers(
             clientInput: evbuffer_get_length(input), originOutput: evbuffer_get_length(upstream.output),
-            originInput: evbuffer_get_length(upstream.input), clientOutput: outputLength)) {
+            originInput: evbuffer_get_length(upstream.input), clientOutput: unsentOutput)) {
             switch action {
             case .shutDownOriginWrite:
                 upstream.shutdownWrite()
             case .shutDownClientWrite:
-                shutdown(bufferevent_getfd(bev), Int32(SHUT_WR))
+                // TLS has its own half-close: close_notify (RFC 8446 §6.1); the socket stays open for the other way.
+                if let ssl = intercepted?.ssl { sendCloseNotify(ssl) } else { shutdown(bufferevent_getfd(bev), Int32(SHUT_WR)) }
             case .close:
                 close()
                 return

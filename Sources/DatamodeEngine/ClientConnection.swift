@@ -20,7 +20,8 @@ final class ClientConnection {
     typealias StateMachine = ClientConnectionStateMachine<Exchange>
 
     unowned let worker: Worker
-    /// The bufferevent and its buffers; while parked (`machine.isParked`) they are freed and must not be used.
+    /// The client's bufferevent: its socket's, or (once a tunnel is intercepted) the TLS filter over it. While parked
+    /// (`machine.isParked`) they are freed and must not be used.
     private(set) var bev: OpaquePointer
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
@@ -41,6 +42,19 @@ final class ClientConnection {
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
     var writer = SpeculativeWriter()
+    /// Where this connection's requests come from: nil for the proxy port itself (absolute-form requests), or the
+    /// intercepted tunnel whose TLS the proxy terminated (origin-form requests for its authority, SPEC §9). The
+    /// HTTP path below is the same for both; SPEC §16's transparent listener and HTTP/2 will be further sources.
+    var intercepted: InterceptedTunnel?
+    /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
+    var truncated = false
+    /// Under TLS, the socket bufferevent's output (encrypted records waiting for the socket); nil on plain TCP.
+    var socketOutput: OpaquePointer?
+    /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
+    var watchingSocketOutput = false
+    /// Plain TCP to the client: speculative writes, bulk reads and splice(2) work on its socket. Not under TLS,
+    /// whose socket carries records, not the payload.
+    var clientIsPlain: Bool { intercepted?.ssl == nil }
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
@@ -79,7 +93,8 @@ final class ClientConnection {
     /// Frees the bufferevent and its buffers while the connection waits idle; a read event on the socket
     /// brings them back (`unpark`). Only when nothing is buffered either way.
     private func park() {
-        guard machine.isReadingHead, !writer.waiting, fd >= 0,
+        // Never under TLS: the filter's bufferevent holds the session, which a socket bufferevent cannot bring back.
+        guard clientIsPlain, machine.isReadingHead, !writer.waiting, fd >= 0,
               evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0 else { return }
         if parkedRead == nil { parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self)) }
         guard let parkedRead else { return }
@@ -109,6 +124,13 @@ final class ClientConnection {
         configureBufferevent()
     }
 
+    /// The TLS filter of an intercepted tunnel takes the socket bufferevent's place (which it now owns).
+    func replaceBufferevent(_ filter: OpaquePointer) {
+        bev = filter
+        input = bufferevent_get_input(filter)
+        output = bufferevent_get_output(filter)
+    }
+
     /// Carries out a connection-level action.
     func apply(_ action: StateMachine.Action) {
         switch action {
@@ -116,19 +138,36 @@ final class ClientConnection {
             break
         case .armTimer(let milliseconds):
             // Closing: the write callback must fire when the output is empty, not at the low watermark.
-            if case .closing = machine.state { bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0) }
+            if case .closing = machine.state {
+                bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+                if let socketOutput, !watchingSocketOutput {
+                    // Under TLS the filter's write callback says nothing about the socket: watch its buffer.
+                    watchingSocketOutput = true
+                    evbuffer_add_cb(socketOutput, tlsSocketOutputCallback, context(self))
+                }
+            }
             armTimer(milliseconds)
         case .disarmTimer:
             disarmTimer()
         case .close:
-            release()
+            release(graceful: true)
         case .park(let milliseconds):
             park()
             armTimer(milliseconds)
         }
     }
 
+    /// What is queued in the client's output (plaintext under TLS): what backpressure and the pumps measure.
     var outputLength: Int { evbuffer_get_length(output) }
+
+    /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
+    /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
+    /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
+    /// A parked connection has no buffers (they were freed with the bufferevent): nothing is unsent.
+    var unsentOutput: Int {
+        guard !bufferEventFreed else { return 0 }
+        return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
+    }
 
     // MARK: libevent events
 
@@ -144,6 +183,8 @@ final class ClientConnection {
         case .tunnel(let exchange):
             readMoreIfPending()
             pumpTunnel(exchange, fromClient: true)
+        case .openingInterception(let exchange):
+            clientHelloReadable(exchange)
         case .closing:
             evbuffer_drain(input, evbuffer_get_length(input))
         case .parked, .closed:
@@ -160,7 +201,7 @@ final class ClientConnection {
         while !machine.isClosed && !machine.isParked {
             flushed = machine.exchange?.upstream
             flushed?.flushPendingWrites()
-            writer.flush(bev, output: output)
+            if clientIsPlain { writer.flush(bev, output: output) }
             rounds += 1
             guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
         }
@@ -177,7 +218,7 @@ final class ClientConnection {
         case .forwarding(let exchange):
             if exchange.splices.isEmpty && exchange.response != nil { switchBodyToSpliceIfIdle(exchange) }
         case .closing:
-            if outputLength == 0 { apply(machine.outputDrained()) }
+            if unsentOutput == 0 { apply(machine.outputDrained()) }
         default:
             break
         }
@@ -214,20 +255,29 @@ final class ClientConnection {
     }
 
     func clientWritable() {
-        defer { if !released { writer.drained(bev, output: output) } }
+        defer { if !released && clientIsPlain { writer.drained(bev, output: output) } }
         switch machine.state {
         case .closing:
-            if outputLength == 0 { apply(machine.outputDrained()) }
+            if unsentOutput == 0 { apply(machine.outputDrained()) }
         case .forwarding(let exchange):
             pumpResponseBody(exchange)
         case .tunnel(let exchange):
             pumpTunnel(exchange, fromClient: false)
-        case .readingHead, .drainingRefusedBody, .parked, .closed:
+        case .readingHead, .drainingRefusedBody, .parked, .openingInterception, .closed:
             break
         }
     }
 
     func clientEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_CONNECTED) != 0 {
+            // Only a TLS filter reports this: the client's handshake completed.
+            if case .openingInterception(let exchange) = machine.state { interceptionHandshakeCompleted(exchange) }
+            return
+        }
+        if case .openingInterception(let exchange) = machine.state, intercepted?.ssl != nil {
+            interceptionHandshakeFailed(exchange, what)
+            return
+        }
         guard what & Int16(BEV_EVENT_EOF) != 0 else {
             // BEV_EVENT_ERROR (reset, write failure): nothing more can be sent to this client.
             abort(.clientAborted, detail: "client connection error")
@@ -238,25 +288,36 @@ final class ClientConnection {
         switch machine.state {
         case .readingHead:
             processInput()
-            if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: outputLength)) }
+            if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: unsentOutput)) }
         case .forwarding(let exchange):
             perform(exchange, exchange.machine.clientSentEOF())
         case .drainingRefusedBody(let exchange):
             discardRequestBody(exchange)
         case .tunnel(let exchange):
             tunnelPeerClosed(exchange, client: true)
+        case .openingInterception(let exchange):
+            // Gone before any byte of a ClientHello: the CONNECT is over.
+            if exchange.tunnel == nil { close() }
         case .closing, .parked, .closed:
             break
         }
     }
 
+    /// The TLS socket wrote some records (an evbuffer callback, inside libevent's write): once everything is out,
+    /// a closing connection closes, from the timer (never from inside the buffer's own callback).
+    func socketOutputDrained() {
+        guard case .closing = machine.state, unsentOutput == 0 else { return }
+        armTimer(0)
+    }
+
     func clientTimerFired() {
-        apply(machine.timerFired(outputBacklog: outputLength))
+        apply(machine.timerFired(outputBacklog: unsentOutput))
     }
 
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
     @inline(__always)
     func readMoreIfPending() {
+        guard clientIsPlain else { return }
         let buffered = evbuffer_get_length(input)
         guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
         BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
@@ -278,7 +339,7 @@ final class ClientConnection {
         while machine.isReadingHead {
             let available = evbuffer_get_length(input)
             if available == 0 {
-                apply(machine.inputEmpty(outputBacklog: outputLength))
+                apply(machine.inputEmpty(outputBacklog: unsentOutput))
                 return
             }
             if case .readingHead(nil) = machine.state {
@@ -286,7 +347,7 @@ final class ClientConnection {
             }
             switch parseHead(available: available) {
             case .incomplete:
-                apply(machine.incompleteHeadAtEOF(outputBacklog: outputLength))
+                apply(machine.incompleteHeadAtEOF(outputBacklog: unsentOutput))
                 return
             case .invalid(let error):
                 worker.refreshSnapshot()
@@ -356,8 +417,10 @@ final class ClientConnection {
             respondError(exchange, .accessDenied, detail: "client \(peerText) is not in access.allow", close: true)
             return
         }
-        var proxyUser: String?
-        if !settings.users.isEmpty {
+        // Inside an intercepted tunnel the client authenticated on its CONNECT; its requests carry no credentials,
+        // and the CONNECT's user stands for them (a session chosen by the proxy user, SPEC §12).
+        var proxyUser = intercepted?.proxyUser
+        if intercepted == nil && !settings.users.isEmpty {
             proxyUser = ProxyAuthorization.user(head.values(of: "proxy-authorization"), users: settings.users)
             if proxyUser == nil {
                 respondError(exchange, .proxyAuthRequired, detail: nil, close: false,
@@ -365,12 +428,20 @@ final class ClientConnection {
                 return
             }
         }
-        let target: RequestTarget
+        var target: RequestTarget
         switch RequestTarget.parse(head.target, method: head.method) {
         case .success(let t): target = t
         case .failure(let error):
             respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
             return
+        }
+        if let intercepted {
+            switch Self.targetInside(intercepted, target, host: head.values(of: "host").first) {
+            case .success(let inside): target = inside
+            case .failure(let refusal):
+                respondError(exchange, refusal.code, detail: refusal.detail, close: refusal.code == .badRequest)
+                return
+            }
         }
         switch target.form {
         case .origin, .asterisk:
@@ -430,7 +501,12 @@ final class ClientConnection {
             break
         }
         if target.form == .authority {
-            beginTunnel(exchange, target: target)
+            if settings.tls.intercepts(host: target.host) && worker.tlsServer != nil {
+                beginInterception(exchange, target: target)
+                intercepted?.proxyUser = proxyUser
+            } else {
+                beginTunnel(exchange, target: target)
+            }
             return
         }
         switch decision {
@@ -479,7 +555,7 @@ final class ClientConnection {
         }
         logExchange(exchange)
         apply(machine.exchangeFinished(keepAlive: exchange.machine.keepAlive, draining: worker.isDraining,
-                                       outputBacklog: outputLength))
+                                       outputBacklog: unsentOutput))
         if machine.isReadingHead { processInput() }
     }
 
@@ -510,9 +586,16 @@ final class ClientConnection {
     }
 
     /// Frees everything: the exchange's upstream and splices (when it still has one), the timer, the bufferevent.
-    func release(_ exchange: Exchange? = nil) {
+    func release(_ exchange: Exchange? = nil, graceful: Bool = false) {
         guard !released else { return }
         released = true
+        if watchingSocketOutput, let socketOutput {
+            watchingSocketOutput = false
+            evbuffer_remove_cb(socketOutput, tlsSocketOutputCallback, context(self))
+        }
+        // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
+        // the close from a cut one; an abort or a truncated response ends without it (RFC 8446 §6.1).
+        if graceful && !truncated, let ssl = intercepted?.ssl, intercepted?.established == true { sendCloseNotify(ssl) }
         if let exchange {
             for relay in exchange.splices { relay.stop() }
             exchange.splices = []
@@ -538,8 +621,12 @@ final class ClientConnection {
 
     /// Drain: close now if idle between requests; otherwise close after the current response.
     func drain() {
-        if machine.isParked || (machine.isReadingHead && evbuffer_get_length(input) == 0) {
+        if machine.isParked {
             close()
+        } else if machine.isReadingHead && evbuffer_get_length(input) == 0 {
+            // Idle between requests: an intercepted client is told with close_notify that nothing was cut.
+            machine.closed()
+            release(graceful: unsentOutput == 0)
         } else {
             machine.exchange?.machine.closeAfter()
         }

@@ -18,6 +18,10 @@ struct ClientConnectionStateMachine<Exchange> {
         case drainingRefusedBody(Exchange)
         /// A CONNECT or Upgrade tunnel.
         case tunnel(Exchange)
+        /// A CONNECT to an intercepted host (SPEC §9) was answered `200`: waiting for the client's first bytes
+        /// (a TLS ClientHello is terminated, anything else becomes a blind tunnel), then for its TLS handshake.
+        /// Bounded by `client-header`: a client that never completes a handshake is cut like a slow head.
+        case openingInterception(Exchange)
         /// Writing what is queued for the client, then closing. `backlog`: what the output held when the timer
         /// was last armed (a reader that still reads gets another period).
         case closing(backlog: Int)
@@ -83,7 +87,8 @@ struct ClientConnectionStateMachine<Exchange> {
     /// The exchange being forwarded, refused or tunnelled, if any.
     var exchange: Exchange? {
         switch state {
-        case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange): exchange
+        case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange),
+             .openingInterception(let exchange): exchange
         case .readingHead, .parked, .closing, .closed: nil
         }
     }
@@ -142,6 +147,22 @@ struct ClientConnectionStateMachine<Exchange> {
     mutating func drainRefusedBody(_ exchange: Exchange) { if !isClosed { state = .drainingRefusedBody(exchange) } }
     mutating func tunnel(_ exchange: Exchange) { if !isClosed { state = .tunnel(exchange) } }
 
+    /// The `200` for an intercepted CONNECT is queued: the ClientHello and the handshake must come within
+    /// `client-header`.
+    mutating func openInterception(_ exchange: Exchange) -> Action {
+        guard !isClosed else { return .none }
+        state = .openingInterception(exchange)
+        return .armTimer(milliseconds: timeouts.clientHeader)
+    }
+
+    /// The client's TLS handshake completed: its requests are read as from any connection, the first within
+    /// `client-idle`.
+    mutating func interceptionEstablished() -> Action {
+        guard case .openingInterception = state else { return .none }
+        state = .readingHead(since: nil)
+        return .armTimer(milliseconds: timeouts.clientIdle)
+    }
+
     /// The exchange is over. The next head is read when the connection can be kept; otherwise it closes once
     /// what is queued has been written.
     mutating func exchangeFinished(keepAlive: Bool, draining: Bool, outputBacklog: Int) -> Action {
@@ -199,6 +220,10 @@ struct ClientConnectionStateMachine<Exchange> {
             return .park(thenArmMilliseconds: max(1, timeouts.clientIdle - timeouts.park))
         case .readingHead, .parked:
             // Idle keep-alive expired, or a head trickled in too slowly: cut it without a word.
+            state = .closed
+            return .close
+        case .openingInterception:
+            // No ClientHello, or a handshake that does not finish: cut it as a slow head is cut.
             state = .closed
             return .close
         case .closing(let backlog):

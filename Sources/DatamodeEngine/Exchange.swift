@@ -18,6 +18,8 @@ enum AbortReason: String, CaseIterable {
     case upstreamProtocolError = "upstream-protocol-error"
     /// The client's chunked body broke after the response started: SPEC §6's code for bad framing.
     case badRequest = "bad-request"
+    /// SPEC §9: the client's TLS handshake on an intercepted tunnel failed (it refused the leaf, or closed).
+    case tlsClientRejected = "tls-client-rejected"
 }
 
 /// One request/response exchange on a client connection, from its head to the end of its response.
@@ -69,6 +71,9 @@ final class Exchange {
     /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
     var tunnel: TunnelStateMachine?
     var splices: [SpliceRelay] = []
+    /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
+    /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
+    var connectAnswered = false
     /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
     /// fixed pair, so that no array is allocated per exchange.
     var splicedBytes = SIMD2<UInt64>(0, 0)

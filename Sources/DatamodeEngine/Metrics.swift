@@ -24,6 +24,9 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let parked = Atomic<Int>(0)
     private let splices = Atomic<Int>(0)
     private let bodySplices = Atomic<Int>(0)
+    private let intercepted = Atomic<Int>(0)
+    /// One counter per `TLSFailureLabel.all` entry.
+    private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -32,6 +35,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         for i in 0..<requestCount { (requests + i).initialize(to: Atomic(0)) }
         buckets = .allocate(capacity: Self.durationBuckets.count)
         for i in 0..<Self.durationBuckets.count { (buckets + i).initialize(to: Atomic(0)) }
+        handshakeFailures = .allocate(capacity: TLSFailureLabel.all.count)
+        for i in 0..<TLSFailureLabel.all.count { (handshakeFailures + i).initialize(to: Atomic(0)) }
         var index: [String: Int] = [:]
         for (i, reason) in Self.reasons.enumerated() { index[reason] = i }
         reasonIndex = index
@@ -42,6 +47,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         requests.deallocate()
         buckets.deinitialize(count: Self.durationBuckets.count)
         buckets.deallocate()
+        handshakeFailures.deinitialize(count: TLSFailureLabel.all.count)
+        handshakeFailures.deallocate()
     }
 
     func count(outcome: Outcome, reason: String?, durationSeconds: Double) {
@@ -71,6 +78,11 @@ public final class WorkerMetrics: @unchecked Sendable {
     func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
     func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
     func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
+    func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
+    func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
+        guard let index = TLSFailureLabel.all.firstIndex(of: TLSFailureLabel(side: side, reason: reason)) else { return }
+        handshakeFailures[index].add(1, ordering: .relaxed)
+    }
 
     /// Adds this worker's values into `total`.
     func accumulate(into total: inout MetricsSnapshot) {
@@ -89,6 +101,10 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.connectionsParked += parked.load(ordering: .relaxed)
         total.tunnelSplices += splices.load(ordering: .relaxed)
         total.bodySplices += bodySplices.load(ordering: .relaxed)
+        total.tlsIntercepted += intercepted.load(ordering: .relaxed)
+        for (i, label) in TLSFailureLabel.all.enumerated() {
+            total.tlsHandshakeFailures[label, default: 0] += handshakeFailures[i].load(ordering: .relaxed)
+        }
     }
 }
 
@@ -118,5 +134,47 @@ public struct MetricsSnapshot: Sendable {
     public var bodySplices = 0
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
+    /// Intercepted tunnels whose client handshake completed (SPEC §9).
+    public var tlsIntercepted = 0
+    /// Failed TLS handshakes by side and reason (every label present, zeros included).
+    public var tlsHandshakeFailures: [TLSFailureLabel: Int] = [:]
     public init() {}
+}
+
+/// Why a TLS handshake failed, in a few stable words (the `reason` label of
+/// `datamode_tls_handshake_failures_total`).
+public enum TLSFailureReason: String, Sendable, CaseIterable {
+    /// The client refused the leaf (an alert such as unknown_ca or bad_certificate): it does not trust the CA.
+    case rejectedCertificate = "rejected-certificate"
+    /// The peer closed during the handshake.
+    case closed
+    /// Anything else (no common version or cipher, a malformed message, no leaf for the name).
+    case protocolError = "protocol-error"
+    /// The origin's certificate did not verify (untrusted, expired, wrong name).
+    case verifyFailed = "verify-failed"
+}
+
+/// A `datamode_tls_handshake_failures_total{side,reason}` series.
+public struct TLSFailureLabel: Hashable, Sendable {
+    public enum Side: String, Sendable {
+        /// Between the client and the proxy (interception).
+        case client
+        /// Between the proxy and an origin.
+        case origin
+    }
+    public var side: Side
+    public var reason: TLSFailureReason
+
+    public init(side: Side, reason: TLSFailureReason) {
+        self.side = side
+        self.reason = reason
+    }
+
+    /// Every series, in the order they are exported.
+    public static let all: [TLSFailureLabel] = [
+        .init(side: .client, reason: .rejectedCertificate), .init(side: .client, reason: .closed),
+        .init(side: .client, reason: .protocolError),
+        .init(side: .origin, reason: .verifyFailed), .init(side: .origin, reason: .closed),
+        .init(side: .origin, reason: .protocolError),
+    ]
 }

@@ -22,6 +22,9 @@ public final class ProxyServer: @unchecked Sendable {
     /// The address the proxy listens on (with the real port when 0 was asked for).
     public private(set) var listenAddress: ListenAddress
 
+    /// The local CA for HTTPS interception (SPEC §9); set before `start()`. Without it nothing is intercepted.
+    public var certificateAuthority: CertificateAuthority?
+
     /// Other listeners of this process (the admin API) that proxied requests must never reach.
     private var extraOwnAddresses: [(address: IPAddress, port: UInt16)] = []
 
@@ -78,7 +81,7 @@ public final class ProxyServer: @unchecked Sendable {
         var own = extraOwnAddresses
         for i in 0..<count {
             let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
-                                    logger: logger, ownAddresses: [])
+                                    logger: logger, ownAddresses: [], authority: certificateAuthority)
             let port = try worker.listen(on: address)
             if i == 0 {
                 address.port = port

@@ -8,13 +8,17 @@ import COpenSSL
 final class TLSClientContext {
     private let context: OpaquePointer
 
-    init() throws(EngineError) {
+    /// Whether origins' certificates are verified (`tls.upstream-verify`, SPEC §9).
+    let verify: Bool
+
+    init(verify: Bool = true) throws(EngineError) {
+        self.verify = verify
         guard let context = SSL_CTX_new(TLS_client_method()) else {
             throw EngineError("SSL_CTX_new failed: \(Self.lastError())")
         }
         self.context = context
         dm_ssl_ctx_min_tls12(context)
-        SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
+        SSL_CTX_set_verify(context, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nil)
         if SSL_CTX_set_default_verify_paths(context) != 1 {
             SSL_CTX_free(context)
             throw EngineError("cannot load the system trust store: \(Self.lastError())")
@@ -30,6 +34,7 @@ final class TLSClientContext {
         guard let ssl = SSL_new(context) else { return nil }
         let isIPLiteral = SocketAddress(ipLiteral: host, port: 0) != nil
         if !isIPLiteral { dm_ssl_set_sni(ssl, host) }
+        if !verify { return ssl }
         if isIPLiteral {
             let param = SSL_get0_param(ssl)
             X509_VERIFY_PARAM_set1_ip_asc(param, host)
@@ -39,18 +44,19 @@ final class TLSClientContext {
         return ssl
     }
 
-    /// Why the handshake on `bev` failed, in words an operator can act on.
-    static func failureReason(_ bev: OpaquePointer, ssl: OpaquePointer?) -> String {
+    /// Why the handshake on `bev` failed: a metrics reason, and words an operator can act on.
+    static func failure(_ bev: OpaquePointer, ssl: OpaquePointer?, eof: Bool) -> (TLSFailureReason, String) {
+        var messages: [String] = []
+        while case let code = bufferevent_get_openssl_error(bev), code != 0 { messages.append(errorString(code)) }
         if let ssl {
             let verify = SSL_get_verify_result(ssl)
             if verify != X509_V_OK {
                 let text = X509_verify_cert_error_string(verify).map { String(cString: $0) } ?? "error \(verify)"
-                return "certificate verification failed: \(text)"
+                return (.verifyFailed, "certificate verification failed: \(text)")
             }
         }
-        let code = bufferevent_get_openssl_error(bev)
-        if code != 0 { return "TLS handshake failed: \(errorString(code))" }
-        return "TLS handshake failed"
+        if messages.isEmpty { return (.closed, eof ? "the origin closed during the TLS handshake" : "TLS handshake failed") }
+        return (.protocolError, "TLS handshake failed: " + messages.joined(separator: "; "))
     }
 
     static func lastError() -> String {

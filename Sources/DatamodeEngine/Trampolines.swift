@@ -140,3 +140,21 @@ let spliceReadableCallback: event_callback_fn = { _, _, ctx in
 let spliceWritableCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: SpliceRelay.self).sinkWritable()
 }
+
+// MARK: TLS interception (OpenSSL calls these during a client's handshake, on the worker's thread)
+
+let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
+    guard let buffer, evbuffer_get_length(buffer) == 0 else { return }
+    owner(ctx, as: ClientConnection.self).socketOutputDrained()
+}
+
+let tlsServerNameCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<Int32>?, UnsafeMutableRawPointer?) -> Int32 = {
+    ssl, alert, _ in
+    guard let ssl else { return 0 }
+    return TLSServerContext.serverName(ssl, alert: alert)
+}
+let tlsALPNSelectCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<UnsafePointer<UInt8>?>?,
+                                           UnsafeMutablePointer<UInt8>?, UnsafePointer<UInt8>?, UInt32,
+                                           UnsafeMutableRawPointer?) -> Int32 = { _, out, outLength, offered, offeredLength, _ in
+    TLSServerContext.selectALPN(out, outLength, offered, offeredLength)
+}

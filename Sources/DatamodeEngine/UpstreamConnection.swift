@@ -116,6 +116,17 @@ final class UpstreamConnection {
         connectNext()
     }
 
+    /// The socket has a peer: the TCP connection was made (a TLS failure after it is the origin's TLS, not reachability).
+    private var tcpConnected: Bool {
+        let fd = bufferevent_getfd(bev)
+        guard fd >= 0 else { return false }
+        var address = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        return withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &length) == 0 }
+        }
+    }
+
     /// Not TLS: the socket carries the payload itself (splice needs that).
     var isPlainTCP: Bool { ssl == nil }
     var socket: Int32 { bufferevent_getfd(bev) }
@@ -291,9 +302,12 @@ final class UpstreamConnection {
             return
         }
         switch state {
-        case .connecting where key.tls && what & Int16(BEV_EVENT_ERROR) != 0 && bufferevent_get_openssl_error(bev) != 0:
-            // The TCP connection worked; the TLS handshake did not. Another address will not fix that.
-            fail(.upstreamUnreachable, "\(key.host):\(key.port): " + TLSClientContext.failureReason(bev, ssl: ssl))
+        case .connecting where key.tls && tcpConnected:
+            // The TCP connection worked; the TLS handshake did not. Another address will not fix that (SPEC §9:
+            // 502 upstream-tls-error, the reason in the detail).
+            let (reason, detail) = TLSClientContext.failure(bev, ssl: ssl, eof: what & Int16(BEV_EVENT_EOF) != 0)
+            worker.metrics.tlsHandshakeFailed(.origin, reason)
+            fail(.upstreamTLSError, "\(key.host):\(key.port): " + detail)
         case .connecting:
             let code = errno  // libevent sets it before calling back
             if nextAddress < addresses.count {

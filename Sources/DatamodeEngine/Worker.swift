@@ -47,7 +47,7 @@ final class Worker {
     /// Created on the first `https://` upstream; nil with `tlsUnavailableReason` when that failed.
     private(set) lazy var tlsContext: TLSClientContext? = {
         do {
-            return try TLSClientContext()
+            return try TLSClientContext(verify: upstreamVerify)
         } catch {
             tlsUnavailableReason = "\(error)"
             logger.error("TLS client context unavailable", metadata: ["error": "\(error)"])
@@ -55,12 +55,17 @@ final class Worker {
         }
     }()
     private(set) var tlsUnavailableReason: String?
+    /// `tls.upstream-verify` at start-up (the client context is made once per worker).
+    private let upstreamVerify: Bool
+    /// The TLS server side of interception; nil without a CA (then nothing is intercepted).
+    let tlsServer: TLSServerContext?
     /// host:port pairs this process listens on; a request targeting one of them is a loop (or an SSRF to the
     /// admin API) and is refused.
     private var ownAddresses: [(address: IPAddress, port: UInt16)]
 
     init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, logger: Logger,
-         ownAddresses: [(address: IPAddress, port: UInt16)]) throws(EngineError) {
+         ownAddresses: [(address: IPAddress, port: UInt16)], authority: CertificateAuthority? = nil) throws(EngineError) {
+        tlsServer = try authority.map { authority throws(EngineError) in try TLSServerContext(authority: authority, clock: clock) }
         self.index = index
         self.runtime = runtime
         self.clock = clock
@@ -89,6 +94,7 @@ final class Worker {
         let (generation, snapshot) = runtime.load()
         self.generation = generation
         self.settings = WorkerSettings(snapshot)
+        self.upstreamVerify = snapshot.configuration.tls.upstreamVerify
     }
 
     deinit {

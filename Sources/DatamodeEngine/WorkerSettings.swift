@@ -24,6 +24,8 @@ struct WorkerSettings {
     var connectPorts: Set<UInt16>
     var allow: [CIDR]
     var sessions: SessionSettings
+    /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
+    var tls: TLSSection
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -41,6 +43,7 @@ struct WorkerSettings {
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
         sessions = SessionSettings(snapshot)
+        tls = configuration.tls
     }
 }
 

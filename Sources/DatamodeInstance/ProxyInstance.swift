@@ -25,11 +25,14 @@ public final class ProxyInstance: @unchecked Sendable {
         case configuration(ConfigError)
         /// The state directory, or a file in it, cannot be used (SPEC §7: never silently dropped).
         case state(StateStore.StateError)
+        /// The local CA cannot be loaded or created (SPEC §9), e.g. a key readable by others.
+        case certificateAuthority(CertificateAuthorityError)
 
         public var description: String {
             switch self {
             case .configuration(let error): "\(error)"
             case .state(let error): "state: \(error)"
+            case .certificateAuthority(let error): "CA: \(error)"
             }
         }
     }
@@ -50,6 +53,10 @@ public final class ProxyInstance: @unchecked Sendable {
     public let adminAPI: AdminAPI
     /// The admin API's persisted mode and variants.
     public let store: StateStore
+    /// The local CA (SPEC §9): loaded when one exists, created when `tls.intercept` is set and there is none.
+    public let certificateAuthority: CertificateAuthority?
+    /// The CA was created by this start-up (the caller tells the user where it is and how to trust it).
+    public let createdCertificateAuthority: Bool
 
     private let logger: Logger
     private let clock: any EngineClock
@@ -94,7 +101,14 @@ public final class ProxyInstance: @unchecked Sendable {
         let runtime = RuntimeState(RuntimeSnapshot(
             configuration: snapshot.configuration, policy: snapshot.policy, mode: resolution.mode,
             modeSource: resolution.source, modeSince: saved?.since ?? now))
+        let (authority, created) = try Self.certificateAuthority(for: configuration)
+        if !configuration.tls.upstreamVerify {
+            logger.warning("tls.upstream-verify is false: origins' certificates are NOT verified; anyone on the path to an origin can read and change its traffic")
+        }
         let server = ProxyServer(runtime: runtime, logger: logger, clock: clock)
+        server.certificateAuthority = authority
+        self.certificateAuthority = authority
+        self.createdCertificateAuthority = created
         let reloads = ReloadTally()
         self.runtime = runtime
         self.server = server
@@ -106,7 +120,24 @@ public final class ProxyInstance: @unchecked Sendable {
                                  readToken: configuration.admin.readToken, logger: logger,
                                  metrics: { server.metrics() }, reloads: { reloads.counts },
                                  sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
-                                 monotonic: { clock.nowNanoseconds() })
+                                 monotonic: { clock.nowNanoseconds() },
+                                 caCertificate: { authority?.certificatePEM })
+    }
+
+    /// The CA of SPEC §9: an existing one is always loaded (so a reload can turn interception on), with its key's
+    /// permissions checked; a missing one is created only when interception is configured.
+    private static func certificateAuthority(for configuration: ProxyConfiguration) throws(StartupError)
+        -> (CertificateAuthority?, Bool) {
+        let (certificate, key) = configuration.caPaths
+        do {
+            if CertificateAuthority.exists(certificatePath: certificate, keyPath: key) {
+                return (try CertificateAuthority.load(certificatePath: certificate, keyPath: key), false)
+            }
+            guard !configuration.tls.intercept.isEmpty else { return (nil, false) }
+            return (try CertificateAuthority.create(certificatePath: certificate, keyPath: key), true)
+        } catch {
+            throw .certificateAuthority(error)
+        }
     }
 
     /// How often an idle event stream gets a heartbeat comment (SPEC §12: 15 s). Tests shorten it; read each time
@@ -257,6 +288,10 @@ public final class ProxyInstance: @unchecked Sendable {
     private func apply(_ load: () throws(ConfigError) -> ProxyConfiguration) -> ReloadResult {
         do {
             let configuration = try load()
+            if !configuration.tls.intercept.isEmpty && certificateAuthority == nil {
+                return .refused(reason: "tls.intercept needs the local CA, which is created or loaded at start-up: "
+                    + "restart the proxy (or run `datamode-proxy ca init` first)")
+            }
             // Control-plane changes are serialised (`controlPlane`), so the API variants cannot change meanwhile.
             let apiVariants = runtime.load().snapshot.policy.variants.filter { $0.source == .api }
             try store.checkFiles(of: apiVariants, against: configuration.variantFiles)

@@ -28,6 +28,10 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     /// SPEC §12: `Data-Mode-Session` names a session that does not exist (a typo would otherwise silently run a
     /// test under the global mode).
     case unknownSession = "unknown-session"
+    /// SPEC §9: the TLS connection to an origin failed (its certificate did not verify, or the handshake broke).
+    case upstreamTLSError = "upstream-tls-error"
+    /// SPEC §9: a request inside an intercepted tunnel names another authority than the tunnel's (RFC 9110 §15.5.20).
+    case misdirectedRequest = "misdirected-request"
 
     public var status: Int {
         switch self {
@@ -37,7 +41,8 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained: 403
         case .proxyAuthRequired: 407
         case .loopDetected: 508
-        case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError: 502
+        case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError, .upstreamTLSError: 502
+        case .misdirectedRequest: 421
         case .upstreamTimeout: 504
         case .overloaded: 503
         }
@@ -64,6 +69,8 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .ultraConstrained: "Not allowed on an ultra-constrained network"
         case .invalidVariant: "Invalid variant"
         case .unknownSession: "Unknown session"
+        case .upstreamTLSError: "TLS connection to the upstream failed"
+        case .misdirectedRequest: "Request sent to the wrong tunnel"
         }
     }
 
@@ -74,6 +81,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case 403: "Forbidden"
         case 407: "Proxy Authentication Required"
         case 414: "URI Too Long"
+        case 421: "Misdirected Request"
         case 431: "Request Header Fields Too Large"
         case 502: "Bad Gateway"
         case 503: "Service Unavailable"

@@ -66,6 +66,10 @@ struct RunCommand: ParsableCommand {
             throw ExitCode(1)
         }
         instance.handleSignals(reloadingWith: load)
+        if let authority = instance.certificateAuthority, instance.createdCertificateAuthority {
+            // tls.intercept is set and there was no CA: say where the new one is and how to trust it (SPEC §9).
+            FileHandle.standardError.write(Data(CACommand.summary(authority, created: true).utf8))
+        }
         let started = instance.runtime.load().snapshot
         logger.info("datamode-proxy \(ProductVersion.string) ready", metadata: [
             "listen": "\(instance.listenAddress)", "admin": "\(instance.adminAddress)", "mode": "\(started.mode)",

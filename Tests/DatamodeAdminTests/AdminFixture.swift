@@ -30,7 +30,7 @@ final class AdminFixture: Sendable {
 
     /// `yaml` as the config file (relative variant files against the fixture's directory), the mode resolved as at
     /// start-up without an API mode.
-    init(_ yaml: String = "", token: String? = nil, readToken: String? = nil) throws {
+    init(_ yaml: String = "", token: String? = nil, readToken: String? = nil, caCertificate: String? = nil) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("datamode-admin-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory + "/variants", withIntermediateDirectories: true)
         var configuration = try ProxyConfiguration.parse(yaml: yaml, source: "test.yaml", baseDirectory: directory)
@@ -50,7 +50,7 @@ final class AdminFixture: Sendable {
         api = AdminAPI(runtime: runtime, store: store, token: token, readToken: readToken,
                        logger: Logger(label: "admin-test") { _ in SwiftLogNoOpLogHandler() },
                        metrics: { metrics.value }, reloads: { reloads.value }, sessionTallies: { tallies.value },
-                       now: { clock.value }, monotonic: { monotonic.value })
+                       now: { clock.value }, monotonic: { monotonic.value }, caCertificate: { caCertificate })
         api.events.connect { scope, bytes in emitted.value.append((scope, String(decoding: bytes, as: UTF8.self))) }
     }
 

@@ -274,3 +274,45 @@ import Testing
         #expect(lines.compactMap { $0["reason"] as? String } == ["ultra-constrained", "constrained", "constrained"])
     }
 }
+
+/// The README's "HTTPS in two minutes": `ca init`, the proxy with config/examples/https-demo.yaml, curl trusting the
+/// CA, the mode flipped with `datamode-proxy mode`: the hero image replaced and the video refused inside TLS.
+@Suite struct ReadmeHTTPSWalkthroughTests {
+    @Test func newcomerHTTPSWalkthrough() throws {
+        let directory = try ScratchDirectory.make("datamode-readme-https")
+        defer { ScratchDirectory.remove(directory) }
+        let origin = try HTTPSOrigin(directory: directory + "/origin")
+        defer { origin.stop() }
+        for name in ["img/hero.jpg", "img/hero@small.jpg", "video.mp4", "index.html"] {
+            try origin.publish(name, [UInt8](try Data(contentsOf: URL(fileURLWithPath: ReadmeWalkthroughTests.www + "/" + name))))
+        }
+        let state = directory + "/state"
+        let initialized = try ProxyProcess.runCLI(["ca", "init", "--state-dir", state])
+        #expect(initialized.status == 0 && initialized.stdout.contains("SHA-256:"), "\(initialized.output)")
+        var config = try String(contentsOfFile: ProxyProcess.packageRoot + "/config/examples/https-demo.yaml", encoding: .utf8)
+        config = config.replacingOccurrences(of: "8443", with: String(origin.port))
+        let proxy = try ProxyProcess(config: config, arguments: ["--state-dir", state],
+                                     environment: ["SSL_CERT_FILE": origin.certificatePath])
+        defer { proxy.stop() }
+        func curl(_ path: String, trust: Bool = true) throws -> ExternalCommand.Result {
+            var arguments = ["-s", "-i", "--max-time", "20", "--suppress-connect-headers", "-x", "127.0.0.1:\(proxy.port)"]
+            if trust { arguments += ["--cacert", state + "/ca.pem"] }
+            return try ExternalCommand.run("/usr/bin/curl", arguments + ["https://localhost:\(origin.port)\(path)"])
+        }
+        let admin = ["--admin", "127.0.0.1:\(proxy.adminPort)"]
+
+        let full = try curl("/img/hero.jpg")
+        #expect(full.stdout.hasPrefix("HTTP/1.1 200") && full.stdout.contains("full-size hero"), "\(full.output)")
+        #expect(try ProxyProcess.runCLI(["mode", "constrained"] + admin).status == 0)
+        let video = try curl("/video.mp4")
+        #expect(video.stdout.hasPrefix("HTTP/1.1 403"), "\(video.output)")
+        #expect(video.stdout.contains("Network-Unavailable-Reason: constrained"))
+        #expect(video.stdout.contains("\"url\":\"https://localhost:\(origin.port)/video.mp4\""))
+        let small = try curl("/img/hero.jpg")
+        #expect(small.stdout.contains("Data-Mode-Variant: hero-small"), "\(small.output)")
+        #expect(small.stdout.hasSuffix("small hero image\n"), "\(small.output)")
+        let untrusted = try curl("/img/hero.jpg", trust: false)
+        #expect(untrusted.status == 60, "curl must refuse the leaf without the CA: \(untrusted.output)")
+        #expect(try ProxyProcess.runCLI(["mode", "--reset"] + admin).status == 0)
+    }
+}

@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 /// `https://` upstreams (SPEC §5 variant targets on CDNs, and absolute-form `https://` requests): fetched over
-/// TLS with SNI and certificate verification against the trust store; a failure is 502 upstream-unreachable
+/// TLS with SNI and certificate verification against the trust store; a failure is 502 upstream-tls-error (SPEC §9)
 /// whose detail says why. The origin is `openssl s_server -WWW` with a certificate made for the test.
 @Suite struct TLSUpstreamEndToEndTests {
     /// A TLS origin (`openssl s_server -WWW`) with a certificate whose CN and only subjectAltName are `localhost`
@@ -44,7 +44,7 @@ import Testing
         defer { proxy.stop() }
         let text = try Self.request(proxy.port, "https://localhost:\(origin.port)/hello.txt")
         #expect(text.hasPrefix("HTTP/1.1 502"), "\(text)")
-        #expect(text.contains("\"error\":\"upstream-unreachable\""))
+        #expect(text.contains("\"error\":\"upstream-tls-error\""))
         #expect(text.contains("certificate verification failed"))
     }
 

@@ -248,3 +248,58 @@ struct ProxyInstanceReloadTests {
         #expect(text.contains("datamode_reloads_total{result=\"failed\"} 1\n"), "\(text)")
     }
 }
+
+/// The local CA at start-up and on reload (SPEC §9).
+@Suite("ProxyInstance: CA")
+struct ProxyInstanceCATests {
+    @Test("no tls.intercept and no CA: none is made; with tls.intercept: made once, then loaded")
+    func createdOnlyForInterception() throws {
+        let fixture = try Fixture()
+        defer { fixture.remove() }
+        let plain = try fixture.instance()
+        #expect(plain.certificateAuthority == nil)
+        #expect(!FileManager.default.fileExists(atPath: fixture.stateDirectory + "/ca.pem"))
+        let first = try fixture.instance("tls: {intercept: [\"*\"]}")
+        #expect(first.createdCertificateAuthority)
+        let second = try fixture.instance("tls: {intercept: [\"*\"]}")
+        #expect(!second.createdCertificateAuthority)
+        #expect(second.certificateAuthority?.fingerprint == first.certificateAuthority?.fingerprint)
+        // An existing CA is loaded even without interception, so that a reload can turn it on.
+        let later = try fixture.instance()
+        #expect(later.certificateAuthority?.fingerprint == first.certificateAuthority?.fingerprint)
+        let reloaded = later.reload(with: try fixture.configuration("tls: {intercept: [cdn.example]}"))
+        guard case .applied = reloaded else {
+            Issue.record("refused: \(reloaded)")
+            return
+        }
+        #expect(later.runtime.load().snapshot.configuration.tls.intercepts(host: "cdn.example"))
+    }
+
+    @Test("a reload that turns interception on without a loaded CA is refused and counted")
+    func reloadWithoutCA() throws {
+        let fixture = try Fixture()
+        defer { fixture.remove() }
+        let instance = try fixture.instance()
+        let result = instance.reload(with: try fixture.configuration("tls: {intercept: [\"*\"]}"))
+        guard case .refused(let reason) = result else {
+            Issue.record("applied: \(result)")
+            return
+        }
+        #expect(reason.contains("restart"))
+        #expect(instance.reloadCounts == ReloadCounts(ok: 0, failed: 1))
+        #expect(instance.runtime.load().snapshot.configuration.tls.intercept.isEmpty)
+    }
+
+    @Test("a CA key readable by others stops start-up with an error naming it")
+    func unsafeKey() throws {
+        let fixture = try Fixture()
+        defer { fixture.remove() }
+        _ = try fixture.instance("tls: {intercept: [\"*\"]}")
+        chmod(fixture.stateDirectory + "/ca-key.pem", 0o644)
+        #expect {
+            _ = try fixture.instance()
+        } throws: { error in
+            "\(error)".contains("ca-key.pem: the CA key is readable by group or others")
+        }
+    }
+}

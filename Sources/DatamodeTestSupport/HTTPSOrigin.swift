@@ -1,0 +1,201 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A keep-alive HTTP/1.1 origin over TLS (Python's `http.server` + `ssl`, one thread per connection) with a fresh
+/// self-signed certificate for `localhost` and 127.0.0.1: what interception tests talk to through the proxy
+/// (SPEC §9). `TLSFileServer` (`openssl s_server -WWW`) answers HTTP/1.0 and closes after each response; this one
+/// keeps connections, echoes request heads, serves large deterministic bodies and upgrades to a WebSocket echo.
+///
+/// Paths:
+/// - `/echo-headers`: the request head as the origin received it (text), to see what the proxy forwarded;
+/// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
+/// - `/close-delimited/N`, `/cut/N`: N bytes without `Content-Length`, then a clean TLS close (close_notify) or a
+///   dropped TCP connection (a truncation the client must be able to see);
+/// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
+/// - any other path: the file of that name under `directory/www`, else 404.
+/// Every response carries `X-Origin-Connections`: how many TLS connections the origin has accepted so far.
+public final class HTTPSOrigin: @unchecked Sendable {
+    public let directory: String
+    /// The self-signed certificate (PEM): make the proxy trust it with `SSL_CERT_FILE`.
+    public let certificatePath: String
+    public let port: UInt16
+    private let process: Process
+    private let logPath: String
+
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public init(directory: String) throws {
+        self.directory = directory
+        try FileManager.default.createDirectory(atPath: directory + "/www", withIntermediateDirectories: true)
+        certificatePath = directory + "/origin-cert.pem"
+        let keyPath = directory + "/origin-key.pem"
+        let generated = try ExternalCommand.run("/usr/bin/openssl", [
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=localhost",
+            "-days", "2", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout", keyPath, "-out", certificatePath,
+        ])
+        guard generated.status == 0 else { throw Failure(description: "openssl req failed: \(generated.output)") }
+        let scriptPath = directory + "/origin.py"
+        try Self.script.write(toFile: scriptPath, atomically: true, encoding: .utf8)
+        logPath = directory + "/origin.log"
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-u", scriptPath, certificatePath, keyPath, directory + "/www"]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle(forWritingAtPath: logPath)
+        process.standardError = FileHandle(forWritingAtPath: logPath)
+        try process.run()
+        let deadline = Date().addingTimeInterval(20)
+        var found: UInt16?
+        while found == nil && Date() < deadline {
+            let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+            if let line = log.split(separator: "\n").first(where: { $0.hasPrefix("PORT ") }) {
+                found = UInt16(line.dropFirst(5).trimmingCharacters(in: .whitespaces))
+            }
+            if found == nil {
+                guard process.isRunning else { break }
+                usleep(20_000)
+            }
+        }
+        guard let found else {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            throw Failure(description: "the HTTPS origin did not start: \((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "")")
+        }
+        port = found
+    }
+
+    /// Byte `i` of `/bytes/N`.
+    public static func patternByte(_ i: Int) -> UInt8 { UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
+
+    /// Writes a file that `GET /name` serves.
+    public func publish(_ name: String, _ bytes: [UInt8]) throws {
+        let url = URL(fileURLWithPath: directory + "/www/" + name)
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try Data(bytes).write(to: url)
+    }
+
+    /// What the origin logged (one line per request: method and path).
+    public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// SIGKILL: the runner's blocked signal mask is inherited (see `TLSFileServer.stop`).
+    public func stop() {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    deinit { stop() }
+
+    static let script = #"""
+    import http.server, socket, socketserver, ssl, sys, os, threading
+
+    cert, key, root = sys.argv[1], sys.argv[2], sys.argv[3]
+    lock = threading.Lock()
+    accepted = [0]
+
+    def pattern(n):
+        # byte i is (i * 31 + 7) & 0xFF (HTTPSOrigin.patternByte)
+        return bytes(((i * 31 + 7) & 0xFF) for i in range(256)) * (n // 256) + bytes(((i * 31 + 7) & 0xFF) for i in range(n % 256))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            super().setup()
+            with lock:
+                accepted[0] += 1
+
+        def log_message(self, fmt, *args):
+            sys.stdout.write("REQUEST %s %s\n" % (self.command, self.path))
+
+        def reply(self, status, body, content_type="application/octet-stream", extra=()):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-Origin-Connections", str(accepted[0]))
+            for name, value in extra:
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):
+            self.do_GET()
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(length)
+            self.reply(200, ("received %d bytes\n" % len(body)).encode())
+
+        def do_GET(self):
+            if self.path == "/echo-headers":
+                text = self.requestline + "\r\n" + str(self.headers)
+                self.reply(200, text.encode(), "text/plain")
+            elif self.path.startswith("/bytes/"):
+                self.reply(200, pattern(int(self.path[7:])))
+            elif self.path.startswith("/close-delimited/") or self.path.startswith("/cut/"):
+                # No Content-Length: the body ends with the connection. /close-delimited/N ends it properly
+                # (close_notify), /cut/N just drops the TCP connection after N bytes (a truncation).
+                n = int(self.path.rsplit("/", 1)[1])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(pattern(n))
+                self.wfile.flush()
+                self.close_connection = True
+                try:
+                    if self.path.startswith("/cut/"):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    else:
+                        self.connection.unwrap()
+                except OSError:
+                    pass
+            elif self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+                self.send_response(101)
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.end_headers()
+                self.wfile.flush()
+                self.close_connection = True
+                while True:
+                    data = self.connection.recv(65536)
+                    if not data:
+                        break
+                    self.connection.sendall(data)
+            else:
+                path = os.path.normpath(os.path.join(root, self.path.lstrip("/").split("?")[0]))
+                if path.startswith(root) and os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        self.reply(200, f.read())
+                else:
+                    self.reply(404, b"not found\n", "text/plain")
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+        def get_request(self):
+            sock, address = self.socket.accept()
+            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+        def finish_request(self, request, client_address):
+            try:
+                request.do_handshake()
+            except (ssl.SSLError, OSError):
+                return
+            super().finish_request(request, client_address)
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = Server(("127.0.0.1", 0), Handler)
+    sys.stdout.write("PORT %d\n" % server.server_address[1])
+    server.serve_forever()
+    """#
+}

@@ -1,0 +1,462 @@
+import DatamodeTestSupport
+import Foundation
+import Testing
+
+/// HTTPS interception (SPEC §9) through the real binary with real clients: curl (`--cacert` the proxy's CA), Python
+/// `requests` (`verify=`), `openssl s_client`. The origin is a local keep-alive HTTPS server (`HTTPSOrigin`) with a
+/// self-signed certificate the proxy trusts through `SSL_CERT_FILE`; the proxy makes its CA at start-up.
+@Suite struct InterceptionEndToEndTests {
+    /// An origin and a proxy that intercepts `localhost` and `127.0.0.1` (plus what `tls` adds).
+    final class Rig {
+        let directory: String
+        let origin: HTTPSOrigin
+        let proxy: ProxyProcess
+
+        init(_ extra: String = "", tls: String = "intercept: [localhost, \"127.0.0.1\"]", trustOrigin: Bool = true,
+             connectPorts: [UInt16] = []) throws {
+            directory = try ScratchDirectory.make("datamode-intercept")
+            origin = try HTTPSOrigin(directory: directory + "/origin")
+            try origin.publish("hello.txt", Array("hello over tls\n".utf8))
+            let ports = ([443, origin.port] + connectPorts).map(String.init).joined(separator: ", ")
+            let config = """
+                connect: {ports: [\(ports)]}
+                tls: {\(tls)}
+                \(extra)
+                """
+            proxy = try ProxyProcess(config: config, environment: trustOrigin ? ["SSL_CERT_FILE": origin.certificatePath] : [:],
+                                     directory: directory + "/proxy")
+        }
+
+        deinit {
+            proxy.stop()
+            origin.stop()
+            ScratchDirectory.remove(directory)
+        }
+
+        var caPath: String { proxy.stateDirectory + "/ca.pem" }
+        var proxyURL: String { "http://127.0.0.1:\(proxy.port)" }
+        func url(_ path: String, host: String = "localhost") -> String { "https://\(host):\(origin.port)\(path)" }
+
+        /// curl through the proxy, trusting its CA (unless `trustCA` is false), with `-i` (head and body).
+        func curl(_ arguments: [String], trustCA: Bool = true) throws -> ExternalCommand.Result {
+            var all = ["-sS", "--max-time", "30", "--suppress-connect-headers", "-x", proxyURL]
+            if trustCA { all += ["--cacert", caPath] }
+            return try ExternalCommand.run("/usr/bin/curl", all + arguments, timeout: 60)
+        }
+
+        func metrics() throws -> MetricsScrape { try AdminAPIClient(port: proxy.adminPort).scrape() }
+    }
+
+    @Test func curlGetsTheOriginsAnswerThroughAnInterceptedTunnelAndReusesBothConnections() throws {
+        let rig = try Rig()
+        // Two requests on one curl run: the client keeps its tunnel, the proxy its pooled TLS connection to the origin.
+        let result = try rig.curl(["-i", rig.url("/hello.txt"), rig.url("/hello.txt"), "-w", "connects=%{num_connects}\n"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.components(separatedBy: "hello over tls\n").count == 3, "\(result.stdout)")
+        #expect(result.stdout.contains("connects=1\n") && result.stdout.contains("connects=0\n"), "\(result.stdout)")
+        // The origin accepted one connection for both requests: the proxy reused its upstream TLS connection.
+        #expect(result.stdout.components(separatedBy: "X-Origin-Connections: 1").count == 3, "\(result.stdout)")
+        let lines = rig.proxy.accessLog
+        let gets = lines.filter { $0["method"] as? String == "GET" }
+        #expect(gets.count == 2)
+        #expect(gets.allSatisfy { $0["url"] as? String == rig.url("/hello.txt") && $0["status"] as? Int == 200 })
+        #expect(lines.filter { $0["method"] as? String == "CONNECT" }.count == 1)
+        #expect(try rig.metrics().counter("datamode_tls_intercepted_total") == 1)
+        #expect(rig.proxy.stderr.contains("Created the datamode-proxy CA"))
+    }
+
+    @Test func constrainedModeRejectsAndRewritesInsideTLS() throws {
+        let rig = try Rig("""
+            mode: constrained
+            rules:
+              - {name: video, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+            """, tls: "intercept: [localhost]")
+        try rig.origin.publish("media/video.mp4", [UInt8](repeating: 0x56, count: 100_000))
+        try rig.origin.publish("img/hero.jpg", Array("full-size hero\n".utf8))
+        try rig.origin.publish("img/hero@small.jpg", Array("small hero\n".utf8))
+        try FileManager.default.createDirectory(atPath: rig.proxy.directory + "/variants", withIntermediateDirectories: true)
+        try Data("poster bytes\n".utf8).write(to: URL(fileURLWithPath: rig.proxy.directory + "/variants/poster.jpg"))
+        // Variants with https:// patterns, added through the admin API (as an app's build step would).
+        let admin = AdminAPIClient(port: rig.proxy.adminPort)
+        #expect(try admin.putVariant("hero-small", ["match": rig.url("/img/*.jpg"), "target": rig.url("/img/$1@small.jpg"),
+                                                    "when": "constrained"]).status < 300)
+        #expect(try admin.putVariant("promo-poster", ["match": rig.url("/promo.mp4"), "file": "variants/poster.jpg"]).status < 300)
+
+        let video = try rig.curl(["-i", rig.url("/media/video.mp4")])
+        #expect(video.stdout.hasPrefix("HTTP/1.1 403"), "\(video.output)")
+        #expect(video.stdout.contains("Content-Type: application/problem+json"))
+        #expect(video.stdout.contains("Network-Unavailable-Reason: constrained"))
+        #expect(video.stdout.contains("\"error\":\"constrained\""))
+        #expect(video.stdout.contains("\"url\":\"\(rig.url("/media/video.mp4"))\""), "\(video.stdout)")
+        // The app's own header is read inside TLS: opting in gets the video.
+        let optedIn = try rig.curl(["-o", "/dev/null", "-w", "%{http_code} %{size_download}", "-H", "Allow-Constrained: ?1",
+                                    rig.url("/media/video.mp4")])
+        #expect(optedIn.stdout == "200 100000", "\(optedIn.output)")
+
+        let hero = try rig.curl(["-i", rig.url("/img/hero.jpg")])
+        #expect(hero.stdout.hasPrefix("HTTP/1.1 200"), "\(hero.output)")
+        #expect(hero.stdout.hasSuffix("small hero\n"))
+        #expect(hero.stdout.contains("Data-Mode-Variant: hero-small"))
+        let poster = try rig.curl(["-i", rig.url("/promo.mp4")])
+        #expect(poster.stdout.hasSuffix("poster bytes\n"), "\(poster.output)")
+        #expect(poster.stdout.contains("Data-Mode-Variant: promo-poster"))
+
+        let echoed = try rig.curl([rig.url("/echo-headers")])
+        #expect(echoed.stdout.hasPrefix("GET /echo-headers HTTP/1.1"), "\(echoed.output)")
+        #expect(echoed.stdout.contains("Save-Data: on"))
+        #expect(echoed.stdout.contains("Allow-Constrained: ?1"))
+        #expect(echoed.stdout.contains("Host: localhost:\(rig.origin.port)"))
+
+        let logged = rig.proxy.accessLog.first { $0["url"] as? String == rig.url("/media/video.mp4") }
+        #expect(logged?["outcome"] as? String == "rejected")
+        #expect(logged?["reason"] as? String == "constrained")
+    }
+
+    @Test func aFiveMegabyteBodyArrivesWholeThroughInterception() throws {
+        let rig = try Rig()
+        let length = 5_000_000
+        let file = rig.directory + "/big.bin"
+        let result = try rig.curl(["-o", file, "-w", "%{http_code}", rig.url("/bytes/\(length)")])
+        #expect(result.stdout == "200", "\(result.output)")
+        try Self.expectPattern(file, length: length)
+        // The proxy closes after this one (Connection: close) while a slow client still reads: the TLS records
+        // queued for its socket must all be written before the close (and then a close_notify, not a cut).
+        let closing = try rig.curl(["-o", file, "-w", "%{http_code}", "-H", "Connection: close", "--limit-rate", "3M",
+                                    rig.url("/bytes/\(length)")])
+        #expect(closing.stdout == "200" && closing.status == 0, "\(closing.output)")
+        try Self.expectPattern(file, length: length)
+    }
+
+    static func expectPattern(_ file: String, length: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: file)))
+        #expect(bytes.count == length, sourceLocation: sourceLocation)
+        let firstDifference = bytes.indices.first { bytes[$0] != HTTPSOrigin.patternByte($0) }
+        #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
+    }
+
+    /// A body delimited by the close is whole only if the origin closed cleanly: the proxy passes a clean end on as
+    /// close_notify and a cut as a cut, so a truncated response is never presented as complete (SPEC §6, §9).
+    @Test(arguments: [("/close-delimited/300000", "300000 bytes, clean end"), ("/cut/300000", "TLS error after")])
+    func aCloseDelimitedBodyEndsAsTheOriginEndedIt(path: String, expected: String) throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, sys
+            proxy_port, port, ca, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            context = ssl.create_default_context(cafile=ca)
+            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+            tls.sendall(b"GET %s HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (path.encode(), port))
+            data = b""
+            try:
+                while True:
+                    chunk = tls.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                body = data.split(b"\\r\\n\\r\\n", 1)[1]
+                print("%d bytes, clean end" % len(body))
+            except ssl.SSLError:
+                print("TLS error after %d bytes" % len(data))
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath, path], timeout: 60)
+        #expect(result.stdout.hasPrefix(expected), "\(result.output)")
+        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+        #expect(line?["outcome"] as? String == (path.hasPrefix("/cut") ? "error" : "forwarded"), "\(String(describing: line))")
+    }
+
+    @Test func pythonRequestsVerifiesTheLeafAgainstTheExportedCA() throws {
+        let rig = try Rig()
+        let exported = try ProxyProcess.runCLI(["ca", "export", "--state-dir", rig.proxy.stateDirectory])
+        #expect(exported.status == 0, "\(exported.output)")
+        let exportedPath = rig.directory + "/exported-ca.pem"
+        try exported.stdout.write(toFile: exportedPath, atomically: true, encoding: .utf8)
+        let script = """
+            import requests, sys
+            proxies = {"https": sys.argv[1]}
+            ok = requests.get(sys.argv[2], proxies=proxies, verify=sys.argv[3], timeout=30)
+            print(ok.status_code, ok.text.strip())
+            try:
+                requests.get(sys.argv[2], proxies=proxies, verify=True, timeout=30)
+                print("UNVERIFIED-ACCEPTED")
+            except requests.exceptions.SSLError:
+                print("SSLError without the CA")
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, rig.proxyURL, rig.url("/hello.txt"), exportedPath],
+                                             timeout: 60)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout == "200 hello over tls\nSSLError without the CA\n", "\(result.output)")
+        let metrics = try rig.metrics()
+        #expect(metrics.counter("datamode_tls_handshake_failures_total", ["side": "client", "reason": "rejected-certificate"]) == 1)
+        #expect(rig.proxy.accessLog.contains { $0["reason"] as? String == "tls-client-rejected" })
+    }
+
+    @Test(arguments: [("localhost", "DNS:localhost"), ("127.0.0.1", "IP Address:127.0.0.1")])
+    func opensslSeesALeafBrowsersAccept(host: String, san: String) throws {
+        let rig = try Rig()
+        var arguments = ["s_client", "-proxy", "127.0.0.1:\(rig.proxy.port)", "-connect", "\(host):\(rig.origin.port)",
+                         "-CAfile", rig.caPath, "-alpn", "h2,http/1.1", "-verify_return_error"]
+        arguments += host == "localhost" ? ["-servername", host] : ["-noservername"]
+        let session = try ExternalCommand.run("/usr/bin/openssl", arguments, timeout: 30)
+        #expect(session.stdout.contains("Verify return code: 0 (ok)"), "\(session.output)")
+        #expect(session.stdout.contains("ALPN protocol: http/1.1"), "\(session.output)")
+        guard let begin = session.stdout.range(of: "-----BEGIN CERTIFICATE-----"),
+              let end = session.stdout.range(of: "-----END CERTIFICATE-----") else {
+            Issue.record("no certificate in \(session.output)")
+            return
+        }
+        let leafPath = rig.directory + "/leaf-\(host).pem"
+        try (String(session.stdout[begin.lowerBound..<end.upperBound]) + "\n").write(toFile: leafPath, atomically: true, encoding: .utf8)
+        let text = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", leafPath, "-noout", "-text"]).stdout
+        #expect(text.contains(san), "\(text)")
+        #expect(text.contains("TLS Web Server Authentication"))
+        #expect(text.contains("CA:FALSE"))
+        #expect(text.contains("X509v3 Authority Key Identifier"))
+        #expect(text.contains("X509v3 Subject Key Identifier"))
+        #expect(text.contains("ASN1 OID: prime256v1"))
+        // Valid for at most 397 days, at least 396 more (not before an hour ago).
+        let within397 = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", leafPath, "-noout", "-checkend", String(397 * 86400)])
+        #expect(within397.status == 1, "expires after 397 days: \(within397.output)")
+        let after396 = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", leafPath, "-noout", "-checkend", String(396 * 86400)])
+        #expect(after396.status == 0, "expires within 396 days: \(after396.output)")
+        let dates = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", leafPath, "-noout", "-startdate"]).stdout
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.dateFormat = "MMM d HH:mm:ss yyyy zzz"
+        let start = formatter.date(from: dates.dropFirst("notBefore=".count).trimmingCharacters(in: .whitespacesAndNewlines)
+            .replacingOccurrences(of: "  ", with: " "))
+        #expect(start != nil && start! < Date().addingTimeInterval(-50 * 60), "\(dates)")
+    }
+
+    @Test func theLeafFollowsSNIAndAReturningClientResumesItsSession() throws {
+        let rig = try Rig("threads: 1", tls: "intercept: [\"*\"]")
+        let base = ["s_client", "-proxy", "127.0.0.1:\(rig.proxy.port)", "-connect", "localhost:\(rig.origin.port)",
+                    "-CAfile", rig.caPath]
+        // SNI other than the CONNECT host: the leaf is for the name the client asked for.
+        let other = try ExternalCommand.run("/bin/sh", ["-c", "/usr/bin/openssl " + (base + ["-servername", "www.other.example"])
+            .joined(separator: " ") + " </dev/null 2>/dev/null | /usr/bin/openssl x509 -noout -ext subjectAltName"])
+        #expect(other.stdout.contains("DNS:www.other.example"), "\(other.output)")
+        // A second connection with the session of the first is resumed (tickets; one worker, so one SSL_CTX).
+        let session = rig.directory + "/session.pem"
+        let first = try ExternalCommand.run("/bin/sh", ["-c", "sleep 1 | /usr/bin/openssl " + (base + ["-servername", "localhost",
+                                                                                                       "-sess_out", session]).joined(separator: " ")])
+        #expect(first.stdout.contains("New, TLSv1.3"), "\(first.output)")
+        let second = try ExternalCommand.run("/bin/sh", ["-c", "sleep 1 | /usr/bin/openssl " + (base + ["-servername", "localhost",
+                                                                                                        "-sess_in", session]).joined(separator: " ")])
+        #expect(second.stdout.contains("Reused, TLSv1.3"), "\(second.output)")
+    }
+
+    @Test func aClientThatSendsNothingAfterThe200IsClosedAfterClientHeader() throws {
+        let rig = try Rig("timeouts: {client-header: 1s}")
+        let client = try RawHTTPClient(port: rig.proxy.port)
+        #expect(try client.openTunnel(to: "localhost:\(rig.origin.port)").status == 200)
+        #expect(client.isClosedByPeer(within: .seconds(10)))
+    }
+
+    @Test func aDrainingProxyEndsAnIdleInterceptedConnectionWithCloseNotify() throws {
+        let rig = try Rig()
+        let script = """
+            import os, signal, socket, ssl, sys
+            proxy_port, port, ca, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            context = ssl.create_default_context(cafile=ca)
+            # Debian's Python ignores a missing close_notify by default; this test is about exactly that.
+            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+            tls.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % port)
+            got = b""
+            while not got.endswith(b"hello over tls\\n"):
+                got += tls.recv(65536)
+            os.kill(pid, signal.SIGTERM)
+            try:
+                print("clean EOF" if tls.recv(65536) == b"" else "unexpected bytes")
+            except ssl.SSLError as error:
+                print("TLS error:", error)
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath, String(rig.proxy.process.processIdentifier)],
+                                             timeout: 60)
+        #expect(result.stdout == "clean EOF\n", "\(result.output)")
+    }
+
+    /// Idle plain connections are parked after a second (their bufferevent freed); an intercepted one must not be,
+    /// its bufferevent holds the TLS session. Two requests 1.5 s apart on one tunnel.
+    @Test func anIdleInterceptedConnectionIsNotParked() throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, sys, time
+            proxy_port, port, ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname="localhost")
+            for i in range(2):
+                tls.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % port)
+                got = b""
+                while not got.endswith(b"hello over tls\\n"):
+                    chunk = tls.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+                print(got.split(b"\\r\\n")[0].decode())
+                time.sleep(1.5)
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
+                                                                   rig.caPath], timeout: 60)
+        #expect(result.stdout == "HTTP/1.1 200 OK\nHTTP/1.1 200 OK\n", "\(result.output)")
+    }
+
+    @Test func bypassedHostsAndNonTLSBytesAreRelayedBlind() throws {
+        let echo = try EchoServer()
+        defer { echo.stop() }
+        let rig = try Rig(tls: "intercept: [\"*\"], bypass: [\"local*\"]", connectPorts: [echo.port])
+        // Bypassed: the client talks TLS with the origin itself and sees the origin's own certificate.
+        let bypassed = try rig.curl(["--cacert", rig.origin.certificatePath, rig.url("/hello.txt")], trustCA: false)
+        #expect(bypassed.status == 0 && bypassed.stdout == "hello over tls\n", "\(bypassed.output)")
+        // Intercepted, but the first bytes are not a ClientHello: relayed blind to the CONNECT target.
+        let client = try RawHTTPClient(port: rig.proxy.port)
+        let answer = try client.openTunnel(to: "127.0.0.1:\(echo.port)")
+        #expect(answer.status == 200)
+        try client.send("plain bytes, not TLS\n")
+        #expect(try client.read(exactly: 21) == Array("plain bytes, not TLS\n".utf8))
+        client.close()
+        #expect(try rig.metrics().counter("datamode_tls_intercepted_total") == 0)
+        #expect(!rig.proxy.accessLog.contains { $0["method"] as? String == "GET" })
+    }
+
+    @Test func anOriginWithAnUntrustedCertificateIs502UpstreamTLSErrorInsideTheTunnel() throws {
+        let rig = try Rig(trustOrigin: false)
+        let result = try rig.curl(["-i", rig.url("/hello.txt")])
+        #expect(result.status == 0, "the client's own TLS with the proxy worked: \(result.output)")
+        #expect(result.stdout.hasPrefix("HTTP/1.1 502"), "\(result.stdout)")
+        #expect(result.stdout.contains("\"error\":\"upstream-tls-error\""))
+        #expect(result.stdout.contains("certificate verification failed"))
+        #expect(try rig.metrics().counter("datamode_tls_handshake_failures_total", ["side": "origin", "reason": "verify-failed"]) == 1)
+    }
+
+    @Test func upstreamVerifyFalseWarnsAtStartUpAndAcceptsAnyOrigin() throws {
+        let rig = try Rig(tls: "intercept: [localhost], upstream-verify: false", trustOrigin: false)
+        #expect(rig.proxy.stderr.contains("tls.upstream-verify is false"), "\(rig.proxy.stderr)")
+        let result = try rig.curl([rig.url("/hello.txt")])
+        #expect(result.stdout == "hello over tls\n", "\(result.output)")
+    }
+
+    @Test func aHostNamingAnotherAuthorityIs421() throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-i", "-H", "Host: elsewhere.example", rig.url("/hello.txt")])
+        #expect(result.stdout.hasPrefix("HTTP/1.1 421"), "\(result.output)")
+        #expect(result.stdout.contains("\"error\":\"misdirected-request\""))
+        #expect(!rig.origin.log.contains("REQUEST GET /hello.txt"))
+    }
+
+    @Test func aWebSocketUpgradeWorksInsideAnInterceptedTunnel() throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, sys
+            proxy_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(("CONNECT %s:%d HTTP/1.1\\r\\nHost: %s:%d\\r\\n\\r\\n" % (host, port, host, port)).encode())
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            context = ssl.create_default_context(cafile=ca)
+            tls = context.wrap_socket(raw, server_hostname=host)
+            tls.sendall(b"GET /ws HTTP/1.1\\r\\nHost: localhost:%d\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\\r\\nSec-WebSocket-Version: 13\\r\\n\\r\\n" % port)
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += tls.recv(1)
+            print(head.split(b"\\r\\n")[0].decode())
+            for message in [b"first frame", b"second frame" * 1000]:
+                tls.sendall(message)
+                got = b""
+                while len(got) < len(message):
+                    got += tls.recv(65536)
+                print("echoed", len(got), got == message)
+            """
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), "localhost",
+                                                                   String(rig.origin.port), rig.caPath], timeout: 60)
+        #expect(result.stdout == "HTTP/1.1 101 Switching Protocols\nechoed 11 True\nechoed 12000 True\n", "\(result.output)")
+    }
+}
+
+/// The CA of SPEC §9 through the command line and the admin API: created exclusively with safe modes, never replaced
+/// without `--force`, exported with its fingerprint, served at `GET /ca.pem`, refused at start-up when its key is
+/// readable by others.
+@Suite struct CertificateAuthorityEndToEndTests {
+    @Test func caInitNeverOverwritesWithoutForce() throws {
+        let directory = try ScratchDirectory.make("datamode-ca")
+        defer { ScratchDirectory.remove(directory) }
+        let state = directory + "/state"
+        let created = try ProxyProcess.runCLI(["ca", "init", "--state-dir", state])
+        #expect(created.status == 0, "\(created.output)")
+        var info = stat()
+        #expect(stat(state + "/ca-key.pem", &info) == 0 && info.st_mode & 0o777 == 0o600)
+        #expect(stat(state, &info) == 0 && info.st_mode & 0o777 == 0o700)
+        let original = try String(contentsOfFile: state + "/ca.pem", encoding: .utf8)
+        let originalKey = try String(contentsOfFile: state + "/ca-key.pem", encoding: .utf8)
+
+        let again = try ProxyProcess.runCLI(["ca", "init", "--state-dir", state])
+        #expect(again.status != 0)
+        #expect(again.stderr.contains("already exists"), "\(again.output)")
+        #expect(try String(contentsOfFile: state + "/ca.pem", encoding: .utf8) == original)
+        #expect(try String(contentsOfFile: state + "/ca-key.pem", encoding: .utf8) == originalKey)
+
+        let path = try ProxyProcess.runCLI(["ca", "path", "--state-dir", state])
+        #expect(path.stdout == state + "/ca.pem\n", "\(path.output)")
+        let exported = try ProxyProcess.runCLI(["ca", "export", "--state-dir", state])
+        #expect(exported.stdout.hasPrefix(original), "\(exported.output)")
+        let fingerprint = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", state + "/ca.pem", "-noout", "-fingerprint", "-sha256"])
+        #expect(exported.stdout.hasSuffix(fingerprint.stdout.replacingOccurrences(of: "sha256 Fingerprint=", with: "SHA-256 Fingerprint=")),
+                "\(exported.stdout) vs \(fingerprint.stdout)")
+        let text = try ExternalCommand.run("/usr/bin/openssl", ["x509", "-in", state + "/ca.pem", "-noout", "-text"]).stdout
+        #expect(text.contains("CA:TRUE, pathlen:0"), "\(text)")
+        #expect(text.contains("Certificate Sign, CRL Sign"))
+        #expect(text.contains("ASN1 OID: prime256v1"))
+
+        let forced = try ProxyProcess.runCLI(["ca", "init", "--force", "--state-dir", state])
+        #expect(forced.status == 0, "\(forced.output)")
+        #expect(forced.stderr.contains("warning: replacing the CA"))
+        #expect(try String(contentsOfFile: state + "/ca.pem", encoding: .utf8) != original)
+        #expect(stat(state + "/ca-key.pem", &info) == 0 && info.st_mode & 0o777 == 0o600)
+    }
+
+    @Test func startUpRefusesAKeyReadableByOthers() throws {
+        let directory = try ScratchDirectory.make("datamode-ca")
+        defer { ScratchDirectory.remove(directory) }
+        let state = directory + "/state"
+        #expect(try ProxyProcess.runCLI(["ca", "init", "--state-dir", state]).status == 0)
+        chmod(state + "/ca-key.pem", 0o644)
+        #expect(throws: ProxyProcess.LaunchError.self) {
+            let proxy = try ProxyProcess(config: "tls: {intercept: [\"*\"]}", arguments: ["--state-dir", state])
+            proxy.stop()
+        }
+        let empty = directory + "/empty.yaml"
+        try "".write(toFile: empty, atomically: true, encoding: .utf8)
+        let result = try ProxyProcess.runCLI(["run", "--config", empty, "--state-dir", state, "--listen", "127.0.0.1:0",
+                                              "--admin-listen", "127.0.0.1:0"], timeout: 20)
+        #expect(result.status == 2, "\(result.output)")
+        #expect(result.stderr.contains("ca-key.pem: the CA key is readable by group or others"), "\(result.output)")
+    }
+
+    @Test func theAdminAPIServesTheCertificate() throws {
+        let proxy = try ProxyProcess(config: "tls: {intercept: [\"*.example\"]}")
+        defer { proxy.stop() }
+        let reply = try AdminAPIClient(port: proxy.adminPort).get("/ca.pem")
+        #expect(reply.status == 200)
+        #expect(reply.bodyText == (try String(contentsOfFile: proxy.stateDirectory + "/ca.pem", encoding: .utf8)))
+        #expect(!reply.bodyText.contains("PRIVATE KEY"))
+    }
+}
