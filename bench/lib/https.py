@@ -92,6 +92,8 @@ def start_datamode(b):
     def with_tls(base):
         return base + "tls: {intercept: [\"127.0.0.1\"], upstream-verify: true}\n"
 
+    # The CA's key goes into the state directory, which must be private (SPEC §9: 0700).
+    os.makedirs(os.path.join(b.work, f"{name}-state"), mode=0o700, exist_ok=True)
     # SSL_CERT_FILE: the origin's CA is the trust store the proxy verifies the origin against (SPEC §9).
     t = b.start_datamode(name, "datamode-proxy", extra_yaml=with_tls, connect_port=b.origin_tls_port,
                          env={"SSL_CERT_FILE": origin_ca}, probe=False)
