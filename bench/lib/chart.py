@@ -93,7 +93,8 @@ def draw(res, path):
     worst = _worst_other(m)
     noise = (f"quiet machine (other CPU ≤ {worst:.0f}% of a core)" if worst <= 10 else
              f"BUSY machine: other processes used up to {worst:.0f}% of a core during the runs")
-    fig.text(0.5, 0.005, f"commit {commit} · {p.get('duration')} s per run · wrk + nginx origin on the other core · {noise}",
+    client = "wrk" if proxies is PROXIES else "tlsload"
+    fig.text(0.5, 0.005, f"commit {commit} · {p.get('duration')} s per run · {client} + nginx origin on the other core · {noise}",
              ha="center", fontsize=9.5, color="#555555" if worst <= 10 else "#b00020")
     fig.tight_layout(rect=(0, 0.025, 1, 0.95))
     fig.savefig(path, dpi=110)
