@@ -94,7 +94,7 @@ import Testing
                     "normal mode: hero pixels \(Self.describe(normal.screenshot, probes))\n\(proxy.stdout)\n\(normal.output)")
         }
         #expect(normal.screenshot.pixel(x: normal.screenshot.width - 10, y: 10).isClose(to: Self.background))
-        AdminPolling.until(timeout: .seconds(10)) { !Self.entries(proxy, path: "/media/clip.mp4", from: 0).isEmpty }
+        AdminPolling.until(timeout: .seconds(30)) { !Self.entries(proxy, path: "/media/clip.mp4", from: 0).isEmpty }
         let normalHero = Self.entries(proxy, path: "/img/hero.png", from: 0)
         #expect(!normalHero.isEmpty && normalHero.allSatisfy { $0["status"] as? Int == 200 && $0["variant"] is NSNull },
                 "normal mode hero: \(normalHero)")
@@ -111,7 +111,7 @@ import Testing
             #expect(constrained.screenshot.pixel(x: x, y: y).isClose(to: Self.lowResColour),
                     "constrained mode: hero pixels \(Self.describe(constrained.screenshot, probes))\n\(proxy.stdout)\n\(constrained.output)")
         }
-        AdminPolling.until(timeout: .seconds(10)) { !Self.entries(proxy, path: "/media/clip.mp4", from: logged).isEmpty }
+        AdminPolling.until(timeout: .seconds(30)) { !Self.entries(proxy, path: "/media/clip.mp4", from: logged).isEmpty }
         let hero = Self.entries(proxy, path: "/img/hero.png", from: logged)
         #expect(!hero.isEmpty && hero.allSatisfy { $0["status"] as? Int == 200 && $0["variant"] as? String == "hero-low-res" },
                 "constrained mode hero: \(hero)")
