@@ -336,6 +336,8 @@ def scale_section(res):
 def dm_line(res):
     env = res.get("env", {})
     t = res.get("targets", {}).get("datamode-proxy")
+    if t is None:   # --only https: the intercepting instance's start-up, as https.py recorded it
+        t = res.get("measurements", {}).get("https_1k", {}).get("info", {}).get("datamode-https")
     if t is None:
         return "not measured"
     if not t.get("available"):
@@ -368,7 +370,7 @@ def markdown(res, png):
            if env.get('background_cpu_pct_before') is not None else "")
         + (f" ({', '.join(f'`{c}` {v:.0f}%' for c, v in env.get('background_top_before', []))})" if env.get('background_top_before') else ""),
         f"- Tools: {'; '.join(short_version(v) for k, v in env.get('versions', {}).items() if k != 'datamode-proxy')}",
-        f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client and the nginx origin on CPU {p.get('client_cpu')}; "
+        f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client/tlsload and the nginx origin on CPU {p.get('client_cpu')}; "
         f"one worker per proxy, logging off, keep-alive on; {p.get('rounds')} round{'s' if p.get('rounds') != 1 else ''} interleaved (A B C … A B C …); "
         f"wrk 1 thread, {p.get('connections')} connections, {p.get('duration')} s per run after a {p.get('warmup')} s warm-up; "
         f"cells are median (min–max) over the rounds"
