@@ -89,20 +89,12 @@ public final class HeadlessChromium: @unchecked Sendable {
         }
     }
 
-    /// Loads `url` through the proxy and returns the DOM after the load event (`--dump-dom`): what the page's
-    /// scripts wrote.
-    public func dumpDOM(_ url: String, proxyPort: UInt16, timeout: Double = 120) throws -> String {
-        let result = try run(url, proxyPort: proxyPort, extra: ["--dump-dom"], timeout: timeout)
-        guard result.status == 0 else { throw Failure(description: "chromium --dump-dom exited \(result.status):\n\(result.output)") }
-        return result.stdout
-    }
-
     private func run(_ url: String, proxyPort: UInt16, extra: [String], timeout: Double) throws -> ExternalCommand.Result {
         let profile = home + "/profile-\(loads)-\(UUID().uuidString.prefix(8))"
         var arguments = [
             "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check", "--disable-extensions",
             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-default-apps",
-            "--disable-features=Translate,OptimizationHints,MediaRouter", "--mute-audio",
+            "--disable-features=Translate,OptimizationHints,MediaRouter", "--mute-audio", "--disable-dev-shm-usage",
             "--user-data-dir=" + profile,
             "--proxy-server=http://127.0.0.1:\(proxyPort)", "--proxy-bypass-list=<-loopback>",
         ]
