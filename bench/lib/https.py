@@ -64,7 +64,7 @@ def build_tlsload(work):
     r = subprocess.run(["cc", "-O2", "-pthread", TLSLOAD_SRC, "-o", out, "-lssl", "-lcrypto"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
-        raise SystemExit("could not build lib/tlsload.c (needs cc and libssl-dev): " + r.stderr[-400:])
+        raise RuntimeError("could not build lib/tlsload.c (needs cc and libssl-dev): " + r.stderr[-400:])
     return out
 
 
@@ -158,6 +158,9 @@ def start_all(b):
     d.port, d.proc, d.available = b.origin_tls_port, b.origin, True
     d.cafile = os.path.join(b.work, "origin-tls", "origin-ca.pem")
     targets["direct"] = d
+    ok, why = curl_probe(b, d)
+    if not ok:
+        raise RuntimeError("origin nginx does not serve HTTPS: " + why)
     starters = [(DM_HTTPS, "datamode-proxy", start_datamode), ("squid-bump", "squid", start_squid),
                 ("mitmproxy", "mitmproxy", start_mitmproxy)]
     for name, selector, start in starters:
@@ -175,9 +178,6 @@ def start_all(b):
                 log(f"https {name} pid {t.proc.pid} on 127.0.0.1:{t.port} ({why})")
         if not t.available:
             log(f"https {name}: not available: {t.reason}")
-    ok, why = curl_probe(b, d)
-    if not ok:
-        raise SystemExit("origin nginx does not serve HTTPS: " + why)
     return targets
 
 
