@@ -24,6 +24,7 @@ BENCH = os.path.dirname(HERE)
 REPO = os.path.dirname(BENCH)
 sys.path.insert(0, HERE)
 
+import https  # noqa: E402
 import policy  # noqa: E402
 import procs  # noqa: E402
 from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
@@ -34,6 +35,8 @@ DM = "datamode-proxy"
 # Measurement 6 (scale across cores): second instances with two workers each, not pinned.
 SCALE_WORKERS = 2
 SCALE = {DM: "datamode-proxy-threads2", "haproxy": "haproxy-nbthread2", "nginx": "nginx-workers2"}
+# The measurements over plain HTTP (the proxies above); "https" has intercepting proxies of its own (https.py).
+PLAIN = ["small", "policy", "download", "connect", "idle", "scale"]
 NO_PROXY_ENV = {k: v for k, v in os.environ.items()
                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
 
@@ -93,6 +96,7 @@ class Bench:
         self.targets = {}
         self.origin = None
         self.origin_port = None
+        self.origin_tls_port = None
         self.results = {"measurements": {}}
         self.t_start = time.time()
         self.client_pids = set()
@@ -120,6 +124,23 @@ class Bench:
         # wrk needs the Lua helpers in one dir
         for fn in os.listdir(os.path.join(BENCH, "lua")):
             shutil.copy(os.path.join(BENCH, "lua", fn), os.path.join(self.work, "lua", fn))
+        # the origin's HTTPS side: a test CA and a leaf for IP 127.0.0.1 (the proxies verify it against that CA)
+        https.make_origin_certificates(self.work)
+
+    # for lib/https.py, which has targets and configs of its own
+    sizes = SIZES
+
+    @staticmethod
+    def target(name, label):
+        return Target(name, label)
+
+    @staticmethod
+    def render(template, **values):
+        return render(template, **values)
+
+    @staticmethod
+    def no_proxy_env():
+        return dict(NO_PROXY_ENV)
 
     def write(self, name, text):
         path = os.path.join(self.work, name)
@@ -129,7 +150,9 @@ class Bench:
 
     def start_origin(self):
         self.origin_port = free_port()
+        self.origin_tls_port = free_port()
         conf = self.write("origin-nginx.conf", render("origin-nginx.conf.tmpl", port=self.origin_port,
+                                                      tls_port=self.origin_tls_port,
                                                       work=self.work, docroot=os.path.join(self.work, "docroot")))
         self.origin = self.procs.start("origin-nginx", ["nginx", "-c", conf, "-e", os.path.join(self.work, "logs/origin-nginx.err")],
                                        cpu=self.a.client_cpu)
@@ -187,7 +210,8 @@ class Bench:
             return False, f"short body {len(body)} < {size}"
         return True, status_line
 
-    def start_proxy(self, name, label, argv, port, cwd=None, connect=True, connect_note="", env=None, cpu=None):
+    def start_proxy(self, name, label, argv, port, cwd=None, connect=True, connect_note="", env=None, cpu=None,
+                    probe=True):
         """cpu: what taskset gets (default: the proxy core; the scale row passes every core)."""
         t = Target(name, label, connect=connect, connect_note=connect_note)
         t.port = port
@@ -205,6 +229,9 @@ class Bench:
                 t.reason += f": {last}"
             log(f"{name}: {t.reason}")
             self.procs.stop(t.proc)
+            return t
+        if not probe:   # the caller probes it its own way (https.py: through TLS)
+            t.available = True
             return t
         ok, why = self.probe("127.0.0.1", port, f"http://{self.origin_hostport()}/1k.bin")
         if not ok:
@@ -268,15 +295,16 @@ class Bench:
             argv += ["--mode", mode]
         return argv
 
-    def start_datamode(self, name, label, extra_yaml=None, mode=None, threads=1, cpu=None):
+    def start_datamode(self, name, label, extra_yaml=None, mode=None, threads=1, cpu=None, connect_port=None, env=None,
+                       probe=True):
         port, admin = free_port(), free_port()
-        base = render("datamode.yaml.tmpl", port=port, admin_port=admin, origin_port=self.origin_port,
+        base = render("datamode.yaml.tmpl", port=port, admin_port=admin, origin_port=connect_port or self.origin_port,
                       work=self.work, name=name, threads=threads)
         text = base if extra_yaml is None else extra_yaml(base)
         conf = self.write(f"{name}.yaml", text)
         os.makedirs(os.path.join(self.work, f"{name}-state"), exist_ok=True)
         t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode, threads), port,
-                             cwd=self.work, env=NO_PROXY_ENV, cpu=cpu)
+                             cwd=self.work, env=dict(NO_PROXY_ENV, **(env or {})), cpu=cpu, probe=probe)
         t.admin_port = admin
         if not t.available:
             # say why, in the proxy's own words, when it is the configuration
@@ -293,6 +321,8 @@ class Bench:
 
     def start_all(self):
         self.start_origin()
+        if not any(m in PLAIN for m in self.a.only):
+            return   # --only https: its proxies are started by https.py
         if DM in self.a.targets:
             if self.a.datamode_unavailable or not self.a.proxy_bin:
                 t = Target(DM, "datamode-proxy")
@@ -472,7 +502,8 @@ class Bench:
             log(f"{key} {t.name}: not available ({rec.get('reason')})")
             return
         bits = []
-        for k, fmt in (("rps", "{:.0f} req/s"), ("cpu_us_per_req", "{:.1f} us/req"), ("p99_ms", "p99 {:.2f} ms"),
+        for k, fmt in (("rps", "{:.0f} req/s"), ("cpu_us_per_req", "{:.1f} us/req"), ("cpu_ms_per_conn", "{:.2f} ms/conn"),
+                       ("p99_ms", "p99 {:.2f} ms"),
                        ("mb_s", "{:.0f} MB/s"), ("cpu_s_per_gb", "{:.2f} s/GB"), ("errors", "{} err"),
                        ("other_pct", "other {:.0f}%")):
             if rec.get(k) is not None:
@@ -788,6 +819,8 @@ class Bench:
             self.m5_connect()
         if "idle" in m:
             self.m3_idle()
+        if "https" in m:
+            https.measure(self)
         # was anything lost mid-run?
         for n, t in self.targets.items():
             if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
@@ -810,6 +843,9 @@ def environment(a):
         "tinyproxy": sh(["tinyproxy", "-v"]),
         "curl": sh(["sh", "-c", "curl --version | head -1"]),
     }
+    if "https" in a.only:
+        vers["mitmproxy"] = sh(["sh", "-c", f"'{a.mitmdump}' --version 2>&1 | head -1"]) if a.mitmdump else "not installed"
+        vers["openssl"] = sh(["openssl", "version"])
     if a.proxy_bin:
         vers["datamode-proxy"] = sh([a.proxy_bin, "--version"]).splitlines()[0:1] or [""]
         vers["datamode-proxy"] = vers["datamode-proxy"][0]
@@ -840,8 +876,12 @@ def main():
                     help="wrk connections in the scale row (2 workers per proxy, wrk -t2, nothing pinned)")
     ap.add_argument("--downloads", type=int, default=3, help="100 MiB downloads per sample (one connection)")
     ap.add_argument("--idle-conns", type=int, default=5000)
-    ap.add_argument("--targets", default=",".join([DM] + PEERS), help="comma list of proxies (direct is always run)")
-    ap.add_argument("--only", default="small,policy,download,connect,idle,scale", help="comma list of measurements")
+    ap.add_argument("--targets", default=",".join([DM] + PEERS + ["mitmproxy"]),
+                    help="comma list of proxies (direct is always run; squid also selects Squid ssl_bump in https)")
+    ap.add_argument("--only", default=",".join(PLAIN + ["https"]), help="comma list of measurements")
+    ap.add_argument("--mitmdump", default="", help="mitmdump binary for the https measurement (empty: not available)")
+    ap.add_argument("--tls-new-connections", type=int, default=10,
+                    help="concurrent clients in the https new-connection run (one request per connection)")
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
@@ -903,7 +943,7 @@ def main():
     res.update(stamp=stamp, env=env, elapsed_s=elapsed, interrupted=interrupted,
                params={k: getattr(a, k) for k in ("rounds", "duration", "warmup", "connections", "downloads",
                                                     "idle_conns", "targets", "only", "proxy_cpu", "client_cpu",
-                                                    "scale_connections", "all_cpus")},
+                                                    "scale_connections", "all_cpus", "tls_new_connections")},
                command=a.command or " ".join(sys.argv), finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, stamp)

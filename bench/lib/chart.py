@@ -7,8 +7,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 PROXIES = ["datamode-proxy", "haproxy", "nginx", "squid", "tinyproxy"]
-SHORT = {"datamode-proxy": "datamode-\nproxy", "haproxy": "HAProxy", "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy"}
-COLOR = {"datamode-proxy": "#e8710a", "haproxy": "#5b7fa6", "nginx": "#5b7fa6", "squid": "#5b7fa6", "tinyproxy": "#5b7fa6"}
+HTTPS_PROXIES = ["datamode-https", "squid-bump", "mitmproxy"]   # measurement 7 (https.py)
+SHORT = {"datamode-proxy": "datamode-\nproxy", "haproxy": "HAProxy", "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy",
+         "datamode-https": "datamode-\nproxy", "squid-bump": "Squid\nssl_bump", "mitmproxy": "mitmproxy"}
+COLOR = {"datamode-proxy": "#e8710a", "haproxy": "#5b7fa6", "nginx": "#5b7fa6", "squid": "#5b7fa6", "tinyproxy": "#5b7fa6",
+         "datamode-https": "#e8710a", "squid-bump": "#5b7fa6", "mitmproxy": "#5b7fa6"}
 
 
 def _stat(recs, key):
@@ -18,11 +21,11 @@ def _stat(recs, key):
     return statistics.median(vals), min(vals), max(vals)
 
 
-def _bars(ax, block, key, fmt, direct=None, direct_label=""):
-    xs, labels = range(len(PROXIES)), [SHORT[p] for p in PROXIES]
+def _bars(ax, block, key, fmt, direct=None, direct_label="", proxies=PROXIES):
+    xs, labels = range(len(proxies)), [SHORT[p] for p in proxies]
     top = 0
-    stats = [_stat(block.get(p, []), key) for p in PROXIES]
-    for x, p, s in zip(xs, PROXIES, stats):
+    stats = [_stat(block.get(p, []), key) for p in proxies]
+    for x, p, s in zip(xs, proxies, stats):
         if s is None:
             continue
         med, lo, hi = s
@@ -38,9 +41,9 @@ def _bars(ax, block, key, fmt, direct=None, direct_label=""):
             ax.text(x, s[2] + top * 0.02, fmt.format(s[0]), ha="center", va="bottom", fontsize=10, fontweight="bold")
     if direct:
         ax.axhline(direct, color="#2a9d3f", ls="--", lw=2, zorder=4)
-        ax.text(len(PROXIES) - 0.5, direct, direct_label, ha="right", va="bottom", fontsize=9.5, color="#2a9d3f",
+        ax.text(len(proxies) - 0.5, direct, direct_label, ha="right", va="bottom", fontsize=9.5, color="#2a9d3f",
                 fontweight="bold")
-    ax.set_xlim(-0.6, len(PROXIES) - 0.4)
+    ax.set_xlim(-0.6, len(proxies) - 0.4)
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, fontsize=10)
     ax.set_ylim(0, (top or 1) * 1.18)
@@ -65,16 +68,20 @@ def draw(res, path):
     env = res.get("env", {})
     p = res.get("params", {})
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    for row, (key, title) in enumerate((("small_1k", "1 KiB"), ("small_100k", "100 KiB"))):
+    rows = (("small_1k", "1 KiB"), ("small_100k", "100 KiB"))
+    proxies = PROXIES
+    if "small_1k" not in m and "https_1k" in m:   # --only https: its keep-alive runs instead
+        rows, proxies = (("https_1k", "HTTPS 1 KiB"), ("https_100k", "HTTPS 100 KiB")), HTTPS_PROXIES
+    for row, (key, title) in enumerate(rows):
         block = m.get(key, {})
         ax = axes[row][0]
-        _bars(ax, block, "cpu_us_per_req", "{:.0f}")
+        _bars(ax, block, "cpu_us_per_req", "{:.0f}", proxies=proxies)
         ax.set_title(f"{title}: proxy CPU µs per request (lower is better)", fontsize=12, loc="left")
         ax.set_ylabel("µs / request")
         ax = axes[row][1]
         d = _stat(block.get("direct", []), "rps")
         _bars(ax, block, "rps", "{:,.0f}", direct=d[0] if d else None,
-              direct_label=f"direct (no proxy): {d[0]:,.0f}" if d else "")
+              direct_label=f"direct (no proxy): {d[0]:,.0f}" if d else "", proxies=proxies)
         ax.set_title(f"{title}: requests/s (higher is better)", fontsize=12, loc="left")
         ax.set_ylabel("requests / s")
     commit = env.get("commit", "?")
@@ -86,7 +93,8 @@ def draw(res, path):
     worst = _worst_other(m)
     noise = (f"quiet machine (other CPU ≤ {worst:.0f}% of a core)" if worst <= 10 else
              f"BUSY machine: other processes used up to {worst:.0f}% of a core during the runs")
-    fig.text(0.5, 0.005, f"commit {commit} · {p.get('duration')} s per run · wrk + nginx origin on the other core · {noise}",
+    client = "wrk" if proxies is PROXIES else "tlsload"
+    fig.text(0.5, 0.005, f"commit {commit} · {p.get('duration')} s per run · {client} + nginx origin on the other core · {noise}",
              ha="center", fontsize=9.5, color="#555555" if worst <= 10 else "#b00020")
     fig.tight_layout(rect=(0, 0.025, 1, 0.95))
     fig.savefig(path, dpi=110)

@@ -207,6 +207,64 @@ def policy_section(res):
     return out
 
 
+HTTPS_ORDER = ["direct", "datamode-https", "squid-bump", "mitmproxy"]
+HTTPS_NAMES = {"direct": "direct (client → origin TLS)", "datamode-https": "**datamode-proxy**",
+               "squid-bump": "Squid `ssl_bump` (peek, stare, bump)", "mitmproxy": "mitmproxy (`mitmdump`)"}
+
+
+def https_table(res, key, new_connections):
+    block = res["measurements"].get(key)
+    if not block:
+        return "_not run_\n"
+    info = block.get("info", {})
+    if new_connections:
+        lines = ["| | connections/s | p50 ms | p99 ms | proxy CPU ms/connection | connections per proxy-core second | errors | other CPU % of a core |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    else:
+        lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | requests/s per proxy core | errors | other CPU % of a core |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in [x for x in HTTPS_ORDER if x in block]:
+        recs = block[n]
+        name = HTTPS_NAMES.get(n, n)
+        if unavailable(recs):
+            lines.append(f"| {name} | not available: {reason_of(recs, info.get(n))} | | | | | | |")
+            continue
+        ok = ok_records(recs)
+        errs = sum(r.get("errors", 0) for r in ok)
+        firsts = [r["first_error"] for r in ok if r.get("errors") and r.get("first_error")]
+        err_cell = f"{errs:,}" + (f" (first: {firsts[0][:80]})" if firsts else "")
+        if new_connections:
+            cells = [fmt(stat(ok, "conns_per_s")), fmt_small(stat(ok, "p50_ms"), 2), fmt_small(stat(ok, "p99_ms"), 2),
+                     fmt_small(stat(ok, "cpu_ms_per_conn"), 2), fmt(stat(ok, "conns_per_core_s"))]
+        else:
+            cells = [fmt(stat(ok, "rps")), fmt_small(stat(ok, "p50_ms"), 2), fmt_small(stat(ok, "p99_ms"), 2),
+                     fmt_small(stat(ok, "cpu_us_per_req"), 1), fmt(stat(ok, "rps_per_core"))]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {err_cell} | {other_cell(recs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def https_targets(res):
+    """The two targets of issue 13 as ratios of medians, or why they cannot be computed."""
+    def med(key, n, field):
+        s = stat(ok_records(res["measurements"].get(key, {}).get(n, [])), field)
+        return s[0] if s else None
+    out = []
+    for key, title in (("https_1k", "1 KiB keep-alive"), ("https_100k", "100 KiB keep-alive"),
+                       ("https_newconn", "new connections")):
+        if key not in res["measurements"]:
+            continue
+        field = "cpu_ms_per_conn" if key == "https_newconn" else "cpu_us_per_req"
+        core = "conns_per_core_s" if key == "https_newconn" else "rps_per_core"
+        dm, sq, mp = med(key, "datamode-https", field), med(key, "squid-bump", field), med(key, "mitmproxy", field)
+        dmc, mpc = med(key, "datamode-https", core), med(key, "mitmproxy", core)
+        vs_mitm = f"{dmc / mpc:.1f}× mitmproxy's per proxy core (target ≥ 10×)" if dmc and mpc else "vs mitmproxy: —"
+        vs_squid = f"{dm / sq:.2f}× Squid's CPU per unit (target ≤ 1)" if dm and sq else "vs Squid: —"
+        out.append(f"- {title}: datamode-proxy {vs_mitm}; {vs_squid}.")
+    if any("—" in line for line in out):
+        out.append("- (—: a row was not available in this run.)")
+    return "\n".join(out) + "\n"
+
+
 def noise_summary(res):
     worst, worst_core, where = 0.0, 0.0, ""
     for key, block in res["measurements"].items():
@@ -291,6 +349,8 @@ def scale_section(res):
 def dm_line(res):
     env = res.get("env", {})
     t = res.get("targets", {}).get("datamode-proxy")
+    if t is None:   # --only https: the intercepting instance's start-up, as https.py recorded it
+        t = res.get("measurements", {}).get("https_1k", {}).get("info", {}).get("datamode-https")
     if t is None:
         return "not measured"
     if not t.get("available"):
@@ -323,7 +383,7 @@ def markdown(res, png):
            if env.get('background_cpu_pct_before') is not None else "")
         + (f" ({', '.join(f'`{c}` {v:.0f}%' for c, v in env.get('background_top_before', []))})" if env.get('background_top_before') else ""),
         f"- Tools: {'; '.join(short_version(v) for k, v in env.get('versions', {}).items() if k != 'datamode-proxy')}",
-        f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client and the nginx origin on CPU {p.get('client_cpu')}; "
+        f"- Method: proxy pinned to CPU {p.get('proxy_cpu')}, wrk/curl/idle client/tlsload and the nginx origin on CPU {p.get('client_cpu')}; "
         f"one worker per proxy, logging off, keep-alive on; {p.get('rounds')} round{'s' if p.get('rounds') != 1 else ''} interleaved (A B C … A B C …); "
         f"wrk 1 thread, {p.get('connections')} connections, {p.get('duration')} s per run after a {p.get('warmup')} s warm-up; "
         f"cells are median (min–max) over the rounds"
@@ -364,5 +424,19 @@ def markdown(res, png):
             "the wall time (2.00 = both cores all the time); *wrk + origin* the same for the client and the origin. "
             "Direct is wrk against the one-worker origin, also on both cores.", "",
             scale_section(res),
+            "## 7. HTTPS through interception (SPEC §9)", "",
+            "`CONNECT 127.0.0.1:<origin TLS port>`, the proxy terminates TLS with a leaf from its own CA (which the "
+            "client verifies, as a browser that trusts the CA would) and talks TLS to the nginx origin, verified "
+            "against the origin's CA. Client: `lib/tlsload.c` (wrk cannot send https through a proxy), threads with "
+            "blocking sockets, pinned to the client core with the origin. Requests/s per proxy core = requests / "
+            "proxy CPU seconds (what one core of the proxy would serve when it, not the client, is the bottleneck).", "",
+            f"### 1 KiB, keep-alive, {p.get('connections')} connections", "", https_table(res, "https_1k", False),
+            f"### 100 KiB, keep-alive, {p.get('connections')} connections", "", https_table(res, "https_100k", False),
+            f"### New intercepted connections, {p.get('tls_new_connections')} clients",
+            "", "Each connection: CONNECT, a full TLS handshake (no session resumption), one 1 KiB GET, close. "
+            "The proxies' own handshakes to the origin are theirs to pool or not (Squid and mitmproxy open one per "
+            "client connection).", "",
+            https_table(res, "https_newconn", True),
+            "### Targets (issue 13)", "", https_targets(res),
             ]
     return "\n".join(out) + "\n"
