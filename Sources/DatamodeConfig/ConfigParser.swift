@@ -26,7 +26,8 @@ struct ConfigParser {
     }
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
-                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions"]
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
+                               "profiles", "conditions", "shaping-scope"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -73,6 +74,8 @@ struct ConfigParser {
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
+        configuration.link = try link(profiles: section["profiles"], conditions: section["conditions"],
+                                      scope: section["shaping-scope"])
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance
@@ -390,6 +393,56 @@ struct ConfigParser {
             }
         }
         return log
+    }
+
+    // MARK: Link conditions (SPEC §10)
+
+    private static let profileKeys = ["down", "up", "latency", "jitter"]
+
+    private func link(profiles: ConfigNode?, conditions: ConfigNode?, scope: ConfigNode?) throws(ConfigError) -> LinkSection {
+        var link = LinkSection()
+        if let profiles, !profiles.isNull {
+            for (key, value) in try profiles.freeMapping("a mapping of profile name to {down, up, latency, jitter}") {
+                let name = key.node.scalar?.string ?? ""
+                guard Self.isValidVariantID(name) else {
+                    throw key.expected("a profile name of letters, digits, '-', '_' and '.'")
+                }
+                let fields = try value.section(known: Self.profileKeys, what: "a profile (a mapping with down, up, latency, jitter)")
+                // A file profile named like a built-in overrides it; the fields it leaves out keep the built-in's.
+                var profile = link.profiles[name] ?? LinkProfile(name: name, down: 0, up: 0, latency: .zero)
+                if let rate = fields["down"] { profile.down = try rate.rate() }
+                if let rate = fields["up"] { profile.up = try rate.rate() }
+                if let latency = fields["latency"] { profile.latency = try latency.latency() }
+                if let jitter = fields["jitter"] { profile.jitter = try jitter.latency() }
+                guard profile.down > 0 else { throw value.error("profile \(quoted(name)) needs a down rate such as 2Mbit") }
+                guard profile.up > 0 else { throw value.error("profile \(quoted(name)) needs an up rate such as 256kbit") }
+                if profile.jitter > profile.latency, let jitter = fields["jitter"] {
+                    throw jitter.error("jitter (\(profile.jitter)) is larger than the latency (\(profile.latency)): "
+                        + "an added latency cannot be negative")
+                }
+                link.profiles[name] = profile
+            }
+        }
+        if let conditions, !conditions.isNull {
+            let section = try conditions.section(known: ["constrained", "expensive", "ultra-constrained"])
+            func profile(_ key: String) throws(ConfigError) -> String? {
+                guard let node = section[key], !node.isNull else { return nil }
+                let fields = try node.section(known: ["profile"], what: "a mapping {profile: NAME}")
+                guard let value = fields["profile"], !value.isNull else { return nil }
+                let name = try value.nonEmptyString("a profile name")
+                guard link.profiles[name] != nil else {
+                    throw value.error("unknown profile \(quoted(name)); known: \(link.profileNames.joined(separator: ", "))")
+                }
+                return name
+            }
+            link.conditions = ConditionProfiles(constrained: try profile("constrained"), expensive: try profile("expensive"),
+                                                ultraConstrained: try profile("ultra-constrained"))
+        }
+        if let scope, !scope.isNull {
+            guard let value = ShapingScope(rawValue: try scope.string()) else { throw scope.expected("client or link") }
+            link.scope = value
+        }
+        return link
     }
 
     // MARK: Policy

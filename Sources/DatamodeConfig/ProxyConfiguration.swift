@@ -42,6 +42,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var log: LogSection
     /// Sessions for test rigs (SPEC §12).
     public var sessions: SessionsSection = SessionsSection()
+    /// Link profiles, the profile each mode condition brings, and the shaping scope (SPEC §10).
+    public var link: LinkSection
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
@@ -57,7 +59,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
-                log: LogSection = LogSection()) {
+                log: LogSection = LogSection(), link: LinkSection = LinkSection()) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -73,6 +75,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.timeouts = timeouts
         self.drainTimeout = drainTimeout
         self.log = log
+        self.link = link
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }
