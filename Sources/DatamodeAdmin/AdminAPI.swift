@@ -69,6 +69,7 @@ public final class AdminAPI: @unchecked Sendable {
         case "/sessions": return SessionsEndpoint(api: self).handleCollection(request)
         case "/events": return EventsEndpoint(api: self).handle(request)
         case "/schedule": return ScheduleEndpoint(api: self).handle(request)
+        case "/conditions": return ConditionsEndpoint(api: self).handle(request)
         default:
             if request.path.hasPrefix("/sessions/") {
                 let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
@@ -78,13 +79,14 @@ public final class AdminAPI: @unchecked Sendable {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /sessions, /events, /schedule, /healthz")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /conditions, /metrics, /sessions, /events, /schedule, /healthz")
         }
     }
 
     /// What `admin.read-token` grants (SPEC §7): reading the mode and following the events, nothing that changes state.
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
-        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events")
+        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events"
+            || request.path == "/conditions")
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

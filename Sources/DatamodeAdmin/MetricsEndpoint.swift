@@ -46,6 +46,10 @@ struct MetricsEndpoint {
         out += "datamode_mode{condition=\"constrained\"} \(snapshot.mode.constrained ? 1 : 0)\n"
         out += "datamode_mode{condition=\"expensive\"} \(snapshot.mode.expensive ? 1 : 0)\n"
         out += "datamode_mode{condition=\"ultra-constrained\"} \(snapshot.mode.ultraConstrained ? 1 : 0)\n"
+        out += "# HELP datamode_link_profile The link profile in force (SPEC §10): 1 for its name and source; none when unshaped.\n"
+        out += "# TYPE datamode_link_profile gauge\n"
+        let resolution = snapshot.profileInForce
+        out += "datamode_link_profile{profile=\"\(resolution.profile?.name ?? "none")\",source=\"\(resolution.source.rawValue)\"} 1\n"
         out += "# HELP datamode_variants Registered variants by source.\n"
         out += "# TYPE datamode_variants gauge\n"
         let api = snapshot.policy.variants.filter { $0.source == .api }.count

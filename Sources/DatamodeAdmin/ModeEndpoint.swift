@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import Foundation
 
 /// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7, §15).
 ///
@@ -32,6 +33,8 @@ public struct ModeEndpoint {
             "ultraConstrained": snapshot.mode.ultraConstrained,
             "source": snapshot.modeSource.rawValue,
             "since": Timestamp.rfc3339(wallNanoseconds: snapshot.modeSince * 1_000_000_000, fractionDigits: 0),
+            // The link profile in force (SPEC §10; details in GET /conditions).
+            "profile": snapshot.profileInForce.profile?.name ?? NSNull(),
         ]
     }
 

@@ -65,6 +65,30 @@ public final class StateStore: @unchecked Sendable {
         syncDirectory()
     }
 
+    // MARK: link profile (SPEC §10)
+
+    public var conditionsPath: String { directory + "/conditions.json" }
+
+    /// The link profile set with `PUT /conditions`, or nil.
+    public func loadProfile() throws(StateError) -> String? {
+        guard let object = try readObject(conditionsPath) else { return nil }
+        guard let name = object["profile"] as? String, !name.isEmpty else {
+            throw StateError(description: "\(conditionsPath): \"profile\" is missing or not a name; fix or delete the file")
+        }
+        return name
+    }
+
+    public func saveProfile(_ name: String) throws(StateError) {
+        try writeAtomically(conditionsPath, ["profile": name])
+    }
+
+    public func deleteProfile() throws(StateError) {
+        if unlink(conditionsPath) != 0 && errno != ENOENT {
+            throw StateError(description: "cannot remove \(conditionsPath): \(String(cString: strerror(errno)))")
+        }
+        syncDirectory()
+    }
+
     // MARK: variants
 
     /// The persisted API variants. Each is checked as a new `PUT` would be, `file`s against `files`: a variant

@@ -21,6 +21,7 @@ extension ClientConnection {
                                                            mode: exchange.mode, upgrade: upgrade,
                                                            framing: exchange.requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
+        exchange.link?.up.charge(exchange.headBytes.count, now: worker.clock.nowNanoseconds())
         exchange.variant = variant
         exchange.upgradeRequested = upgrade
         machine.forward(exchange)
@@ -83,11 +84,16 @@ extension ClientConnection {
     /// refused with 400 however the client's bytes and the connect race.
     func pumpRequestBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, upstream.acceptsRequestBytes, !exchange.requestBody.isComplete else { return }
-        let room = Flow.highWater - evbuffer_get_length(upstream.output)
+        var room = Flow.highWater - evbuffer_get_length(upstream.output)
         guard room > 0 else { return }
         let before = evbuffer_get_length(input)
+        if let link = exchange.link, before > 0 {
+            room = shapedBudget(link.up, wanted: min(room, before))
+            guard room > 0 else { return }
+        }
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
         let left = evbuffer_get_length(input)
+        exchange.link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
         upstream.requestBytesAdded(before - left)
         exchange.bytesIn = exchange.requestBody.transferred
         perform(exchange, exchange.machine.requestBodyStep(Self.step(progress, before: before, left: left, exchange)))
@@ -168,6 +174,12 @@ extension ClientConnection {
     func upstreamClosed(_ upstream: UpstreamConnection) {
         if let exchange = tunnelExchange(of: upstream) { tunnelPeerClosed(exchange, client: false); return }
         guard let exchange = forwardedExchange(of: upstream) else { return }
+        // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
+        if exchange.response == nil, evbuffer_get_length(upstream.input) > 0,
+           !latencyElapsed(exchange, arrived: true) {
+            exchange.originClosedWhileHeld = true
+            return
+        }
         let action = exchange.machine.originSentEOF()
         guard exchange.response == nil else {
             perform(exchange, action)
@@ -180,6 +192,8 @@ extension ClientConnection {
     }
 
     func readResponseHead(_ exchange: Exchange, _ upstream: UpstreamConnection) {
+        // A link profile's latency is added before the head is relayed (SPEC §10).
+        guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
         while forwardedExchange(of: upstream) === exchange, exchange.response == nil {
             switch upstream.takeResponseHead() {
             case .incomplete:
@@ -240,6 +254,7 @@ extension ClientConnection {
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
         evbuffer_add(output, bytes, bytes.count)
+        exchange.link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
         exchange.responseHeadLength = bytes.count
         exchange.response = head
         exchange.status = head.status
@@ -252,10 +267,15 @@ extension ClientConnection {
     /// from the origin (backpressure).
     func pumpResponseBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, exchange.response != nil else { return }
-        let room = Flow.highWater - outputLength
+        var room = Flow.highWater - outputLength
         guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
+        if let link = exchange.link, before > 0 {
+            room = shapedBudget(link.down, wanted: min(room, before))
+            guard room > 0 else { return }
+        }
         let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
+        exchange.link?.down.charge(before - evbuffer_get_length(upstream.input), now: worker.clock.nowNanoseconds())
         exchange.bytesOut = exchange.responseBody.transferred
         let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
         // Nothing of this response has been written while all of it is still queued at the output's tail.
@@ -295,7 +315,7 @@ extension ClientConnection {
     /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, exchange.splices.isEmpty, exchange.response != nil,
+        guard Self.bodySpliceEnabled, exchange.link == nil, exchange.splices.isEmpty, exchange.response != nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,

@@ -54,14 +54,24 @@ extension ClientConnection {
     func pumpTunnel(_ exchange: Exchange, fromClient: Bool) {
         guard let upstream = exchange.upstream, exchange.tunnel?.phase == .established, upstream.isConnected else { return }
         if fromClient {
-            let n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
+            var n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
+            if n > 0, let link = exchange.link {
+                n = shapedBudget(link.up, wanted: n)
+                link.up.charge(n, now: worker.clock.nowNanoseconds())
+            }
             if n > 0 {
                 evbuffer_remove_buffer(input, upstream.output, n)
                 worker.metrics.add(bytesIn: n)
                 exchange.bytesIn += UInt64(n)
             }
         } else {
-            let n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
+            var n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
+            // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
+            guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
+            if n > 0, let link = exchange.link {
+                n = shapedBudget(link.down, wanted: n)
+                link.down.charge(n, now: worker.clock.nowNanoseconds())
+            }
             if n > 0 {
                 evbuffer_remove_buffer(upstream.input, output, n)
                 worker.metrics.add(bytesOut: n)
@@ -73,7 +83,7 @@ extension ClientConnection {
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle(_ exchange: Exchange) {
-        guard exchange.tunnel?.canSplice == true, let upstream = exchange.upstream,
+        guard exchange.tunnel?.canSplice == true, exchange.link == nil, let upstream = exchange.upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }

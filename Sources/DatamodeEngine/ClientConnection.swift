@@ -41,6 +41,10 @@ final class ClientConnection {
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
     var writer = SpeculativeWriter()
+    /// Wakes the connection when a link profile's bucket refills or its added latency passes (created on first use).
+    var shapingTimer: OpaquePointer?
+    /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
+    var shapingDeadline: UInt64?
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
@@ -429,6 +433,7 @@ final class ClientConnection {
         case .forward, .serveVariant:
             break
         }
+        applyLinkProfile(exchange, linkProfile(for: exchange, mode: mode))
         if target.form == .authority {
             beginTunnel(exchange, target: target)
             return
@@ -524,6 +529,7 @@ final class ClientConnection {
         }
         if let timer { event_free(timer) }
         timer = nil
+        releaseShapingTimer()
         if let parkedRead { event_free(parkedRead) }
         parkedRead = nil
         if bufferEventFreed {

@@ -73,6 +73,12 @@ final class Exchange {
     /// fixed pair, so that no array is allocated per exchange.
     var splicedBytes = SIMD2<UInt64>(0, 0)
     var logged = false
+    /// The link profile's buckets this exchange passes (SPEC §10); nil: unshaped (and splice is allowed).
+    var link: LinkBuckets?
+    /// The latency still to add before the response head (or a tunnel's first byte) is relayed.
+    var latency = AddedLatency.none
+    /// The origin closed while its response head was held back for the added latency: handled on release.
+    var originClosedWhileHeld = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {
         self.clientVersion = clientVersion

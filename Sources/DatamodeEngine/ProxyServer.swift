@@ -16,6 +16,8 @@ public final class ProxyServer: @unchecked Sendable {
     public let runtime: RuntimeState
     private let logger: Logger
     private let clock: any EngineClock
+    /// Token buckets of link profiles, shared by every worker (SPEC §10).
+    let shaper = LinkShaper()
     private var workers: [Worker] = []
     private var threads: [pthread_t] = []
     private var accessLog: AccessLog?
@@ -77,7 +79,7 @@ public final class ProxyServer: @unchecked Sendable {
         address.port = listenGuard.port
         var own = extraOwnAddresses
         for i in 0..<count {
-            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
+            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper,
                                     logger: logger, ownAddresses: [])
             let port = try worker.listen(on: address)
             if i == 0 {

@@ -72,9 +72,15 @@ public final class ProxyInstance: @unchecked Sendable {
         let store: StateStore
         let saved: (mode: DataMode, since: Int64)?
         let apiVariants: [Variant]
-        do {
+        let savedProfile: String?
+        do throws(StateStore.StateError) {
             store = try StateStore(directory: configuration.stateDirectory)
             saved = try store.loadMode()
+            savedProfile = try store.loadProfile()
+            if let savedProfile, configuration.link.profiles[savedProfile] == nil {
+                throw StateStore.StateError(description: "\(store.conditionsPath): profile \"\(savedProfile)\" is not defined "
+                    + "in the configuration; define it under profiles, or delete the file")
+            }
             apiVariants = try store.loadVariants(files: configuration.variantFiles)
         } catch {
             throw .state(error)
@@ -93,7 +99,7 @@ public final class ProxyInstance: @unchecked Sendable {
         let now = Self.seconds(clock)
         let runtime = RuntimeState(RuntimeSnapshot(
             configuration: snapshot.configuration, policy: snapshot.policy, mode: resolution.mode,
-            modeSource: resolution.source, modeSince: saved?.since ?? now))
+            modeSource: resolution.source, modeSince: saved?.since ?? now, apiProfile: savedProfile))
         let server = ProxyServer(runtime: runtime, logger: logger, clock: clock)
         let reloads = ReloadTally()
         self.runtime = runtime
@@ -106,7 +112,8 @@ public final class ProxyInstance: @unchecked Sendable {
                                  readToken: configuration.admin.readToken, logger: logger,
                                  metrics: { server.metrics() }, reloads: { reloads.counts },
                                  sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
-                                 monotonic: { clock.nowNanoseconds() })
+                                 monotonic: { clock.nowNanoseconds() },
+                                 knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) })
     }
 
     /// How often an idle event stream gets a heartbeat comment (SPEC §12: 15 s). Tests shorten it; read each time

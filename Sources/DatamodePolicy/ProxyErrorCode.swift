@@ -28,13 +28,17 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     /// SPEC §12: `Data-Mode-Session` names a session that does not exist (a typo would otherwise silently run a
     /// test under the global mode).
     case unknownSession = "unknown-session"
+    /// SPEC §10: `PUT /conditions` names no known link profile.
+    case unknownProfile = "unknown-profile"
+    /// SPEC §11: a data budget with `then: reject` is spent for this request's traffic.
+    case budgetExhausted = "budget-exhausted"
 
     public var status: Int {
         switch self {
-        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant, .unknownSession: 400
+        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant, .unknownSession, .unknownProfile: 400
         case .uriTooLong: 414
         case .headersTooLarge: 431
-        case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained: 403
+        case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained, .budgetExhausted: 403
         case .proxyAuthRequired: 407
         case .loopDetected: 508
         case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError: 502
@@ -64,6 +68,8 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .ultraConstrained: "Not allowed on an ultra-constrained network"
         case .invalidVariant: "Invalid variant"
         case .unknownSession: "Unknown session"
+        case .unknownProfile: "Unknown link profile"
+        case .budgetExhausted: "Data budget exhausted"
         }
     }
 

@@ -95,8 +95,8 @@ public final class ProxyHarness: @unchecked Sendable {
     }
 
     /// A new client connection to the proxy.
-    public func connect(timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil) throws -> RawHTTPClient {
-        try RawHTTPClient(port: port, timeout: timeout, receiveBuffer: receiveBuffer)
+    public func connect(timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil, source: String? = nil) throws -> RawHTTPClient {
+        try RawHTTPClient(port: port, timeout: timeout, receiveBuffer: receiveBuffer, source: source)
     }
 
     /// A client of this proxy's admin API.
