@@ -27,7 +27,7 @@ struct ConfigParser {
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
-                               "profiles", "conditions", "shaping-scope"]
+                               "profiles", "conditions", "shaping-scope", "budgets"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -74,6 +74,7 @@ struct ConfigParser {
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
+        if let node = section["budgets"] { configuration.budgets = try budgets(node) }
         configuration.link = try link(profiles: section["profiles"], conditions: section["conditions"],
                                       scope: section["shaping-scope"])
 
@@ -393,6 +394,56 @@ struct ConfigParser {
             }
         }
         return log
+    }
+
+    // MARK: Data budgets (SPEC §11)
+
+    /// At most this many budgets: each request checks every one, and the engine keeps them in a 64-bit mask.
+    static let maximumBudgets = 64
+
+    private func budgets(_ node: ConfigNode) throws(ConfigError) -> [Budget] {
+        var budgets: [Budget] = []
+        var firstLineOfName: [String: Int] = [:]
+        for item in try node.sequence("a list of budgets") {
+            let section = try item.section(known: ["name", "bytes", "period", "match", "then", "hard"],
+                                           what: "a budget (a mapping with name, bytes, period, then)")
+            let nameNode = try section.required("name", "the budget's name")
+            let name = try nameNode.nonEmptyString("a budget name")
+            guard Self.isValidVariantID(name) else {
+                throw nameNode.expected("a name of letters, digits, '-', '_' and '.' (it appears in /budgets/{name})")
+            }
+            if let first = firstLineOfName[name] {
+                throw nameNode.error("duplicate budget name \(quoted(name)) (first at line \(first))")
+            }
+            firstLineOfName[name] = nameNode.line ?? 0
+            let bytesNode = try section.required("bytes", "the allowance, such as 5GB")
+            guard case .scalar(let scalar) = bytesNode.node, !bytesNode.isNull,
+                  let bytes = ConfigValue.byteCount(scalar.string), bytes > 0 else {
+                throw bytesNode.expected("a positive size such as 5GB, 500MB or 2GiB")
+            }
+            let periodNode = try section.required("period", "hour, day or month")
+            guard let period = BudgetPeriod(rawValue: try periodNode.string()) else { throw periodNode.expected("hour, day or month") }
+            var match = BudgetMatch()
+            if let matchNode = section["match"], !matchNode.isNull {
+                let criteria = try matchNode.section(known: ["client", "host"])
+                if let value = criteria["client"] { match.client = try value.cidr() }
+                if let value = criteria["host"] {
+                    match.host = Glob(try value.nonEmptyString("a host glob such as *.video.example"), caseInsensitive: true)
+                }
+            }
+            let thenNode = try section.required("then", "a condition or mode name, or reject")
+            guard let then = BudgetAction(try thenNode.string()) else {
+                throw thenNode.expected("a condition or mode name (constrained, expensive, ultra-constrained, "
+                    + "constrained-expensive, ...) or reject")
+            }
+            var hard = false
+            if let value = section["hard"] { hard = try value.bool() }
+            budgets.append(Budget(name: name, bytes: bytes, period: period, match: match, then: then, hard: hard))
+        }
+        guard budgets.count <= Self.maximumBudgets else {
+            throw node.error("at most \(Self.maximumBudgets) budgets, got \(budgets.count)")
+        }
+        return budgets
     }
 
     // MARK: Link conditions (SPEC §10)
