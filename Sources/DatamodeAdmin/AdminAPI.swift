@@ -32,7 +32,11 @@ public final class AdminAPI: @unchecked Sendable {
     /// When each session was last created, changed or read through the API (monotonic nanoseconds).
     var sessionTouched: [String: UInt64] = [:]
 
+    /// Data budgets (SPEC §11), counted by the workers.
+    let budgets: BudgetLedger
+
     public init(runtime: RuntimeState, store: StateStore, token: String?, readToken: String? = nil, logger: Logger,
+                budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0),
                 metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
                 sessionTallies: @escaping () -> [String: SessionTally] = { [:] },
                 now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) },
@@ -51,6 +55,7 @@ public final class AdminAPI: @unchecked Sendable {
         self.monotonic = monotonic
         self.knownProfiles = knownProfiles
         self.events = events
+        self.budgets = budgets
     }
 
     public func handle(_ request: AdminRequest) -> AdminResponse {
@@ -70,7 +75,11 @@ public final class AdminAPI: @unchecked Sendable {
         case "/events": return EventsEndpoint(api: self).handle(request)
         case "/schedule": return ScheduleEndpoint(api: self).handle(request)
         case "/conditions": return ConditionsEndpoint(api: self).handle(request)
+        case "/budgets": return BudgetsEndpoint(api: self).handleCollection(request)
         default:
+            if request.path.hasPrefix("/budgets/") {
+                return BudgetsEndpoint(api: self).handleItem(request, path: String(request.path.dropFirst("/budgets/".count)))
+            }
             if request.path.hasPrefix("/sessions/") {
                 let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
                 return SessionsEndpoint(api: self).handleItem(request, id: id)
@@ -79,14 +88,14 @@ public final class AdminAPI: @unchecked Sendable {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /conditions, /metrics, /sessions, /events, /schedule, /healthz")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /conditions, /budgets, /metrics, /sessions, /events, /schedule, /healthz")
         }
     }
 
     /// What `admin.read-token` grants (SPEC §7): reading the mode and following the events, nothing that changes state.
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
         (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events"
-            || request.path == "/conditions")
+            || request.path == "/conditions" || request.path == "/budgets")
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

@@ -7,8 +7,25 @@ struct MetricsEndpoint {
 
     func handle(_ request: AdminRequest) -> AdminResponse {
         guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
-        let text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
+        var text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
+        text += Self.renderBudgets(api.budgets, now: api.now())
         return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))
+    }
+
+    /// `datamode_budget_used_bytes{budget}` and `datamode_budget_spent{budget}` (SPEC §11).
+    static func renderBudgets(_ ledger: BudgetLedger, now: Int64) -> String {
+        guard !ledger.isEmpty else { return "" }
+        var out = "# HELP datamode_budget_used_bytes Bytes exchanged with origins in the budget's current period.\n"
+        out += "# TYPE datamode_budget_used_bytes gauge\n"
+        for (index, budget) in ledger.budgets.enumerated() {
+            out += "datamode_budget_used_bytes{budget=\"\(budget.name)\"} \(ledger.used(index))\n"
+        }
+        out += "# HELP datamode_budget_spent Whether the budget is spent (1) until its period ends.\n"
+        out += "# TYPE datamode_budget_spent gauge\n"
+        for (index, budget) in ledger.budgets.enumerated() {
+            out += "datamode_budget_spent{budget=\"\(budget.name)\"} \(ledger.isSpent(index, now: now) ? 1 : 0)\n"
+        }
+        return out
     }
 
     static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot, reloads: ReloadCounts) -> String {

@@ -35,6 +35,7 @@ extension ClientConnection {
         exchange.upstreamReused = upstream.isReused
         upstream.attach(self)
         upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        countOriginBytes(exchange, exchange.headBytes.count)
         upstream.start()
         guard forwardedExchange(of: upstream) === exchange else { return }
         if upstream.isConnected { perform(exchange, exchange.machine.upstreamConnected()) }
@@ -87,6 +88,10 @@ extension ClientConnection {
         var room = Flow.highWater - evbuffer_get_length(upstream.output)
         guard room > 0 else { return }
         let before = evbuffer_get_length(input)
+        if before > 0 && exchange.budgetMask != 0 {
+            room = budgetRoom(exchange, room)
+            guard room > 0 else { return }
+        }
         if let link = exchange.link, before > 0 {
             room = shapedBudget(link.up, wanted: min(room, before))
             guard room > 0 else { return }
@@ -94,6 +99,7 @@ extension ClientConnection {
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
         let left = evbuffer_get_length(input)
         exchange.link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
+        countOriginBytes(exchange, before - left)
         upstream.requestBytesAdded(before - left)
         exchange.bytesIn = exchange.requestBody.transferred
         perform(exchange, exchange.machine.requestBodyStep(Self.step(progress, before: before, left: left, exchange)))
@@ -202,7 +208,8 @@ extension ClientConnection {
                 upstream.close()
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
                 return
-            case .complete(let head, _):
+            case .complete(let head, let length):
+                countOriginBytes(exchange, length)
                 if head.status < 200 {
                     handleInterim(exchange, head, upstream)
                 } else {
@@ -270,12 +277,18 @@ extension ClientConnection {
         var room = Flow.highWater - outputLength
         guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
+        if before > 0 && exchange.budgetMask != 0 {
+            room = budgetRoom(exchange, room)
+            guard room > 0 else { return }
+        }
         if let link = exchange.link, before > 0 {
             room = shapedBudget(link.down, wanted: min(room, before))
             guard room > 0 else { return }
         }
         let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
-        exchange.link?.down.charge(before - evbuffer_get_length(upstream.input), now: worker.clock.nowNanoseconds())
+        let moved = before - evbuffer_get_length(upstream.input)
+        exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())
+        countOriginBytes(exchange, moved)
         exchange.bytesOut = exchange.responseBody.transferred
         let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
         // Nothing of this response has been written while all of it is still queued at the output's tail.
@@ -315,7 +328,8 @@ extension ClientConnection {
     /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, exchange.link == nil, exchange.splices.isEmpty, exchange.response != nil,
+        guard Self.bodySpliceEnabled, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
+              exchange.response != nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
@@ -340,6 +354,7 @@ extension ClientConnection {
         let delta = relay.moved - exchange.splicedBytes[1]
         exchange.splicedBytes[1] = relay.moved
         if delta > 0 {
+            countOriginBytes(exchange, Int(delta))
             exchange.responseBody.movedElsewhere(delta)
             exchange.bytesOut = exchange.responseBody.transferred
         }

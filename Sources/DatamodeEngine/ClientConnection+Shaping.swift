@@ -89,6 +89,13 @@ extension ClientConnection {
     /// A bucket has refilled or an added latency has passed: move what waited.
     func shapingTimerFired() {
         shapingDeadline = nil
+        if let exchange = machine.exchange, exchange.budgetCut {
+            // A hard budget this exchange counted against is spent (SPEC §11): the transfer or tunnel ends here.
+            exchange.outcome = exchange.outcome ?? .error
+            exchange.reason = AbortReason.budgetExhausted.rawValue
+            abort(.budgetExhausted, detail: "a hard data budget is spent")
+            return
+        }
         switch machine.state {
         case .forwarding(let exchange):
             guard let upstream = exchange.upstream else { return }

@@ -55,6 +55,7 @@ extension ClientConnection {
         guard let upstream = exchange.upstream, exchange.tunnel?.phase == .established, upstream.isConnected else { return }
         if fromClient {
             var n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
+            if n > 0 && exchange.budgetMask != 0 { n = budgetRoom(exchange, n) }
             if n > 0, let link = exchange.link {
                 n = shapedBudget(link.up, wanted: n)
                 link.up.charge(n, now: worker.clock.nowNanoseconds())
@@ -63,11 +64,13 @@ extension ClientConnection {
                 evbuffer_remove_buffer(input, upstream.output, n)
                 worker.metrics.add(bytesIn: n)
                 exchange.bytesIn += UInt64(n)
+                countOriginBytes(exchange, n)
             }
         } else {
             var n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
             // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
             guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
+            if n > 0 && exchange.budgetMask != 0 { n = budgetRoom(exchange, n) }
             if n > 0, let link = exchange.link {
                 n = shapedBudget(link.down, wanted: n)
                 link.down.charge(n, now: worker.clock.nowNanoseconds())
@@ -76,6 +79,7 @@ extension ClientConnection {
                 evbuffer_remove_buffer(upstream.input, output, n)
                 worker.metrics.add(bytesOut: n)
                 exchange.bytesOut += UInt64(n)
+                countOriginBytes(exchange, n)
             }
         }
     }
@@ -83,7 +87,7 @@ extension ClientConnection {
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle(_ exchange: Exchange) {
-        guard exchange.tunnel?.canSplice == true, exchange.link == nil, let upstream = exchange.upstream,
+        guard exchange.tunnel?.canSplice == true, exchange.link == nil, !hasHardBudget(exchange), let upstream = exchange.upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
@@ -106,6 +110,7 @@ extension ClientConnection {
         let delta = Int(relay.moved - exchange.splicedBytes[index])
         exchange.splicedBytes[index] = relay.moved
         if delta > 0 {
+            countOriginBytes(exchange, delta)
             if index == 0 { worker.metrics.add(bytesIn: delta) } else { worker.metrics.add(bytesOut: delta) }
             if index == 0 { exchange.bytesIn += UInt64(delta) } else { exchange.bytesOut += UInt64(delta) }
         }

@@ -406,6 +406,18 @@ final class ClientConnection {
                 return
             }
         }
+        // Spent budgets that match the request join their conditions to it, or refuse it (SPEC §11).
+        let baseMode = mode
+        var budgetJudgement: BudgetJudgement?
+        if !worker.budgets.isEmpty {
+            let judgement = judgeBudgets(exchange, host: target.host, mode: mode)
+            if let index = judgement.rejectedBy {
+                refuseForBudget(exchange, index, url: target.absoluteURL)
+                return
+            }
+            mode = judgement.mode
+            budgetJudgement = judgement
+        }
         exchange.mode = mode
 
         let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
@@ -427,7 +439,12 @@ final class ClientConnection {
         case .reject(_, let rejection):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            respondProblem(exchange, rejection.problem(mode: mode, url: target.absoluteURL), close: false,
+            var problem = rejection.problem(mode: mode, url: target.absoluteURL)
+            // A refusal a spent budget caused names it (SPEC §11).
+            if let name = budgetJudgement?.joinedBy, rejection.reasons.contains(where: { !baseMode.has($0) }) {
+                problem.extra.append(("budget", JSONText.quote(name)))
+            }
+            respondProblem(exchange, problem, close: false,
                            extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
             return
         case .forward, .serveVariant:

@@ -18,6 +18,8 @@ public final class ProxyServer: @unchecked Sendable {
     private let clock: any EngineClock
     /// Token buckets of link profiles, shared by every worker (SPEC §10).
     let shaper = LinkShaper()
+    /// Data budgets (SPEC §11), counted by every worker.
+    public let budgets: BudgetLedger
     private var workers: [Worker] = []
     private var threads: [pthread_t] = []
     private var accessLog: AccessLog?
@@ -55,7 +57,9 @@ public final class ProxyServer: @unchecked Sendable {
         return out
     }
 
-    public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock()) {
+    public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock(),
+                budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0)) {
+        self.budgets = budgets
         self.runtime = runtime
         self.logger = logger
         self.clock = clock
@@ -79,7 +83,7 @@ public final class ProxyServer: @unchecked Sendable {
         address.port = listenGuard.port
         var own = extraOwnAddresses
         for i in 0..<count {
-            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper,
+            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper, budgets: budgets,
                                     logger: logger, ownAddresses: [])
             let port = try worker.listen(on: address)
             if i == 0 {

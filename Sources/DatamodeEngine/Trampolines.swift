@@ -55,6 +55,10 @@ let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
     client.flushPendingWrites()
 }
 
+let controlTickCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: Ticker.self).fired()
+}
+
 // MARK: upstream side
 
 /// After an upstream callback: the attached client's flush writes its exchange's upstream too, so the

@@ -35,6 +35,8 @@ final class Worker {
     let logger: Logger
     let pool = UpstreamPool()
     let shaper: LinkShaper
+    /// Data budgets (SPEC §11), shared by every worker; each counts in its own slots.
+    let budgets: BudgetLedger
     /// This worker's view of `shaper`: a shaped exchange finds its buckets here without the shared mutex.
     private var linkCache: [LinkShaper.Key: LinkBuckets] = [:]
     private(set) var settings: WorkerSettings
@@ -63,9 +65,10 @@ final class Worker {
     private var ownAddresses: [(address: IPAddress, port: UInt16)]
 
     init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, shaper: LinkShaper = LinkShaper(),
-         logger: Logger, ownAddresses: [(address: IPAddress, port: UInt16)]) throws(EngineError) {
+         budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0), logger: Logger, ownAddresses: [(address: IPAddress, port: UInt16)]) throws(EngineError) {
         self.index = index
         self.shaper = shaper
+        self.budgets = budgets
         self.runtime = runtime
         self.clock = clock
         self.accessLog = accessLog

@@ -51,8 +51,12 @@ public final class ProxyInstance: @unchecked Sendable {
     /// The admin API's persisted mode and variants.
     public let store: StateStore
 
+    /// Data budgets (SPEC §11): counted by the workers, rolled over and persisted here.
+    public let budgets: BudgetLedger
     private let logger: Logger
     private let clock: any EngineClock
+    private var budgetTicks = 0
+    private var savedUsage: [UInt64] = []
     private let reloads: ReloadTally
     /// Serialises the control plane's changes (admin requests, reloads): they run on the control loop's thread,
     /// except a reload a test asks for from its own.
@@ -73,6 +77,7 @@ public final class ProxyInstance: @unchecked Sendable {
         let saved: (mode: DataMode, since: Int64)?
         let apiVariants: [Variant]
         let savedProfile: String?
+        let savedUsage: [String: (start: Int64, used: UInt64)]
         do throws(StateStore.StateError) {
             store = try StateStore(directory: configuration.stateDirectory)
             saved = try store.loadMode()
@@ -82,6 +87,7 @@ public final class ProxyInstance: @unchecked Sendable {
                     + "in the configuration; define it under profiles, or delete the file")
             }
             apiVariants = try store.loadVariants(files: configuration.variantFiles)
+            savedUsage = try store.loadBudgetUsage()
         } catch {
             throw .state(error)
         }
@@ -100,7 +106,12 @@ public final class ProxyInstance: @unchecked Sendable {
         let runtime = RuntimeState(RuntimeSnapshot(
             configuration: snapshot.configuration, policy: snapshot.policy, mode: resolution.mode,
             modeSource: resolution.source, modeSince: saved?.since ?? now, apiProfile: savedProfile))
-        let server = ProxyServer(runtime: runtime, logger: logger, clock: clock)
+        // Budget usage persisted by an earlier run carries on in its period (never reset early, SPEC §11).
+        let budgets = BudgetLedger(budgets: configuration.budgets, slots: configuration.workerCount(), now: now)
+        for (index, budget) in configuration.budgets.enumerated() {
+            if let saved = savedUsage[budget.name] { budgets.restore(index, start: saved.start, used: saved.used, now: now) }
+        }
+        let server = ProxyServer(runtime: runtime, logger: logger, clock: clock, budgets: budgets)
         let reloads = ReloadTally()
         self.runtime = runtime
         self.server = server
@@ -108,8 +119,9 @@ public final class ProxyInstance: @unchecked Sendable {
         self.logger = logger
         self.clock = clock
         self.reloads = reloads
+        self.budgets = budgets
         self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token,
-                                 readToken: configuration.admin.readToken, logger: logger,
+                                 readToken: configuration.admin.readToken, logger: logger, budgets: budgets,
                                  metrics: { server.metrics() }, reloads: { reloads.counts },
                                  sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
                                  monotonic: { clock.nowNanoseconds() },
@@ -158,6 +170,34 @@ public final class ProxyInstance: @unchecked Sendable {
         server.addOwnAddress(adminAddress)
         startControlTimers(control)
         try server.start()
+        if !budgets.isEmpty {
+            control.every(milliseconds: 100) { [unowned self] in self.budgetTick() }
+        }
+    }
+
+    /// Every 100 ms: periods that ended roll over; every second, usage that changed is persisted (SPEC §11: a
+    /// crash loses at most a second of counting).
+    private func budgetTick() {
+        budgets.rollOver(now: Self.seconds(clock))
+        budgetTicks += 1
+        if budgetTicks % 10 == 0 { persistBudgets() }
+    }
+
+    /// Writes budget usage to the state directory if it changed since the last write. Called every second and at
+    /// shutdown; a failure is logged and retried at the next call.
+    public func persistBudgets() {
+        guard !budgets.isEmpty else { return }
+        controlPlane.withLock { _ in
+            let usage = budgets.usage()
+            let values = usage.flatMap { [UInt64(bitPattern: $0.start), $0.used] }
+            guard values != savedUsage else { return }
+            do {
+                try store.saveBudgetUsage(usage)
+                savedUsage = values
+            } catch {
+                logger.error("cannot persist budget usage", metadata: ["error": "\(error)"])
+            }
+        }
     }
 
     /// The control plane's own clockwork: events reach the streams on the control loop; heartbeats; schedule
@@ -230,7 +270,10 @@ public final class ProxyInstance: @unchecked Sendable {
     /// Joins the workers, forcing them out after `timeout`; `true` when all finished in time.
     @discardableResult
     public func wait(timeout: Duration) -> Bool {
-        server.wait(timeout: timeout)
+        let finished = server.wait(timeout: timeout)
+        // A clean stop loses no counted byte.
+        persistBudgets()
+        return finished
     }
 
     /// Reloads the configuration `load` gives (the file again, with the same flags and environment): every check
