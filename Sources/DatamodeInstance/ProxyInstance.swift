@@ -327,6 +327,9 @@ public final class ProxyInstance: @unchecked Sendable {
             if before.mode != after.mode || before.modeSource != after.modeSource {
                 adminAPI.events.emit(.mode, scope: "global", data: ModeEndpoint.eventData(after))
             }
+            if configuration.budgets != budgets.budgets {
+                logger.warning("budgets changed in the configuration file: they take effect at the next start (usage is counted against the budgets the proxy started with)")
+            }
             return .applied(generation: generation)
         } catch {
             return .refused(reason: "\(error)")
