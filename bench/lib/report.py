@@ -365,4 +365,6 @@ def markdown(res, png):
             "Direct is wrk against the one-worker origin, also on both cores.", "",
             scale_section(res),
             ]
+    import shaping
+    out.append(shaping.section(res))
     return "\n".join(out) + "\n"
