@@ -68,6 +68,29 @@ import Testing
         #expect(try Self.get(client, origin.url("/d"), headers: [("Allow-Constrained", "?0")]).status == 200)
     }
 
+    @Test("A spent budget's mode brings that mode's link profile to the traffic it matches")
+    func spentBudgetBringsTheProfile() throws {
+        let origin = try RecordingOrigin { _ in .ok(String(repeating: "q", count: 5_000)) }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: """
+            profiles:
+              slow-start: {down: 1Gbit, up: 1Gbit, latency: 500ms}
+            conditions:
+              constrained: {profile: slow-start}
+            budgets:
+              - {name: daily, bytes: 1KB, period: day, then: constrained}
+            """)
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+        var started = ContinuousClock.now
+        #expect(try Self.get(client, origin.url("/1")).status == 200)
+        #expect(ContinuousClock.now - started < .milliseconds(450), "not shaped before the budget is spent")
+        Self.waitForPublication()
+        started = ContinuousClock.now
+        #expect(try Self.get(client, origin.url("/2")).status == 200)
+        #expect(ContinuousClock.now - started >= .milliseconds(490), "the constrained profile's latency once spent")
+    }
+
     @Test("reject: matching traffic gets 403 budget-exhausted naming the budget; other clients go on")
     func rejectIsPerMatch() throws {
         let origin = try RecordingOrigin { _ in .ok(String(repeating: "y", count: 5_000)) }

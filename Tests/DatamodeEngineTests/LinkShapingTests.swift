@@ -130,6 +130,32 @@ import Testing
         #expect(again < 0.5, "took \(again) s")
     }
 
+    @Test("Jitter moves each added latency uniformly within ±jitter")
+    func jitter() throws {
+        let origin = try RecordingOrigin { _ in .ok("j") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: """
+            mode: constrained
+            profiles:
+              jittery: {down: 1Gbit, up: 1Gbit, latency: 200ms, jitter: 200ms}
+            conditions:
+              constrained: {profile: jittery}
+            """)
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+        var times: [Double] = []
+        for index in 0..<8 {
+            let started = ContinuousClock.now
+            try client.send(RequestText.make("GET", origin.url("/\(index)")))
+            #expect(try client.readResponse().bodyText == "j")
+            times.append(Self.seconds(ContinuousClock.now - started))
+        }
+        // Each within 0–400 ms (loaded machine: generous above); eight uniform draws all within 50 ms of each other
+        // would be a one-in-a-million event.
+        #expect(times.allSatisfy { $0 < 1.0 }, "\(times)")
+        #expect(times.max()! - times.min()! > 0.05, "\(times)")
+    }
+
     @Test("A response the origin sends and closes at once is held for the latency, then relayed whole")
     func heldResponseWithOriginClose() throws {
         let origin = try RecordingOrigin { _ in
