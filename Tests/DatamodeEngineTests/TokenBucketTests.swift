@@ -1,3 +1,4 @@
+import DatamodeConfig
 @testable import DatamodeEngine
 import Testing
 
@@ -47,5 +48,26 @@ import Testing
         }
         // 10 s at 1 MB/s plus the initial burst.
         #expect(abs(moved - 10_050_000) <= 3_000)
+    }
+}
+
+/// Who shares buckets (SPEC §10): the registry every worker asks returns one pair per key.
+@Suite struct LinkShaperTests {
+    let profile = LinkProfile(name: "p", down: 1_000_000, up: 500_000, latency: .zero)
+
+    @Test("One pair per client address in client scope, one for all in link scope, a new pair for a new profile")
+    func sharing() {
+        let shaper = LinkShaper()
+        let a = LinkShaper.Key(client: [127, 0, 0, 1], profile: profile)
+        let b = LinkShaper.Key(client: [127, 0, 0, 2], profile: profile)
+        let link = LinkShaper.Key(client: [], profile: profile)
+        // Two workers asking for the same key get the same buckets: a cap holds across workers.
+        #expect(shaper.buckets(a, now: 0) === shaper.buckets(a, now: 0))
+        #expect(shaper.buckets(a, now: 0) !== shaper.buckets(b, now: 0))
+        #expect(shaper.buckets(link, now: 0) === shaper.buckets(link, now: 0))
+        var faster = profile
+        faster.down = 2_000_000
+        #expect(shaper.buckets(LinkShaper.Key(client: [127, 0, 0, 1], profile: faster), now: 0) !== shaper.buckets(a, now: 0))
+        #expect(shaper.count == 4)
     }
 }
