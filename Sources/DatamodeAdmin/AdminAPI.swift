@@ -34,6 +34,8 @@ public final class AdminAPI: @unchecked Sendable {
 
     /// Data budgets (SPEC §11), counted by the workers.
     let budgets: BudgetLedger
+    /// Whether each budget was spent at the last `emitBudgetChanges` (a `budget` event marks each change).
+    var budgetSpent: [String: Bool] = [:]
 
     public init(runtime: RuntimeState, store: StateStore, token: String?, readToken: String? = nil, logger: Logger,
                 budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0),
@@ -96,6 +98,18 @@ public final class AdminAPI: @unchecked Sendable {
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
         (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events"
             || request.path == "/conditions" || request.path == "/budgets")
+    }
+
+    /// Emits a `budget` event (SPEC §12) for every budget that became spent, or whole again at a new period, since
+    /// the last call. Called by the control plane's budget tick (every 100 ms), serialised with admin requests.
+    public func emitBudgetChanges() {
+        let now = self.now()
+        for (index, budget) in budgets.budgets.enumerated() {
+            let spent = budgets.isSpent(index, now: now)
+            guard budgetSpent[budget.name, default: false] != spent else { continue }
+            budgetSpent[budget.name] = spent
+            events.emit(.budget, scope: "global", data: BudgetsEndpoint.document(budgets, index, now: now))
+        }
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

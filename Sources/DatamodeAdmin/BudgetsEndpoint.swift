@@ -30,7 +30,10 @@ struct BudgetsEndpoint {
             return AdminProblem.response(500, "state-write-failed", "\(error)")
         }
         api.logger.info("budget reset through the admin API", metadata: ["budget": "\(name)"])
-        return AdminJSON.ok(Self.document(api.budgets, index, now: api.now()))
+        let document = Self.document(api.budgets, index, now: api.now())
+        api.events.emit(.budget, scope: "global", data: document)
+        api.budgetSpent[name] = false
+        return AdminJSON.ok(document)
     }
 
     /// One budget: its settings, `used`, `remaining`, `spent` and `resetsAt` (the end of its period, UTC).

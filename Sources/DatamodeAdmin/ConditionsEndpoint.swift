@@ -68,7 +68,9 @@ struct ConditionsEndpoint {
             return state
         }
         api.logger.info("link profile set through the admin API", metadata: ["profile": "\(name)"])
-        return AdminJSON.ok(Self.document(snapshot))
+        let document = Self.document(snapshot)
+        api.events.emit(.conditions, scope: "global", data: document)
+        return AdminJSON.ok(document)
     }
 
     private func delete() -> AdminResponse {
@@ -82,7 +84,9 @@ struct ConditionsEndpoint {
             return state
         }
         api.logger.info("API link profile cleared")
-        return AdminJSON.ok(Self.document(snapshot))
+        let document = Self.document(snapshot)
+        api.events.emit(.conditions, scope: "global", data: document)
+        return AdminJSON.ok(document)
     }
 
     /// `400 unknown-profile` (SPEC §6, §10): the SPEC's own error code, in the proxy's problem format.

@@ -179,6 +179,7 @@ public final class ProxyInstance: @unchecked Sendable {
     /// crash loses at most a second of counting).
     private func budgetTick() {
         budgets.rollOver(now: Self.seconds(clock))
+        controlPlane.withLock { _ in adminAPI.emitBudgetChanges() }
         budgetTicks += 1
         if budgetTicks % 10 == 0 { persistBudgets() }
     }

@@ -87,6 +87,25 @@ struct BudgetsEndpointTests {
         #expect(Self.handle(api, "PUT", "/budgets").status == 405)
     }
 
+    @Test("A budget event (SPEC §12) when a budget becomes spent and when it is reset, once each")
+    func events() throws {
+        let (_, ledger, api) = try Self.fixture()
+        let frames = Shared<[String]>([])
+        api.events.connect { _, bytes in frames.value.append(String(decoding: bytes, as: UTF8.self)) }
+        api.emitBudgetChanges()
+        #expect(frames.value.isEmpty, "nothing spent yet")
+        ledger.add(1000, budget: 0, worker: 0)
+        api.emitBudgetChanges()
+        api.emitBudgetChanges()
+        #expect(frames.value.count == 1)
+        #expect(frames.value.first?.hasPrefix("event: budget\n") == true)
+        #expect(frames.value.first?.contains("\"spent\":true") == true)
+        _ = Self.handle(api, "POST", "/budgets/daily/reset")
+        api.emitBudgetChanges()
+        #expect(frames.value.count == 2)
+        #expect(frames.value.last?.contains("\"spent\":false") == true)
+    }
+
     @Test("The ledger: persisted usage of the current period is kept, of an older one dropped, periods only move forward")
     func ledgerRestoreAndRollOver() throws {
         let (_, ledger, _) = try Self.fixture()

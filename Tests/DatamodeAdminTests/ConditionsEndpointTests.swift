@@ -65,6 +65,20 @@ struct ConditionsEndpointTests {
         #expect(try admin.store.loadProfile() == nil)
     }
 
+    @Test("PUT and DELETE emit a conditions event (SPEC §12) with the document")
+    func events() throws {
+        let admin = try AdminFixture(Self.yaml)
+        let frames = Shared<[String]>([])
+        admin.api.events.connect { _, bytes in frames.value.append(String(decoding: bytes, as: UTF8.self)) }
+        _ = admin.handle("PUT", "/conditions", #"{"profile": "my-sat"}"#)
+        _ = admin.handle("DELETE", "/conditions")
+        let sent = frames.value
+        #expect(sent.count == 2)
+        #expect(sent.allSatisfy { $0.hasPrefix("event: conditions\n") })
+        #expect(sent.first?.contains("\"profile\":\"my-sat\"") == true)
+        #expect(sent.last?.contains("\"profile\":\"nlc-3g\"") == true)
+    }
+
     @Test("PUT of an unknown profile: 400 unknown-profile, nothing changes")
     func unknownProfile() throws {
         let admin = try AdminFixture(Self.yaml)

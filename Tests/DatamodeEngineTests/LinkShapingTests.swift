@@ -156,6 +156,27 @@ import Testing
         #expect(times.max()! - times.min()! > 0.05, "\(times)")
     }
 
+    @Test("A session's profile beats the API's and the mode's, for that session's requests only (SPEC §10, §12)")
+    func sessionProfile() throws {
+        let origin = try RecordingOrigin { _ in .ok("s") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml(down: "1Gbit", up: "1Gbit", latency: "500ms", extra: "sessions: {enabled: true}"),
+                                     mode: .normal)
+        defer { proxy.stop() }
+        #expect(try proxy.admin().put("/sessions/rig", #"{"mode": "normal", "profile": "test-link"}"#).status == 201)
+        let client = try proxy.connect()
+        func timed(_ headers: [(String, String)]) throws -> Double {
+            let started = ContinuousClock.now
+            try client.send(RequestText.make("GET", origin.url("/x"), headers: headers))
+            #expect(try client.readResponse().bodyText == "s")
+            return Self.seconds(ContinuousClock.now - started)
+        }
+        let inSession = try timed([("Data-Mode-Session", "rig")])
+        #expect(inSession >= 0.49, "in the session: \(inSession) s")
+        let outside = try timed([])
+        #expect(outside < 0.45, "outside the session (normal mode, no profile): \(outside) s")
+    }
+
     @Test("A response the origin sends and closes at once is held for the latency, then relayed whole")
     func heldResponseWithOriginClose() throws {
         let origin = try RecordingOrigin { _ in
