@@ -26,6 +26,12 @@ int dm_event_add_ms(struct event *ev, int64_t milliseconds) {
     return event_add(ev, &tv);
 }
 
+int dm_event_add_us(struct event *ev, int64_t microseconds) {
+    if (microseconds < 0) microseconds = 0;
+    struct timeval tv = { .tv_sec = microseconds / 1000000, .tv_usec = microseconds % 1000000 };
+    return event_add(ev, &tv);
+}
+
 int dm_set_nodelay(int fd) {
     int one = 1;
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

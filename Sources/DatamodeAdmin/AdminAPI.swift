@@ -34,7 +34,13 @@ public final class AdminAPI: @unchecked Sendable {
     /// The local CA's certificate (PEM), when one is loaded (SPEC §9).
     let caCertificate: () -> String?
 
+    /// Data budgets (SPEC §11), counted by the workers.
+    let budgets: BudgetLedger
+    /// Whether each budget was spent at the last `emitBudgetChanges` (a `budget` event marks each change).
+    var budgetSpent: [String: Bool] = [:]
+
     public init(runtime: RuntimeState, store: StateStore, token: String?, readToken: String? = nil, logger: Logger,
+                budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0),
                 metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
                 sessionTallies: @escaping () -> [String: SessionTally] = { [:] },
                 now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) },
@@ -55,6 +61,7 @@ public final class AdminAPI: @unchecked Sendable {
         self.monotonic = monotonic
         self.knownProfiles = knownProfiles
         self.events = events
+        self.budgets = budgets
     }
 
     public func handle(_ request: AdminRequest) -> AdminResponse {
@@ -77,7 +84,12 @@ public final class AdminAPI: @unchecked Sendable {
         case "/events": return EventsEndpoint(api: self).handle(request)
         case "/schedule": return ScheduleEndpoint(api: self).handle(request)
         case "/ca.pem": return CACertificateEndpoint(api: self).handle(request)
+        case "/conditions": return ConditionsEndpoint(api: self).handle(request)
+        case "/budgets": return BudgetsEndpoint(api: self).handleCollection(request)
         default:
+            if request.path.hasPrefix("/budgets/") {
+                return BudgetsEndpoint(api: self).handleItem(request, path: String(request.path.dropFirst("/budgets/".count)))
+            }
             if request.path.hasPrefix("/sessions/") {
                 let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
                 return SessionsEndpoint(api: self).handleItem(request, id: id)
@@ -86,14 +98,27 @@ public final class AdminAPI: @unchecked Sendable {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /sessions, /events, /schedule, /healthz, /ca.pem")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /conditions, /budgets, /metrics, /sessions, /events, /schedule, /healthz, /ca.pem")
         }
     }
 
     /// What `admin.read-token` grants (SPEC §7, §9): reading the mode, following the events and fetching the CA
     /// certificate, nothing that changes state.
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
-        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events" || request.path == "/ca.pem")
+        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events"
+            || request.path == "/conditions" || request.path == "/budgets" || request.path == "/ca.pem")
+    }
+
+    /// Emits a `budget` event (SPEC §12) for every budget that became spent, or whole again at a new period, since
+    /// the last call. Called by the control plane's budget tick (every 100 ms), serialised with admin requests.
+    public func emitBudgetChanges() {
+        let now = self.now()
+        for (index, budget) in budgets.budgets.enumerated() {
+            let spent = budgets.isSpent(index, now: now)
+            guard budgetSpent[budget.name, default: false] != spent else { continue }
+            budgetSpent[budget.name] = spent
+            events.emit(.budget, scope: "global", data: BudgetsEndpoint.document(budgets, index, now: now))
+        }
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

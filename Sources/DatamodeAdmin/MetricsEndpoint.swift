@@ -7,8 +7,25 @@ struct MetricsEndpoint {
 
     func handle(_ request: AdminRequest) -> AdminResponse {
         guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
-        let text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
+        var text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
+        text += Self.renderBudgets(api.budgets, now: api.now())
         return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))
+    }
+
+    /// `datamode_budget_used_bytes{budget}` and `datamode_budget_spent{budget}` (SPEC §11).
+    static func renderBudgets(_ ledger: BudgetLedger, now: Int64) -> String {
+        guard !ledger.isEmpty else { return "" }
+        var out = "# HELP datamode_budget_used_bytes Bytes exchanged with origins in the budget's current period.\n"
+        out += "# TYPE datamode_budget_used_bytes gauge\n"
+        for (index, budget) in ledger.budgets.enumerated() {
+            out += "datamode_budget_used_bytes{budget=\"\(budget.name)\"} \(ledger.used(index))\n"
+        }
+        out += "# HELP datamode_budget_spent Whether the budget is spent (1) until its period ends.\n"
+        out += "# TYPE datamode_budget_spent gauge\n"
+        for (index, budget) in ledger.budgets.enumerated() {
+            out += "datamode_budget_spent{budget=\"\(budget.name)\"} \(ledger.isSpent(index, now: now) ? 1 : 0)\n"
+        }
+        return out
     }
 
     static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot, reloads: ReloadCounts) -> String {
@@ -55,6 +72,10 @@ struct MetricsEndpoint {
         out += "datamode_mode{condition=\"constrained\"} \(snapshot.mode.constrained ? 1 : 0)\n"
         out += "datamode_mode{condition=\"expensive\"} \(snapshot.mode.expensive ? 1 : 0)\n"
         out += "datamode_mode{condition=\"ultra-constrained\"} \(snapshot.mode.ultraConstrained ? 1 : 0)\n"
+        out += "# HELP datamode_link_profile The link profile in force (SPEC §10): 1 for its name and source; none when unshaped.\n"
+        out += "# TYPE datamode_link_profile gauge\n"
+        let resolution = snapshot.profileInForce
+        out += "datamode_link_profile{profile=\"\(resolution.profile?.name ?? "none")\",source=\"\(resolution.source.rawValue)\"} 1\n"
         out += "# HELP datamode_variants Registered variants by source.\n"
         out += "# TYPE datamode_variants gauge\n"
         let api = snapshot.policy.variants.filter { $0.source == .api }.count

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import Foundation
 
 /// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7, §15).
 ///
@@ -12,7 +13,7 @@ public struct ModeEndpoint {
 
     func handle(_ request: AdminRequest) -> AdminResponse {
         switch request.method {
-        case "GET", "HEAD": return AdminJSON.ok(Self.document(api.runtime.load().snapshot))
+        case "GET", "HEAD": return AdminJSON.ok(Self.document(api.runtime.load().snapshot, budgets: api.budgets, now: api.now()))
         case "PUT": return put(request)
         case "DELETE": return delete()
         default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
@@ -24,6 +25,23 @@ public struct ModeEndpoint {
         EventHub.modeData(scope: "global", mode: DataModeDocument(json: document(snapshot)))
     }
 
+    /// With `budgets`, the mode is the effective one: spent budgets without a `match` join it (SPEC §11), and the
+    /// source says `budget` and names the budget when one adds a condition.
+    static func document(_ snapshot: RuntimeSnapshot, budgets: BudgetLedger, now: Int64) -> [String: Any] {
+        let effect = budgets.globalEffect(now: now)
+        let mode = snapshot.mode.union(effect.mode)
+        guard mode != snapshot.mode, let name = effect.budget else { return document(snapshot) }
+        var document = document(snapshot)
+        document["mode"] = mode.name
+        document["constrained"] = mode.constrained
+        document["expensive"] = mode.expensive
+        document["ultraConstrained"] = mode.ultraConstrained
+        document["source"] = "budget"
+        document["budget"] = name
+        document["profile"] = snapshot.profile(for: mode).profile?.name ?? NSNull()
+        return document
+    }
+
     static func document(_ snapshot: RuntimeSnapshot) -> [String: Any] {
         [
             "mode": snapshot.mode.name,
@@ -32,6 +50,8 @@ public struct ModeEndpoint {
             "ultraConstrained": snapshot.mode.ultraConstrained,
             "source": snapshot.modeSource.rawValue,
             "since": Timestamp.rfc3339(wallNanoseconds: snapshot.modeSince * 1_000_000_000, fractionDigits: 0),
+            // The link profile in force (SPEC §10; details in GET /conditions).
+            "profile": snapshot.profileInForce.profile?.name ?? NSNull(),
         ]
     }
 

@@ -67,6 +67,57 @@ public final class StateStore: @unchecked Sendable {
         syncDirectory()
     }
 
+    // MARK: link profile (SPEC §10)
+
+    public var conditionsPath: String { directory + "/conditions.json" }
+
+    /// The link profile set with `PUT /conditions`, or nil.
+    public func loadProfile() throws(StateError) -> String? {
+        guard let object = try readObject(conditionsPath) else { return nil }
+        guard let name = object["profile"] as? String, !name.isEmpty else {
+            throw StateError(description: "\(conditionsPath): \"profile\" is missing or not a name; fix or delete the file")
+        }
+        return name
+    }
+
+    public func saveProfile(_ name: String) throws(StateError) {
+        try writeAtomically(conditionsPath, ["profile": name])
+    }
+
+    public func deleteProfile() throws(StateError) {
+        if unlink(conditionsPath) != 0 && errno != ENOENT {
+            throw StateError(description: "cannot remove \(conditionsPath): \(String(cString: strerror(errno)))")
+        }
+        syncDirectory()
+    }
+
+    // MARK: budgets (SPEC §11)
+
+    public var budgetsPath: String { directory + "/budgets.json" }
+
+    /// Persisted budget usage by name: the period's start (UTC seconds) and the bytes used in it.
+    public func loadBudgetUsage() throws(StateError) -> [String: (start: Int64, used: UInt64)] {
+        guard let object = try readObject(budgetsPath) else { return [:] }
+        guard let entries = object["budgets"] as? [String: Any] else {
+            throw StateError(description: "\(budgetsPath): \"budgets\" is missing or not an object; fix or delete the file")
+        }
+        var usage: [String: (start: Int64, used: UInt64)] = [:]
+        for (name, value) in entries {
+            guard let entry = value as? [String: Any], let start = (entry["periodStart"] as? NSNumber)?.int64Value,
+                  let used = (entry["used"] as? NSNumber)?.uint64Value else {
+                throw StateError(description: "\(budgetsPath): budget \"\(name)\" needs periodStart and used; fix or delete the file")
+            }
+            usage[name] = (start, used)
+        }
+        return usage
+    }
+
+    public func saveBudgetUsage(_ usage: [(name: String, start: Int64, used: UInt64)]) throws(StateError) {
+        var entries: [String: Any] = [:]
+        for entry in usage { entries[entry.name] = ["periodStart": entry.start, "used": entry.used] }
+        try writeAtomically(budgetsPath, ["budgets": entries])
+    }
+
     // MARK: variants
 
     /// The persisted API variants. Each is checked as a new `PUT` would be, `file`s against `files`: a variant

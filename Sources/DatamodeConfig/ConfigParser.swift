@@ -27,7 +27,7 @@ struct ConfigParser {
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
-                               "tls"]
+                               "tls", "profiles", "conditions", "shaping-scope", "budgets"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -75,6 +75,9 @@ struct ConfigParser {
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
         if let node = section["tls"] { configuration.tls = try tls(node) }
+        if let node = section["budgets"] { configuration.budgets = try budgets(node) }
+        configuration.link = try link(profiles: section["profiles"], conditions: section["conditions"],
+                                      scope: section["shaping-scope"])
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance
@@ -434,6 +437,106 @@ struct ConfigParser {
     private func filePath(_ node: ConfigNode, _ what: String) throws(ConfigError) -> String {
         let written = try node.nonEmptyString(what)
         return ProxyConfiguration.absolutePath(written.hasPrefix("/") ? written : baseDirectory + "/" + written)
+    }
+
+    // MARK: Data budgets (SPEC §11)
+
+    /// At most this many budgets: each request checks every one, and the engine keeps them in a 64-bit mask.
+    static let maximumBudgets = 64
+
+    private func budgets(_ node: ConfigNode) throws(ConfigError) -> [Budget] {
+        var budgets: [Budget] = []
+        var firstLineOfName: [String: Int] = [:]
+        for item in try node.sequence("a list of budgets") {
+            let section = try item.section(known: ["name", "bytes", "period", "match", "then", "hard"],
+                                           what: "a budget (a mapping with name, bytes, period, then)")
+            let nameNode = try section.required("name", "the budget's name")
+            let name = try nameNode.nonEmptyString("a budget name")
+            guard Self.isValidVariantID(name) else {
+                throw nameNode.expected("a name of letters, digits, '-', '_' and '.' (it appears in /budgets/{name})")
+            }
+            if let first = firstLineOfName[name] {
+                throw nameNode.error("duplicate budget name \(quoted(name)) (first at line \(first))")
+            }
+            firstLineOfName[name] = nameNode.line ?? 0
+            let bytesNode = try section.required("bytes", "the allowance, such as 5GB")
+            guard case .scalar(let scalar) = bytesNode.node, !bytesNode.isNull,
+                  let bytes = ConfigValue.byteCount(scalar.string), bytes > 0 else {
+                throw bytesNode.expected("a positive size such as 5GB, 500MB or 2GiB")
+            }
+            let periodNode = try section.required("period", "hour, day or month")
+            guard let period = BudgetPeriod(rawValue: try periodNode.string()) else { throw periodNode.expected("hour, day or month") }
+            var match = BudgetMatch()
+            if let matchNode = section["match"], !matchNode.isNull {
+                let criteria = try matchNode.section(known: ["client", "host"])
+                if let value = criteria["client"] { match.client = try value.cidr() }
+                if let value = criteria["host"] {
+                    match.host = Glob(try value.nonEmptyString("a host glob such as *.video.example"), caseInsensitive: true)
+                }
+            }
+            let thenNode = try section.required("then", "a condition or mode name, or reject")
+            guard let then = BudgetAction(try thenNode.string()) else {
+                throw thenNode.expected("a condition or mode name (constrained, expensive, ultra-constrained, "
+                    + "constrained-expensive, ...) or reject")
+            }
+            var hard = false
+            if let value = section["hard"] { hard = try value.bool() }
+            budgets.append(Budget(name: name, bytes: bytes, period: period, match: match, then: then, hard: hard))
+        }
+        guard budgets.count <= Self.maximumBudgets else {
+            throw node.error("at most \(Self.maximumBudgets) budgets, got \(budgets.count)")
+        }
+        return budgets
+    }
+
+    // MARK: Link conditions (SPEC §10)
+
+    private static let profileKeys = ["down", "up", "latency", "jitter"]
+
+    private func link(profiles: ConfigNode?, conditions: ConfigNode?, scope: ConfigNode?) throws(ConfigError) -> LinkSection {
+        var link = LinkSection()
+        if let profiles, !profiles.isNull {
+            for (key, value) in try profiles.freeMapping("a mapping of profile name to {down, up, latency, jitter}") {
+                let name = key.node.scalar?.string ?? ""
+                guard Self.isValidVariantID(name) else {
+                    throw key.expected("a profile name of letters, digits, '-', '_' and '.'")
+                }
+                let fields = try value.section(known: Self.profileKeys, what: "a profile (a mapping with down, up, latency, jitter)")
+                // A file profile named like a built-in overrides it; the fields it leaves out keep the built-in's.
+                var profile = link.profiles[name] ?? LinkProfile(name: name, down: 0, up: 0, latency: .zero)
+                if let rate = fields["down"] { profile.down = try rate.rate() }
+                if let rate = fields["up"] { profile.up = try rate.rate() }
+                if let latency = fields["latency"] { profile.latency = try latency.latency() }
+                if let jitter = fields["jitter"] { profile.jitter = try jitter.latency() }
+                guard profile.down > 0 else { throw value.error("profile \(quoted(name)) needs a down rate such as 2Mbit") }
+                guard profile.up > 0 else { throw value.error("profile \(quoted(name)) needs an up rate such as 256kbit") }
+                if profile.jitter > profile.latency, let jitter = fields["jitter"] {
+                    throw jitter.error("jitter (\(profile.jitter)) is larger than the latency (\(profile.latency)): "
+                        + "an added latency cannot be negative")
+                }
+                link.profiles[name] = profile
+            }
+        }
+        if let conditions, !conditions.isNull {
+            let section = try conditions.section(known: ["constrained", "expensive", "ultra-constrained"])
+            func profile(_ key: String) throws(ConfigError) -> String? {
+                guard let node = section[key], !node.isNull else { return nil }
+                let fields = try node.section(known: ["profile"], what: "a mapping {profile: NAME}")
+                guard let value = fields["profile"], !value.isNull else { return nil }
+                let name = try value.nonEmptyString("a profile name")
+                guard link.profiles[name] != nil else {
+                    throw value.error("unknown profile \(quoted(name)); known: \(link.profileNames.joined(separator: ", "))")
+                }
+                return name
+            }
+            link.conditions = ConditionProfiles(constrained: try profile("constrained"), expensive: try profile("expensive"),
+                                                ultraConstrained: try profile("ultra-constrained"))
+        }
+        if let scope, !scope.isNull {
+            guard let value = ShapingScope(rawValue: try scope.string()) else { throw scope.expected("client or link") }
+            link.scope = value
+        }
+        return link
     }
 
     // MARK: Policy

@@ -44,6 +44,10 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var sessions: SessionsSection = SessionsSection()
     /// HTTPS interception and the local CA (SPEC §9).
     public var tls: TLSSection
+    /// Link profiles, the profile each mode condition brings, and the shaping scope (SPEC §10).
+    public var link: LinkSection
+    /// Data budgets (SPEC §11), in order.
+    public var budgets: [Budget]
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
@@ -59,7 +63,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
-                log: LogSection = LogSection(), tls: TLSSection = TLSSection()) {
+                log: LogSection = LogSection(), tls: TLSSection = TLSSection(), link: LinkSection = LinkSection(),
+                budgets: [Budget] = []) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -76,6 +81,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.drainTimeout = drainTimeout
         self.log = log
         self.tls = tls
+        self.link = link
+        self.budgets = budgets
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }

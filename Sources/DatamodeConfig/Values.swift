@@ -39,6 +39,66 @@ enum ConfigValue {
         }
     }
 
+    /// Slowest and fastest link rates accepted: below 1 kbit/s a 64 KiB response takes nine minutes (a typo, not
+    /// a network); above 100 Gbit/s the proxy could not tell shaping from not shaping.
+    static let rateRange: ClosedRange<UInt64> = 1_000...100_000_000_000
+
+    /// A rate in bits per second (SPEC §8): a decimal number and `k`/`M`/`G` or `kbit`/`Mbit`/`Gbit` (powers of
+    /// 1000; `bit`, `bps` and no unit mean bits per second): `400kbit`, `1.44Mbit`, `2M`, `1Gbit`. At most three
+    /// decimals; the result is rounded to a whole bit per second. `nil` if malformed.
+    static func rate(_ text: String) -> UInt64? {
+        let trimmed = text.trimmingCharacters(in: " ")
+        guard let (value, unit) = decimal(trimmed, fractionDigits: 3) else { return nil }
+        let multiplier: UInt64
+        switch unit.lowercased() {
+        case "", "bit", "bps", "bit/s": multiplier = 1
+        case "k", "kbit", "kbps", "kbit/s": multiplier = 1_000
+        case "m", "mbit", "mbps", "mbit/s": multiplier = 1_000_000
+        case "g", "gbit", "gbps", "gbit/s": multiplier = 1_000_000_000
+        default: return nil
+        }
+        // value is in thousandths.
+        let (product, overflow) = value.multipliedReportingOverflow(by: multiplier)
+        guard !overflow else { return nil }
+        return (product + 500) / 1000
+    }
+
+    /// A latency: a decimal number of `ms` or `s` (`600ms`, `562.5ms`, `0.2s`, `0`), from 0 to a minute, kept to
+    /// the microsecond. `nil` if malformed or out of range.
+    static func latency(_ text: String) -> Duration? {
+        let trimmed = text.trimmingCharacters(in: " ")
+        guard let (value, unit) = decimal(trimmed, fractionDigits: 3) else { return nil }
+        let duration: Duration
+        switch unit {
+        case "ms": duration = .microseconds(Int64(value))
+        case "s": duration = .microseconds(Int64(value) * 1000)
+        case "" where value == 0: duration = .zero
+        default: return nil
+        }
+        guard duration <= .seconds(60) else { return nil }
+        return duration
+    }
+
+    /// A non-negative decimal with at most `fractionDigits` decimals, in units of 10^-fractionDigits, and what
+    /// follows it (trimmed). `nil` when there is no number.
+    private static func decimal(_ text: String, fractionDigits: Int) -> (UInt64, String)? {
+        let whole = text.prefix { $0.isASCII && $0.isNumber }
+        var rest = text.dropFirst(whole.count)
+        var fraction = Substring("")
+        if rest.first == "." {
+            rest = rest.dropFirst()
+            fraction = rest.prefix { $0.isASCII && $0.isNumber }
+            rest = rest.dropFirst(fraction.count)
+            guard !fraction.isEmpty else { return nil }
+        }
+        guard !whole.isEmpty, whole.count <= 12, fraction.count <= fractionDigits, let integer = UInt64(whole) else { return nil }
+        var scaled = integer
+        for _ in 0..<fractionDigits { scaled *= 10 }
+        var fractionValue: UInt64 = 0
+        for digit in fraction.padding(fractionDigits) { fractionValue = fractionValue * 10 + UInt64(digit.wholeNumberValue!) }
+        return (scaled + fractionValue, rest.trimmingCharacters(in: " "))
+    }
+
     /// A data mode name of SPEC §2, or an error message listing the accepted names.
     static func mode(_ text: String) -> DataMode? {
         DataMode(name: text.trimmingCharacters(in: " "))
@@ -81,6 +141,9 @@ extension String {
 
 extension Substring {
     func trimmingCharacters(in character: Character) -> String { String(self).trimmingCharacters(in: character) }
+
+    /// Right-padded with zeros to `length` digits.
+    func padding(_ length: Int) -> String { String(self) + String(repeating: "0", count: Swift.max(0, length - count)) }
 }
 
 extension ConfigNode {
@@ -99,6 +162,25 @@ extension ConfigNode {
         }
         guard range.contains(value) else {
             throw error("expected a size from \(describeSize(range.lowerBound)) to \(describeSize(range.upperBound)), got \(describe)")
+        }
+        return value
+    }
+
+    /// A rate in bits per second such as `400kbit` or `1.44Mbit`, within `ConfigValue.rateRange`.
+    func rate() throws(ConfigError) -> UInt64 {
+        guard case .scalar(let scalar) = node, !isNull, let value = ConfigValue.rate(scalar.string) else {
+            throw expected("a rate in bits per second such as 400kbit, 1.44Mbit, 2M or 1Gbit")
+        }
+        guard ConfigValue.rateRange.contains(value) else {
+            throw error("expected a rate from 1kbit to 100Gbit, got \(describe)")
+        }
+        return value
+    }
+
+    /// A latency such as `600ms` or `562.5ms`, 0 to 60 s.
+    func latency() throws(ConfigError) -> Duration {
+        guard case .scalar(let scalar) = node, !isNull, let value = ConfigValue.latency(scalar.string) else {
+            throw expected("a latency such as 600ms, 562.5ms or 0 (at most 60s)")
         }
         return value
     }

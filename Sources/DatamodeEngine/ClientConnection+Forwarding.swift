@@ -21,6 +21,7 @@ extension ClientConnection {
                                                            mode: exchange.mode, upgrade: upgrade,
                                                            framing: exchange.requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
+        exchange.link?.up.charge(exchange.headBytes.count, now: worker.clock.nowNanoseconds())
         exchange.variant = variant
         exchange.upgradeRequested = upgrade
         machine.forward(exchange)
@@ -34,6 +35,7 @@ extension ClientConnection {
         exchange.upstreamReused = upstream.isReused
         upstream.attach(self)
         upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        countOriginBytes(exchange, exchange.headBytes.count)
         upstream.start()
         guard forwardedExchange(of: upstream) === exchange else { return }
         if upstream.isConnected { perform(exchange, exchange.machine.upstreamConnected()) }
@@ -84,11 +86,21 @@ extension ClientConnection {
     /// refused with 400 however the client's bytes and the connect race.
     func pumpRequestBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, upstream.acceptsRequestBytes, !exchange.requestBody.isComplete else { return }
-        let room = Flow.highWater - evbuffer_get_length(upstream.output)
+        var room = Flow.highWater - evbuffer_get_length(upstream.output)
         guard room > 0 else { return }
         let before = evbuffer_get_length(input)
+        if before > 0 && exchange.budgetMask != 0 {
+            room = budgetRoom(exchange, room)
+            guard room > 0 else { return }
+        }
+        if let link = exchange.link, before > 0 {
+            room = shapedBudget(link.up, wanted: min(room, before))
+            guard room > 0 else { return }
+        }
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
         let left = evbuffer_get_length(input)
+        exchange.link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
+        countOriginBytes(exchange, before - left)
         upstream.requestBytesAdded(before - left)
         exchange.bytesIn = exchange.requestBody.transferred
         perform(exchange, exchange.machine.requestBodyStep(Self.step(progress, before: before, left: left, exchange)))
@@ -169,6 +181,12 @@ extension ClientConnection {
     func upstreamClosed(_ upstream: UpstreamConnection) {
         if let exchange = tunnelExchange(of: upstream) { tunnelPeerClosed(exchange, client: false); return }
         guard let exchange = forwardedExchange(of: upstream) else { return }
+        // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
+        if exchange.response == nil, evbuffer_get_length(upstream.input) > 0,
+           !latencyElapsed(exchange, arrived: true) {
+            exchange.originClosedWhileHeld = true
+            return
+        }
         let action = exchange.machine.originSentEOF()
         guard exchange.response == nil else {
             perform(exchange, action)
@@ -181,6 +199,8 @@ extension ClientConnection {
     }
 
     func readResponseHead(_ exchange: Exchange, _ upstream: UpstreamConnection) {
+        // A link profile's latency is added before the head is relayed (SPEC §10).
+        guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
         while forwardedExchange(of: upstream) === exchange, exchange.response == nil {
             switch upstream.takeResponseHead() {
             case .incomplete:
@@ -189,7 +209,8 @@ extension ClientConnection {
                 upstream.close()
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
                 return
-            case .complete(let head, _):
+            case .complete(let head, let length):
+                countOriginBytes(exchange, length)
                 if head.status < 200 {
                     handleInterim(exchange, head, upstream)
                 } else {
@@ -241,6 +262,7 @@ extension ClientConnection {
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
         evbuffer_add(output, bytes, bytes.count)
+        exchange.link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
         exchange.responseHeadLength = bytes.count
         exchange.response = head
         exchange.status = head.status
@@ -253,10 +275,21 @@ extension ClientConnection {
     /// from the origin (backpressure).
     func pumpResponseBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, exchange.response != nil else { return }
-        let room = Flow.highWater - outputLength
+        var room = Flow.highWater - outputLength
         guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
+        if before > 0 && exchange.budgetMask != 0 {
+            room = budgetRoom(exchange, room)
+            guard room > 0 else { return }
+        }
+        if let link = exchange.link, before > 0 {
+            room = shapedBudget(link.down, wanted: min(room, before))
+            guard room > 0 else { return }
+        }
         let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
+        let moved = before - evbuffer_get_length(upstream.input)
+        exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())
+        countOriginBytes(exchange, moved)
         exchange.bytesOut = exchange.responseBody.transferred
         let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
         // Nothing of this response has been written while all of it is still queued at the output's tail.
@@ -298,7 +331,8 @@ extension ClientConnection {
     /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, clientIsPlain, exchange.splices.isEmpty, exchange.response != nil,
+        guard Self.bodySpliceEnabled, clientIsPlain, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
+              exchange.response != nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
@@ -323,6 +357,7 @@ extension ClientConnection {
         let delta = relay.moved - exchange.splicedBytes[1]
         exchange.splicedBytes[1] = relay.moved
         if delta > 0 {
+            countOriginBytes(exchange, Int(delta))
             exchange.responseBody.movedElsewhere(delta)
             exchange.bytesOut = exchange.responseBody.transferred
         }

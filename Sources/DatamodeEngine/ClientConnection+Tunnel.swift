@@ -56,18 +56,32 @@ extension ClientConnection {
     func pumpTunnel(_ exchange: Exchange, fromClient: Bool) {
         guard let upstream = exchange.upstream, exchange.tunnel?.phase == .established, upstream.isConnected else { return }
         if fromClient {
-            let n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
+            var n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
+            if n > 0 && exchange.budgetMask != 0 { n = budgetRoom(exchange, n) }
+            if n > 0, let link = exchange.link {
+                n = shapedBudget(link.up, wanted: n)
+                link.up.charge(n, now: worker.clock.nowNanoseconds())
+            }
             if n > 0 {
                 evbuffer_remove_buffer(input, upstream.output, n)
                 worker.metrics.add(bytesIn: n)
                 exchange.bytesIn += UInt64(n)
+                countOriginBytes(exchange, n)
             }
         } else {
-            let n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
+            var n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
+            // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
+            guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
+            if n > 0 && exchange.budgetMask != 0 { n = budgetRoom(exchange, n) }
+            if n > 0, let link = exchange.link {
+                n = shapedBudget(link.down, wanted: n)
+                link.down.charge(n, now: worker.clock.nowNanoseconds())
+            }
             if n > 0 {
                 evbuffer_remove_buffer(upstream.input, output, n)
                 worker.metrics.add(bytesOut: n)
                 exchange.bytesOut += UInt64(n)
+                countOriginBytes(exchange, n)
             }
         }
     }
@@ -75,7 +89,8 @@ extension ClientConnection {
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle(_ exchange: Exchange) {
-        guard clientIsPlain, exchange.tunnel?.canSplice == true, let upstream = exchange.upstream,
+        guard clientIsPlain, exchange.tunnel?.canSplice == true, exchange.link == nil, !hasHardBudget(exchange),
+              let upstream = exchange.upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
@@ -98,6 +113,7 @@ extension ClientConnection {
         let delta = Int(relay.moved - exchange.splicedBytes[index])
         exchange.splicedBytes[index] = relay.moved
         if delta > 0 {
+            countOriginBytes(exchange, delta)
             if index == 0 { worker.metrics.add(bytesIn: delta) } else { worker.metrics.add(bytesOut: delta) }
             if index == 0 { exchange.bytesIn += UInt64(delta) } else { exchange.bytesOut += UInt64(delta) }
         }

@@ -55,6 +55,10 @@ final class ClientConnection {
     /// Plain TCP to the client: speculative writes, bulk reads and splice(2) work on its socket. Not under TLS,
     /// whose socket carries records, not the payload.
     var clientIsPlain: Bool { intercepted?.ssl == nil }
+    /// Wakes the connection when a link profile's bucket refills or its added latency passes (created on first use).
+    var shapingTimer: OpaquePointer?
+    /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
+    var shapingDeadline: UInt64?
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
@@ -473,6 +477,18 @@ final class ClientConnection {
                 return
             }
         }
+        // Spent budgets that match the request join their conditions to it, or refuse it (SPEC §11).
+        let baseMode = mode
+        var budgetJudgement: BudgetJudgement?
+        if !worker.budgets.isEmpty {
+            let judgement = judgeBudgets(exchange, host: target.host, mode: mode)
+            if let index = judgement.rejectedBy {
+                refuseForBudget(exchange, index, url: target.absoluteURL)
+                return
+            }
+            mode = judgement.mode
+            budgetJudgement = judgement
+        }
         exchange.mode = mode
 
         let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
@@ -494,11 +510,26 @@ final class ClientConnection {
         case .reject(_, let rejection):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            respondProblem(exchange, rejection.problem(mode: mode, url: target.absoluteURL), close: false,
+            var problem = rejection.problem(mode: mode, url: target.absoluteURL)
+            // A refusal a spent budget caused names it (SPEC §11).
+            if let name = budgetJudgement?.joinedBy, rejection.reasons.contains(where: { !baseMode.has($0) }) {
+                problem.extra.append(("budget", JSONText.quote(name)))
+            }
+            respondProblem(exchange, problem, close: false,
                            extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
             return
         case .forward, .serveVariant:
             break
+        }
+        applyLinkProfile(exchange, linkProfile(for: exchange, mode: mode))
+        if let intercepted {
+            // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first request's
+            // response head, not every request's.
+            if intercepted.latencyAdded {
+                exchange.latency = .none
+            } else if case .pending = exchange.latency {
+                intercepted.latencyAdded = true
+            }
         }
         if target.form == .authority {
             if settings.tls.intercepts(host: target.host) && worker.tlsServer != nil {
@@ -607,6 +638,7 @@ final class ClientConnection {
         }
         if let timer { event_free(timer) }
         timer = nil
+        releaseShapingTimer()
         if let parkedRead { event_free(parkedRead) }
         parkedRead = nil
         if bufferEventFreed {

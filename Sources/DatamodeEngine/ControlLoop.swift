@@ -9,6 +9,7 @@ import Glibc
 public final class ControlLoop: @unchecked Sendable {
     let base: OpaquePointer
     private var watchers: [SignalWatcher] = []
+    private var tickers: [Ticker] = []
 
     public init() throws(EngineError) {
         _ = ProxyServerProcess.setUp
@@ -18,6 +19,7 @@ public final class ControlLoop: @unchecked Sendable {
 
     deinit {
         watchers.removeAll()
+        tickers.removeAll()
         event_base_free(base)
     }
 
@@ -28,6 +30,14 @@ public final class ControlLoop: @unchecked Sendable {
         watcher.event = dm_signal_new(base, signal, signalCallback, context(watcher))
         event_add(watcher.event, nil)
         watchers.append(watcher)
+    }
+
+    /// Calls `handler` on this loop's thread every `milliseconds` (budget period roll-over and persistence).
+    public func every(milliseconds: Int64, _ handler: @escaping () -> Void) {
+        let ticker = Ticker(handler: handler)
+        ticker.event = event_new(base, -1, Int16(EV_PERSIST), controlTickCallback, context(ticker))
+        dm_event_add_ms(ticker.event, milliseconds)
+        tickers.append(ticker)
     }
 
     /// Runs until `stop()`.
@@ -84,6 +94,14 @@ final class ControlPost {
     let work: () -> Void
     init(_ work: @escaping () -> Void) { self.work = work }
     func run() { work() }
+}
+
+final class Ticker {
+    let handler: () -> Void
+    var event: OpaquePointer?
+    init(handler: @escaping () -> Void) { self.handler = handler }
+    deinit { if let event { event_free(event) } }
+    func fired() { handler() }
 }
 
 final class SignalWatcher {

@@ -20,6 +20,8 @@ enum AbortReason: String, CaseIterable {
     case badRequest = "bad-request"
     /// SPEC §9: the client's TLS handshake on an intercepted tunnel failed (it refused the leaf, or closed).
     case tlsClientRejected = "tls-client-rejected"
+    /// A `hard` data budget it counted against was spent (SPEC §11): the transfer or tunnel was closed.
+    case budgetExhausted = "budget-exhausted"
 }
 
 /// One request/response exchange on a client connection, from its head to the end of its response.
@@ -34,7 +36,8 @@ final class Exchange {
     /// The SPEC error code behind a rejection or an error.
     var reason: String?
     var variant: String?
-    /// The mode the request is judged by: its session's, else the global one.
+    /// The mode the request is judged by: its session's, else the global one, with the conditions of the spent
+    /// budgets that match it (SPEC §11).
     var mode: DataMode = .normal
     /// The session the request belongs to (SPEC §12), counted in its tally. `profile` is the session's link
     /// profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
@@ -78,6 +81,16 @@ final class Exchange {
     /// fixed pair, so that no array is allocated per exchange.
     var splicedBytes = SIMD2<UInt64>(0, 0)
     var logged = false
+    /// The link profile's buckets this exchange passes (SPEC §10); nil: unshaped (and splice is allowed).
+    var link: LinkBuckets?
+    /// The latency still to add before the response head (or a tunnel's first byte) is relayed.
+    var latency = AddedLatency.none
+    /// The origin closed while its response head was held back for the added latency: handled on release.
+    var originClosedWhileHeld = false
+    /// Bit i: the exchange counts against budget i of the ledger (SPEC §11).
+    var budgetMask: UInt64 = 0
+    /// A `hard` budget was spent while this exchange ran: it is to be closed.
+    var budgetCut = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {
         self.clientVersion = clientVersion

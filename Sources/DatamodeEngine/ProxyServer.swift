@@ -16,6 +16,10 @@ public final class ProxyServer: @unchecked Sendable {
     public let runtime: RuntimeState
     private let logger: Logger
     private let clock: any EngineClock
+    /// Token buckets of link profiles, shared by every worker (SPEC §10).
+    let shaper = LinkShaper()
+    /// Data budgets (SPEC §11), counted by every worker.
+    public let budgets: BudgetLedger
     private var workers: [Worker] = []
     private var threads: [pthread_t] = []
     private var accessLog: AccessLog?
@@ -56,7 +60,9 @@ public final class ProxyServer: @unchecked Sendable {
         return out
     }
 
-    public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock()) {
+    public init(runtime: RuntimeState, logger: Logger, clock: any EngineClock = SystemClock(),
+                budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0)) {
+        self.budgets = budgets
         self.runtime = runtime
         self.logger = logger
         self.clock = clock
@@ -80,7 +86,7 @@ public final class ProxyServer: @unchecked Sendable {
         address.port = listenGuard.port
         var own = extraOwnAddresses
         for i in 0..<count {
-            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog,
+            let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper, budgets: budgets,
                                     logger: logger, ownAddresses: [], authority: certificateAuthority)
             let port = try worker.listen(on: address)
             if i == 0 {

@@ -15,15 +15,26 @@ public struct RuntimeSnapshot: Sendable {
     public var sessions: [String: SessionScope] = [:]
     /// The last `SessionScope.serial` handed out.
     public var sessionSerial: UInt64 = 0
+    /// The link profile set with `PUT /conditions` (SPEC §10), by name; nil when none is.
+    public var apiProfile: String?
 
     public init(configuration: ProxyConfiguration, policy: PolicySnapshot, mode: DataMode, modeSource: ModeSource,
-                modeSince: Int64) {
+                modeSince: Int64, apiProfile: String? = nil) {
         self.configuration = configuration
         self.policy = policy
         self.mode = mode
         self.modeSource = modeSource
         self.modeSince = modeSince
+        self.apiProfile = apiProfile
     }
+
+    /// The link profile in force for traffic judged by `mode` (SPEC §10), and why.
+    public func profile(for mode: DataMode) -> ProfileResolution {
+        ProfileResolution(api: apiProfile, mode: mode, link: configuration.link)
+    }
+
+    /// The link profile in force for traffic under the global mode.
+    public var profileInForce: ProfileResolution { profile(for: mode) }
 
     /// The mode in force when it was set through the admin API, else `nil`.
     public var apiMode: DataMode? { modeSource == .api ? mode : nil }

@@ -49,6 +49,16 @@ let clientTimerCallback: event_callback_fn = { _, _, ctx in
     client.flushPendingWrites()
 }
 
+let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
+    let client = owner(ctx, as: ClientConnection.self)
+    client.shapingTimerFired()
+    client.flushPendingWrites()
+}
+
+let controlTickCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: Ticker.self).fired()
+}
+
 // MARK: upstream side
 
 /// After an upstream callback: the attached client's flush writes its exchange's upstream too, so the

@@ -34,6 +34,11 @@ final class Worker {
     let accessLog: AccessLog
     let logger: Logger
     let pool = UpstreamPool()
+    let shaper: LinkShaper
+    /// Data budgets (SPEC §11), shared by every worker; each counts in its own slots.
+    let budgets: BudgetLedger
+    /// This worker's view of `shaper`: a shaped exchange finds its buckets here without the shared mutex.
+    private var linkCache: [LinkShaper.Key: LinkBuckets] = [:]
     private(set) var settings: WorkerSettings
     private var generation: UInt64
     private var listener: OpaquePointer?
@@ -63,10 +68,13 @@ final class Worker {
     /// admin API) and is refused.
     private var ownAddresses: [(address: IPAddress, port: UInt16)]
 
-    init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, logger: Logger,
+    init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, shaper: LinkShaper = LinkShaper(),
+         budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0), logger: Logger,
          ownAddresses: [(address: IPAddress, port: UInt16)], authority: CertificateAuthority? = nil) throws(EngineError) {
         tlsServer = try authority.map { authority throws(EngineError) in try TLSServerContext(authority: authority, clock: clock) }
         self.index = index
+        self.shaper = shaper
+        self.budgets = budgets
         self.runtime = runtime
         self.clock = clock
         self.accessLog = accessLog
@@ -200,6 +208,16 @@ final class Worker {
     /// Set once before the worker's thread starts.
     func ownAddressesUpdate(_ addresses: [(address: IPAddress, port: UInt16)]) {
         ownAddresses = addresses
+    }
+
+    /// The token buckets `profile` uses for traffic of `client` in the configured scope (SPEC §10).
+    func linkBuckets(_ profile: LinkProfile, client: IPAddress?) -> LinkBuckets {
+        let key = LinkShaper.Key(client: settings.shapingScope == .client ? (client?.bytes ?? []) : [], profile: profile)
+        if let found = linkCache[key] { return found }
+        if linkCache.count >= LinkShaper.pruneThreshold { linkCache.removeAll(keepingCapacity: true) }
+        let found = shaper.buckets(key, now: clock.nowNanoseconds())
+        linkCache[key] = found
+        return found
     }
 
     func accessAllowed(_ address: IPAddress?) -> Bool {

@@ -26,6 +26,15 @@ struct WorkerSettings {
     var sessions: SessionSettings
     /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
     var tls: TLSSection
+    /// The link profile in force under the global mode (SPEC §10), resolved once per snapshot; nil: unshaped.
+    var profile: LinkProfile?
+    var shapingScope: ShapingScope
+    var apiProfile: String?
+    var link: LinkSection
+    /// The profile in force for a request judged by another mode than the global one (a session's, a spent budget's).
+    func profile(for mode: DataMode) -> LinkProfile? {
+        ProfileResolution(api: apiProfile, mode: mode, link: link).profile
+    }
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -44,6 +53,10 @@ struct WorkerSettings {
         allow = configuration.access.allow
         sessions = SessionSettings(snapshot)
         tls = configuration.tls
+        profile = snapshot.profileInForce.profile
+        shapingScope = configuration.link.scope
+        apiProfile = snapshot.apiProfile
+        link = configuration.link
     }
 }
 

@@ -58,8 +58,12 @@ public final class ProxyInstance: @unchecked Sendable {
     /// The CA was created by this start-up (the caller tells the user where it is and how to trust it).
     public let createdCertificateAuthority: Bool
 
+    /// Data budgets (SPEC §11): counted by the workers, rolled over and persisted here.
+    public let budgets: BudgetLedger
     private let logger: Logger
     private let clock: any EngineClock
+    private var budgetTicks = 0
+    private var savedUsage: [UInt64] = []
     private let reloads: ReloadTally
     /// Serialises the control plane's changes (admin requests, reloads): they run on the control loop's thread,
     /// except a reload a test asks for from its own.
@@ -79,10 +83,18 @@ public final class ProxyInstance: @unchecked Sendable {
         let store: StateStore
         let saved: (mode: DataMode, since: Int64)?
         let apiVariants: [Variant]
-        do {
+        let savedProfile: String?
+        let savedUsage: [String: (start: Int64, used: UInt64)]
+        do throws(StateStore.StateError) {
             store = try StateStore(directory: configuration.stateDirectory)
             saved = try store.loadMode()
+            savedProfile = try store.loadProfile()
+            if let savedProfile, configuration.link.profiles[savedProfile] == nil {
+                throw StateStore.StateError(description: "\(store.conditionsPath): profile \"\(savedProfile)\" is not defined "
+                    + "in the configuration; define it under profiles, or delete the file")
+            }
             apiVariants = try store.loadVariants(files: configuration.variantFiles)
+            savedUsage = try store.loadBudgetUsage()
         } catch {
             throw .state(error)
         }
@@ -100,12 +112,17 @@ public final class ProxyInstance: @unchecked Sendable {
         let now = Self.seconds(clock)
         let runtime = RuntimeState(RuntimeSnapshot(
             configuration: snapshot.configuration, policy: snapshot.policy, mode: resolution.mode,
-            modeSource: resolution.source, modeSince: saved?.since ?? now))
+            modeSource: resolution.source, modeSince: saved?.since ?? now, apiProfile: savedProfile))
         let (authority, created) = try Self.certificateAuthority(for: configuration)
         if !configuration.tls.upstreamVerify {
             logger.warning("tls.upstream-verify is false: origins' certificates are NOT verified; anyone on the path to an origin can read and change its traffic")
         }
-        let server = ProxyServer(runtime: runtime, logger: logger, clock: clock)
+        // Budget usage persisted by an earlier run carries on in its period (never reset early, SPEC §11).
+        let budgets = BudgetLedger(budgets: configuration.budgets, slots: configuration.workerCount(), now: now)
+        for (index, budget) in configuration.budgets.enumerated() {
+            if let saved = savedUsage[budget.name] { budgets.restore(index, start: saved.start, used: saved.used, now: now) }
+        }
+        let server = ProxyServer(runtime: runtime, logger: logger, clock: clock, budgets: budgets)
         server.certificateAuthority = authority
         self.certificateAuthority = authority
         self.createdCertificateAuthority = created
@@ -116,11 +133,13 @@ public final class ProxyInstance: @unchecked Sendable {
         self.logger = logger
         self.clock = clock
         self.reloads = reloads
+        self.budgets = budgets
         self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token,
-                                 readToken: configuration.admin.readToken, logger: logger,
+                                 readToken: configuration.admin.readToken, logger: logger, budgets: budgets,
                                  metrics: { server.metrics() }, reloads: { reloads.counts },
                                  sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
                                  monotonic: { clock.nowNanoseconds() },
+                                 knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) },
                                  caCertificate: { authority?.certificatePEM })
     }
 
@@ -182,6 +201,35 @@ public final class ProxyInstance: @unchecked Sendable {
         server.addOwnAddress(adminAddress)
         startControlTimers(control)
         try server.start()
+        if !budgets.isEmpty {
+            control.every(milliseconds: 100) { [unowned self] in self.budgetTick() }
+        }
+    }
+
+    /// Every 100 ms: periods that ended roll over; every second, usage that changed is persisted (SPEC §11: a
+    /// crash loses at most a second of counting).
+    private func budgetTick() {
+        budgets.rollOver(now: Self.seconds(clock))
+        controlPlane.withLock { _ in adminAPI.emitBudgetChanges() }
+        budgetTicks += 1
+        if budgetTicks % 10 == 0 { persistBudgets() }
+    }
+
+    /// Writes budget usage to the state directory if it changed since the last write. Called every second and at
+    /// shutdown; a failure is logged and retried at the next call.
+    public func persistBudgets() {
+        guard !budgets.isEmpty else { return }
+        controlPlane.withLock { _ in
+            let usage = budgets.usage()
+            let values = usage.flatMap { [UInt64(bitPattern: $0.start), $0.used] }
+            guard values != savedUsage else { return }
+            do {
+                try store.saveBudgetUsage(usage)
+                savedUsage = values
+            } catch {
+                logger.error("cannot persist budget usage", metadata: ["error": "\(error)"])
+            }
+        }
     }
 
     /// The control plane's own clockwork: events reach the streams on the control loop; heartbeats; schedule
@@ -254,7 +302,10 @@ public final class ProxyInstance: @unchecked Sendable {
     /// Joins the workers, forcing them out after `timeout`; `true` when all finished in time.
     @discardableResult
     public func wait(timeout: Duration) -> Bool {
-        server.wait(timeout: timeout)
+        let finished = server.wait(timeout: timeout)
+        // A clean stop loses no counted byte.
+        persistBudgets()
+        return finished
     }
 
     /// Reloads the configuration `load` gives (the file again, with the same flags and environment): every check
@@ -311,6 +362,9 @@ public final class ProxyInstance: @unchecked Sendable {
             adminAPI.events.emit(.reload, scope: "global", data: ["generation": Int(generation)])
             if before.mode != after.mode || before.modeSource != after.modeSource {
                 adminAPI.events.emit(.mode, scope: "global", data: ModeEndpoint.eventData(after))
+            }
+            if configuration.budgets != budgets.budgets {
+                logger.warning("budgets changed in the configuration file: they take effect at the next start (usage is counted against the budgets the proxy started with)")
             }
             return .applied(generation: generation)
         } catch {

@@ -32,13 +32,17 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case upstreamTLSError = "upstream-tls-error"
     /// SPEC §9: a request inside an intercepted tunnel names another authority than the tunnel's (RFC 9110 §15.5.20).
     case misdirectedRequest = "misdirected-request"
+    /// SPEC §10: `PUT /conditions` names no known link profile.
+    case unknownProfile = "unknown-profile"
+    /// SPEC §11: a data budget with `then: reject` is spent for this request's traffic.
+    case budgetExhausted = "budget-exhausted"
 
     public var status: Int {
         switch self {
-        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant, .unknownSession: 400
+        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant, .unknownSession, .unknownProfile: 400
         case .uriTooLong: 414
         case .headersTooLarge: 431
-        case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained: 403
+        case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained, .budgetExhausted: 403
         case .proxyAuthRequired: 407
         case .loopDetected: 508
         case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError, .upstreamTLSError: 502
@@ -71,6 +75,8 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .unknownSession: "Unknown session"
         case .upstreamTLSError: "TLS connection to the upstream failed"
         case .misdirectedRequest: "Request sent to the wrong tunnel"
+        case .unknownProfile: "Unknown link profile"
+        case .budgetExhausted: "Data budget exhausted"
         }
     }
 

@@ -31,17 +31,21 @@ public final class ProxyHarness: @unchecked Sendable {
     private let listenPort: UInt16
     private let controlLoopEnded = DispatchSemaphore(value: 0)
     private var stopped = false
+    /// The state directory was given by the test, which owns it (a restart test reuses it).
+    private let ownsStateDirectory: Bool
 
     /// Parses `yaml` (relative variant files against `baseDirectory`), applies the test overrides and starts
     /// the proxy. `mode` overrides the file's mode; `accessLog` keeps the file's `log.access` (default stdout)
     /// instead of turning it off; `threads` replaces 0 (one worker per core) when the file does not set it.
     public init(yaml: String = "", mode: DataMode? = nil, accessLog: Bool = false,
                 baseDirectory: String = FileManager.default.temporaryDirectory.path, threads: Int = 2,
-                listenPort: UInt16 = 0, eventHeartbeat: Duration? = nil) throws {
-        let directory = FileManager.default.temporaryDirectory
+                listenPort: UInt16 = 0, eventHeartbeat: Duration? = nil, clock: any EngineClock = SystemClock(),
+                stateDirectory: String? = nil) throws {
+        ownsStateDirectory = stateDirectory == nil
+        let directory = stateDirectory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-test-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        stateDirectory = directory
+        self.stateDirectory = directory
         self.baseDirectory = baseDirectory
         self.accessLog = accessLog
         self.threads = threads
@@ -52,11 +56,11 @@ public final class ProxyHarness: @unchecked Sendable {
                                                    accessLog: accessLog, threads: threads, listenPort: listenPort)
             if let mode { configuration.mode = mode }
             instance = try ProxyInstance(configuration: configuration,
-                                         logger: Logger(label: "datamode-test") { _ in SwiftLogNoOpLogHandler() })
+                                         logger: Logger(label: "datamode-test") { _ in SwiftLogNoOpLogHandler() }, clock: clock)
             if let eventHeartbeat { instance.eventHeartbeat = eventHeartbeat }
             try instance.start()
         } catch {
-            try? FileManager.default.removeItem(atPath: directory)
+            if ownsStateDirectory { try? FileManager.default.removeItem(atPath: directory) }
             throw error
         }
         port = instance.listenAddress.port
@@ -95,8 +99,8 @@ public final class ProxyHarness: @unchecked Sendable {
     }
 
     /// A new client connection to the proxy.
-    public func connect(timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil) throws -> RawHTTPClient {
-        try RawHTTPClient(port: port, timeout: timeout, receiveBuffer: receiveBuffer)
+    public func connect(timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil, source: String? = nil) throws -> RawHTTPClient {
+        try RawHTTPClient(port: port, timeout: timeout, receiveBuffer: receiveBuffer, source: source)
     }
 
     /// A client of this proxy's admin API.
@@ -111,7 +115,7 @@ public final class ProxyHarness: @unchecked Sendable {
         instance.drain()
         controlLoopEnded.wait()
         instance.wait(timeout: .seconds(5))
-        try? FileManager.default.removeItem(atPath: stateDirectory)
+        if ownsStateDirectory { try? FileManager.default.removeItem(atPath: stateDirectory) }
     }
 
     deinit { stop() }

@@ -22,11 +22,12 @@ public final class RawHTTPClient {
 
     private static let responseLimits = HTTPLimits(requestLine: 64 * 1024, headerSection: 1 << 20, headerCount: 10_000)
 
-    /// Connects to 127.0.0.1:`port`. `receiveBuffer` shrinks the socket's receive buffer (a slow reader).
-    public init(port: UInt16, timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil) throws {
+    /// Connects to 127.0.0.1:`port`. `receiveBuffer` shrinks the socket's receive buffer (a slow reader);
+    /// `source` connects from another loopback address (`127.0.0.2`: another client of the proxy).
+    public init(port: UInt16, timeout: Duration = .seconds(10), receiveBuffer: Int32? = nil, source: String? = nil) throws {
         self.port = port
         self.timeout = timeout
-        self.fd = try Socket.connect(port: port, timeout: timeout, receiveBuffer: receiveBuffer)
+        self.fd = try Socket.connect(port: port, timeout: timeout, receiveBuffer: receiveBuffer, source: source)
     }
 
     deinit { close() }

@@ -41,11 +41,28 @@ enum Socket {
     /// A connected TCP socket to 127.0.0.1:`port`, with TCP_NODELAY.
     /// `receiveBuffer` (SO_RCVBUF, set before connecting so the window starts small) makes a slow reader whose
     /// kernel buffers cannot hide how slowly it reads.
-    static func connect(port: UInt16, timeout: Duration, receiveBuffer: Int32? = nil) throws(TestSocketError) -> Int32 {
+    /// `source` (a 127.x.y.z address) binds the client end first: another client address on the same machine.
+    static func connect(port: UInt16, timeout: Duration, receiveBuffer: Int32? = nil,
+                        source: String? = nil) throws(TestSocketError) -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
         if var size = receiveBuffer {
             _ = setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
+        if let source {
+            var local = loopback(port: 0)
+            guard inet_pton(AF_INET, source, &local.sin_addr) == 1 else {
+                Glibc.close(fd)
+                throw .protocolError("not an IPv4 address: \(source)")
+            }
+            let bound = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard bound == 0 else {
+                let code = errno
+                Glibc.close(fd)
+                throw .system("bind to \(source)", code)
+            }
         }
         var address = loopback(port: port)
         let result = withUnsafePointer(to: &address) {

@@ -21,7 +21,8 @@ struct ModeEndpointTests {
         #expect(document["ultraConstrained"] as? Bool == false)
         #expect(document["source"] as? String == "config")
         #expect(document["since"] as? String == "2026-01-01T00:00:00Z")
-        #expect(Set(document.keys) == ["mode", "constrained", "expensive", "ultraConstrained", "source", "since"])
+        #expect(Set(document.keys) == ["mode", "constrained", "expensive", "ultraConstrained", "source", "since", "profile"])
+        #expect(document["profile"] is NSNull)
     }
 
     @Test("PUT accepts a name, an alias or the conditions, a missing condition being false", arguments: [

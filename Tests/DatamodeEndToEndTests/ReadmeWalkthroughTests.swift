@@ -125,9 +125,9 @@ import Testing
 /// `datamode-proxy mode satellite`, and curl with and without `Allow-Ultra-Constrained: ?1`.
 @Suite struct ReadmeSatelliteWalkthroughTests {
     /// The section's shell lines, in order: comments cut, `.build/release/` dropped.
-    static func readmeCommands() throws -> [String] {
+    static func readmeCommands(section heading: String = "## Satellite: only what opts in") throws -> [String] {
         let readme = try String(contentsOfFile: ProxyProcess.packageRoot + "/README.md", encoding: .utf8)
-        let start = try #require(readme.range(of: "## Satellite: only what opts in"))
+        let start = try #require(readme.range(of: heading))
         let rest = readme[start.upperBound...]
         let section = rest[..<(rest.range(of: "\n## ")?.lowerBound ?? rest.endIndex)]
         let open = try #require(section.range(of: "```sh\n"))
@@ -314,5 +314,96 @@ import Testing
         let untrusted = try curl("/img/hero.jpg", trust: false)
         #expect(untrusted.status == 60, "curl must refuse the leaf without the CA: \(untrusted.output)")
         #expect(try ProxyProcess.runCLI(["mode", "--reset"] + admin).status == 0)
+    }
+}
+
+/// The link-profile and budget walk-throughs of the README (SPEC §10, §11), run as written.
+@Suite struct ReadmeLinkAndBudgetWalkthroughTests {
+    /// "Make it feel like 3G": the README's commands as written, against a proxy whose `nlc-3g` is ten times
+    /// faster (7.8 Mbit/s, the same 200 ms), so the 1 MB download takes about 1.2 s instead of 10.5.
+    @Test func threeGWalkthrough() throws {
+        let all = try ReadmeSatelliteWalkthroughTests.readmeCommands(section: "## Make it feel like 3G in two minutes")
+        #expect(Array(all.prefix(3)) == [
+            "mkdir -p /tmp/www && head -c 1000000 /dev/urandom > /tmp/www/1mb.bin",
+            "python3 -m http.server 8080 --bind 127.0.0.1 --directory /tmp/www &",
+            "swift build -c release && .build/release/datamode-proxy run &",
+        ])
+        #expect(all.last == "kill %2 %1")
+        let commands = Array(all.dropFirst(3).dropLast())
+        let download = "curl -x 127.0.0.1:8877 -o /dev/null -w '%{time_total}s\\n' http://127.0.0.1:8080/1mb.bin"
+        #expect(commands == [download, "datamode-proxy conditions nlc-3g", download, "datamode-proxy conditions",
+                             "datamode-proxy conditions --reset"])
+        try #require(commands.count == 5)
+
+        let body = [UInt8](repeating: 0x5A, count: 1_000_000)
+        let origin = try RecordingOrigin { _ in .respond(status: 200, body: body) }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "profiles:\n  nlc-3g: {down: 7.8Mbit, up: 3.3Mbit}\n")
+        defer { proxy.stop() }
+        func run(_ line: String) throws -> String {
+            let words = ReadmeSatelliteWalkthroughTests.words(line)
+            if words[0] == "datamode-proxy" {
+                let result = try ProxyProcess.runCLI(Array(words.dropFirst()) + ["--admin", "127.0.0.1:\(proxy.adminPort)"])
+                #expect(result.status == 0, "\(line): \(result.stderr)")
+                return result.stdout
+            }
+            let arguments = words.dropFirst().map {
+                $0.replacingOccurrences(of: "127.0.0.1:8877", with: "127.0.0.1:\(proxy.port)")
+                    .replacingOccurrences(of: "127.0.0.1:8080", with: origin.authority)
+                    .replacingOccurrences(of: "\\n", with: "\n")
+            }
+            return try ExternalCommand.run("/usr/bin/curl", ["-s", "--max-time", "30"] + arguments).stdout
+        }
+        func seconds(_ text: String) -> Double { Double(text.trimmingCharacters(in: .whitespacesAndNewlines).dropLast()) ?? -1 }
+
+        let plain = seconds(try run(commands[0]))
+        #expect(plain >= 0 && plain < 1.0, "unshaped: \(plain) s")
+        #expect(try run(commands[1]).contains("\"profile\":\"nlc-3g\""))
+        // 200 ms, then 1,000,000 bytes (plus a head) at 7.8 Mbit/s: 1.03 s, less the 50 ms burst.
+        let shaped = seconds(try run(commands[2]))
+        #expect(shaped >= 1.15 && shaped < 6, "shaped: \(shaped) s")
+        let shown = try run(commands[3])
+        #expect(shown.contains("\"source\":\"api\"") && shown.contains("\"down\":7800000"), "\(shown)")
+        #expect(try run(commands[4]).contains("\"source\":\"none\""))
+    }
+
+    /// "A 5 GB daily budget": the README's YAML as the config file and its commands as written.
+    @Test func dailyBudgetWalkthrough() throws {
+        let readme = try String(contentsOfFile: ProxyProcess.packageRoot + "/README.md", encoding: .utf8)
+        let start = try #require(readme.range(of: "## A 5 GB daily budget in two minutes"))
+        let yamlOpen = try #require(readme[start.upperBound...].range(of: "```yaml\n"))
+        let yamlClose = try #require(readme[yamlOpen.upperBound...].range(of: "\n```"))
+        let yaml = String(readme[yamlOpen.upperBound..<yamlClose.lowerBound])
+        #expect(yaml.contains("bytes: 5GB"))
+        let commands = try ReadmeSatelliteWalkthroughTests.readmeCommands(section: "## A 5 GB daily budget in two minutes")
+        #expect(commands == [
+            "datamode-proxy run --config my.yaml &",
+            "datamode-proxy budgets",
+            "curl -x 127.0.0.1:8877 -o /dev/null http://127.0.0.1:8080/1mb.bin",
+            "datamode-proxy budgets",
+        ])
+        try #require(commands.count == 4)
+
+        let origin = try RecordingOrigin { _ in .respond(status: 200, body: [UInt8](repeating: 0x42, count: 1_000_000)) }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: yaml)
+        defer { proxy.stop() }
+        func budgets() throws -> [String: Any] {
+            let result = try ProxyProcess.runCLI(["budgets", "--admin", "127.0.0.1:\(proxy.adminPort)"])
+            #expect(result.status == 0, "\(result.stderr)")
+            let list = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]])
+            return try #require(list.first)
+        }
+        let before = try budgets()
+        #expect(before["name"] as? String == "daily" && before["bytes"] as? Int == 5_000_000_000)
+        #expect(before["used"] as? Int == 0 && before["spent"] as? Bool == false && before["then"] as? String == "constrained")
+        let words = ReadmeSatelliteWalkthroughTests.words(commands[2]).dropFirst().map {
+            $0.replacingOccurrences(of: "127.0.0.1:8877", with: "127.0.0.1:\(proxy.port)")
+                .replacingOccurrences(of: "127.0.0.1:8080", with: origin.authority)
+        }
+        _ = try ExternalCommand.run("/usr/bin/curl", ["-s", "--max-time", "30"] + words)
+        // The body, the response head and the request as the origin got it.
+        let used = try #require(try budgets()["used"] as? Int)
+        #expect(used > 1_000_000 && used < 1_001_000, "used \(used)")
     }
 }

@@ -243,6 +243,9 @@ class Bench:
         log(f"{name} pid {t.proc.pid} on 127.0.0.1:{port} ({why})")
         return t
 
+    def log_line(self, msg):
+        log(msg)
+
     def log_tail(self, name):
         """The last non-empty line of a started process's log (for a 'not available' reason)."""
         try:
@@ -821,6 +824,9 @@ class Bench:
             self.m3_idle()
         if "https" in m:
             https.measure(self)
+        if "shaping" in m and self.targets.get(DM) is not None and not self.a.datamode_unavailable and self.a.proxy_bin:
+            import shaping
+            self.results["measurements"]["shaping"] = shaping.measure(self)
         # was anything lost mid-run?
         for n, t in self.targets.items():
             if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
@@ -878,10 +884,13 @@ def main():
     ap.add_argument("--idle-conns", type=int, default=5000)
     ap.add_argument("--targets", default=",".join([DM] + PEERS + ["mitmproxy"]),
                     help="comma list of proxies (direct is always run; squid also selects Squid ssl_bump in https)")
-    ap.add_argument("--only", default=",".join(PLAIN + ["https"]), help="comma list of measurements")
+    ap.add_argument("--only", default=",".join(PLAIN + ["https", "shaping"]), help="comma list of measurements")
     ap.add_argument("--mitmdump", default="", help="mitmdump binary for the https measurement (empty: not available)")
     ap.add_argument("--tls-new-connections", type=int, default=10,
                     help="concurrent clients in the https new-connection run (one request per connection)")
+    ap.add_argument("--shape-seconds", type=int, default=10, help="shaping: how long each download lasts at the profile's rate")
+    ap.add_argument("--latency-samples", type=int, default=11, help="shaping: first-byte samples per profile")
+    ap.add_argument("--shape-profiles", default="", help="shaping: comma list of profiles (default: all)")
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
@@ -943,7 +952,7 @@ def main():
     res.update(stamp=stamp, env=env, elapsed_s=elapsed, interrupted=interrupted,
                params={k: getattr(a, k) for k in ("rounds", "duration", "warmup", "connections", "downloads",
                                                     "idle_conns", "targets", "only", "proxy_cpu", "client_cpu",
-                                                    "scale_connections", "all_cpus", "tls_new_connections")},
+                                                    "scale_connections", "all_cpus", "tls_new_connections", "shape_seconds", "latency_samples")},
                command=a.command or " ".join(sys.argv), finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, stamp)

@@ -439,4 +439,6 @@ def markdown(res, png):
             https_table(res, "https_newconn", True),
             "### Targets (issue 13)", "", https_targets(res),
             ]
+    import shaping
+    out.append(shaping.section(res))
     return "\n".join(out) + "\n"

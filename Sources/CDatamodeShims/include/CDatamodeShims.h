@@ -21,6 +21,8 @@ struct event *dm_signal_new(struct event_base *base, int signum, event_callback_
 struct event *dm_read_event_new(struct event_base *base, int fd, event_callback_fn cb, void *arg);
 /** evtimer_add / event_add with a millisecond timeout (negative: no timeout). */
 int dm_event_add_ms(struct event *ev, int64_t milliseconds);
+/** evtimer_add with a microsecond timeout (link shaping needs finer steps than milliseconds at 1 Gbit/s). */
+int dm_event_add_us(struct event *ev, int64_t microseconds);
 /** Sets TCP_NODELAY: libevent never does, and Nagle + delayed ACK costs ~10 ms per exchange. */
 int dm_set_nodelay(int fd);
 /** SSL_set_tlsext_host_name(ssl, name): SNI. */

@@ -104,6 +104,8 @@ final class InterceptedTunnel {
     var established = false
     /// The user the CONNECT authenticated as (`access.users`); the requests inside carry no credentials of their own.
     var proxyUser: String?
+    /// The link profile's latency was added to a request inside (SPEC §10: once per tunnel).
+    var latencyAdded = false
     /// `Host` as an absolute URL spells it: host, `:port` unless 443; IPv6 in brackets.
     let authority: String
 

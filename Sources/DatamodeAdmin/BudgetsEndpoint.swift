@@ -1,0 +1,56 @@
+import DatamodeConfig
+import DatamodeEngine
+import DatamodePolicy
+import Foundation
+
+/// `GET /budgets` and `POST /budgets/{name}/reset` (SPEC §11).
+struct BudgetsEndpoint {
+    let api: AdminAPI
+
+    func handleCollection(_ request: AdminRequest) -> AdminResponse {
+        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET") }
+        let now = api.now()
+        return AdminJSON.ok(api.budgets.budgets.indices.map { Self.document(api.budgets, $0, now: now) })
+    }
+
+    /// `{name}/reset`.
+    func handleItem(_ request: AdminRequest, path: String) -> AdminResponse {
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count == 2, parts[1] == "reset", let name = String(parts[0]).removingPercentEncoding else {
+            return AdminProblem.response(404, "not-found", "no admin endpoint at /budgets/\(path); see GET /budgets, POST /budgets/{name}/reset")
+        }
+        guard request.method == "POST" else { return AdminProblem.methodNotAllowed("POST") }
+        guard let index = api.budgets.index(named: name) else {
+            return AdminProblem.response(404, "not-found", "no budget named \"\(name)\"; see GET /budgets")
+        }
+        api.budgets.reset(index)
+        do {
+            try api.store.saveBudgetUsage(api.budgets.usage())
+        } catch {
+            return AdminProblem.response(500, "state-write-failed", "\(error)")
+        }
+        api.logger.info("budget reset through the admin API", metadata: ["budget": "\(name)"])
+        let document = Self.document(api.budgets, index, now: api.now())
+        api.events.emit(.budget, scope: "global", data: document)
+        api.budgetSpent[name] = false
+        return AdminJSON.ok(document)
+    }
+
+    /// One budget: its settings, `used`, `remaining`, `spent` and `resetsAt` (the end of its period, UTC).
+    static func document(_ ledger: BudgetLedger, _ index: Int, now: Int64) -> [String: Any] {
+        let budget = ledger.budgets[index]
+        let used = ledger.used(index)
+        let period = ledger.period(index)
+        var match: [String: Any] = [:]
+        if let client = budget.match.client { match["client"] = client.description }
+        if let host = budget.match.host { match["host"] = host.pattern }
+        return [
+            "name": budget.name, "bytes": budget.bytes, "period": budget.period.rawValue, "then": budget.then.name,
+            "hard": budget.hard, "match": match,
+            "used": used, "remaining": budget.bytes > used ? budget.bytes - used : 0,
+            "spent": ledger.isSpent(index, now: now),
+            "periodStart": Timestamp.rfc3339(wallNanoseconds: period.start * 1_000_000_000, fractionDigits: 0),
+            "resetsAt": Timestamp.rfc3339(wallNanoseconds: period.end * 1_000_000_000, fractionDigits: 0),
+        ]
+    }
+}

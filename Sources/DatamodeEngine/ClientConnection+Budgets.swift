@@ -1,0 +1,102 @@
+import DatamodeConfig
+import DatamodePolicy
+
+/// Data budgets on a client connection (SPEC §11): which budgets an exchange counts against, what spent ones do
+/// to it (conditions joining its mode, or a refusal), and the origin bytes it counts.
+extension ClientConnection {
+    /// What the spent budgets matching a request do to it.
+    struct BudgetJudgement {
+        /// The global mode with the conditions of every spent matching budget.
+        var mode: DataMode
+        /// The first spent budget that added a condition.
+        var joinedBy: String?
+        /// A spent budget with `then: reject`, if any.
+        var rejectedBy: Int?
+    }
+
+    /// Marks which budgets `exchange` counts against and judges it by the spent ones.
+    func judgeBudgets(_ exchange: Exchange, host: String, mode: DataMode) -> BudgetJudgement {
+        let ledger = worker.budgets
+        var judgement = BudgetJudgement(mode: mode)
+        let now = worker.clock.wallNanoseconds() / 1_000_000_000
+        for (index, budget) in ledger.budgets.enumerated() where budget.match.matches(client: peerAddress, host: host) {
+            exchange.budgetMask |= 1 << UInt64(index)
+            guard ledger.isSpent(index, now: now) else { continue }
+            switch budget.then {
+            case .reject:
+                if judgement.rejectedBy == nil { judgement.rejectedBy = index }
+            case .join(let joined):
+                if judgement.joinedBy == nil && !joined.isSubset(of: judgement.mode) { judgement.joinedBy = budget.name }
+                judgement.mode = judgement.mode.union(joined)
+            }
+        }
+        return judgement
+    }
+
+    /// `403 budget-exhausted`, naming the budget and when it resets.
+    func refuseForBudget(_ exchange: Exchange, _ index: Int, url: String) {
+        let ledger = worker.budgets
+        let budget = ledger.budgets[index]
+        let resetsAt = Timestamp.rfc3339(wallNanoseconds: ledger.period(index).end * 1_000_000_000, fractionDigits: 0)
+        exchange.outcome = .rejected
+        exchange.reason = ProxyErrorCode.budgetExhausted.rawValue
+        let problem = ProblemDetail(code: .budgetExhausted,
+                                    detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).",
+                                    extra: [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)),
+                                            ("url", JSONText.quote(url))])
+        respondProblem(exchange, problem, close: false)
+    }
+
+    /// Whether a `hard` budget applies to `exchange`: then its bytes are never spliced (the kernel would move them
+    /// past the allowance) and each move is capped by what is left of it.
+    func hasHardBudget(_ exchange: Exchange) -> Bool {
+        exchange.budgetMask & worker.budgets.hardMask != 0
+    }
+
+    /// `room` capped by what is left of the exchange's `hard` budgets; 0 when one is spent, and then the exchange
+    /// is to be closed (from the shaping timer).
+    func budgetRoom(_ exchange: Exchange, _ room: Int) -> Int {
+        guard hasHardBudget(exchange) else { return room }
+        let ledger = worker.budgets
+        var left = room
+        var mask = exchange.budgetMask & ledger.hardMask
+        while mask != 0 {
+            let index = mask.trailingZeroBitCount
+            mask &= mask - 1
+            let used = ledger.used(index)
+            let bytes = ledger.budgets[index].bytes
+            left = min(left, used >= bytes ? 0 : Int(min(bytes - used, UInt64(Int.max))))
+        }
+        if left == 0 && !exchange.budgetCut {
+            exchange.budgetCut = true
+            armShapingTimer(at: 0)
+        }
+        return left
+    }
+
+    /// Counts `bytes` exchanged with the origin against every budget of `exchange`. A `hard` budget that this
+    /// spends ends the exchange, from the shaping timer (never from inside the pump that counted).
+    @inline(__always)
+    func countOriginBytes(_ exchange: Exchange, _ bytes: Int) {
+        guard exchange.budgetMask != 0, bytes > 0 else { return }
+        let ledger = worker.budgets
+        var mask = exchange.budgetMask
+        while mask != 0 {
+            let index = mask.trailingZeroBitCount
+            mask &= mask - 1
+            ledger.add(bytes, budget: index, worker: worker.index)
+            if ledger.budgets[index].hard && !exchange.budgetCut
+                && ledger.isSpent(index, now: worker.clock.wallNanoseconds() / 1_000_000_000) {
+                exchange.budgetCut = true
+                armShapingTimer(at: 0)
+            }
+        }
+    }
+}
+
+extension DataMode {
+    /// Whether every condition of this mode holds in `other`.
+    func isSubset(of other: DataMode) -> Bool {
+        (!constrained || other.constrained) && (!expensive || other.expensive) && (!ultraConstrained || other.ultraConstrained)
+    }
+}

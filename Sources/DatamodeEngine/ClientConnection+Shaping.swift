@@ -1,0 +1,125 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodePolicy
+
+/// The latency a link profile adds to one exchange (SPEC §10): once, before the response head is relayed (or a
+/// tunnel's first byte from the origin), counted from the moment those bytes arrive, as a link's delay would.
+enum AddedLatency {
+    /// Nothing (left) to add.
+    case none
+    /// To add once the origin's first bytes arrive: this many microseconds.
+    case pending(microseconds: Int64)
+    /// The origin's first bytes are held until this monotonic time (nanoseconds).
+    case holding(until: UInt64)
+}
+
+/// Link shaping on a client connection (SPEC §10): the pumps ask here how many bytes may move now.
+///
+/// Shaping never buffers: a pump that may not move bytes leaves them where they are (the source's input buffer),
+/// whose read watermark then stops reading from that socket, exactly as a slow peer would. While a bucket is what
+/// holds bytes back, one timer per connection wakes it when a quantum may pass; an idle shaped connection has no
+/// timer at all. Shaped exchanges are never handed to splice(2), which would move bytes past the buckets.
+extension ClientConnection {
+    /// The link profile in force for a request judged by `mode` (SPEC §10): its session's, else the one set through
+    /// the admin API, else `mode`'s mapping (resolved once per snapshot for the global mode).
+    func linkProfile(for exchange: Exchange, mode: DataMode) -> LinkProfile? {
+        let settings = worker.settings
+        if let name = exchange.session?.profile, let profile = settings.link.profiles[name] { return profile }
+        return mode == settings.mode ? settings.profile : settings.profile(for: mode)
+    }
+
+    /// Puts the link profile in force (if any) on `exchange`: its buckets and its added latency.
+    func applyLinkProfile(_ exchange: Exchange, _ profile: LinkProfile?) {
+        guard let profile else { return }
+        exchange.link = worker.linkBuckets(profile, client: peerAddress)
+        var microseconds = profile.latencyMicroseconds
+        let jitter = profile.jitterMicroseconds
+        if jitter > 0 { microseconds = max(0, microseconds + Int64.random(in: -jitter...jitter)) }
+        if microseconds > 0 { exchange.latency = .pending(microseconds: microseconds) }
+    }
+
+    /// Whether the origin's first bytes may be relayed now. `arrived`: some are buffered. The first time bytes
+    /// are there, the hold starts; the shaping timer ends it.
+    func latencyElapsed(_ exchange: Exchange, arrived: Bool) -> Bool {
+        switch exchange.latency {
+        case .none:
+            return true
+        case .pending(let microseconds):
+            guard arrived else { return false }
+            let until = worker.clock.nowNanoseconds() + UInt64(microseconds) * 1000
+            exchange.latency = .holding(until: until)
+            armShapingTimer(at: until)
+            return false
+        case .holding(let until):
+            if worker.clock.nowNanoseconds() >= until {
+                exchange.latency = .none
+                return true
+            }
+            armShapingTimer(at: until)
+            return false
+        }
+    }
+
+    /// How many of `wanted` bytes may pass `bucket` now. When the bucket is what holds bytes back, the shaping
+    /// timer is armed for when a quantum may pass (not when the destination is full: its write event resumes
+    /// the pump then). A few bytes are not moved on their own: they wait for a quantum, so a slow link costs a
+    /// few wake-ups a second, not one per segment.
+    func shapedBudget(_ bucket: TokenBucket, wanted: Int) -> Int {
+        let now = worker.clock.nowNanoseconds()
+        let available = bucket.available(now: now)
+        if available >= wanted { return wanted }
+        let allowed = available >= bucket.quantum ? available : 0
+        let waitFor = allowed == 0 ? min(bucket.quantum, wanted) : bucket.quantum
+        armShapingTimer(at: now + bucket.delay(until: waitFor, now: now) + bucket.cost(allowed))
+        return allowed
+    }
+
+    /// Arms the connection's shaping timer for `deadline` (monotonic nanoseconds), unless it is armed sooner.
+    func armShapingTimer(at deadline: UInt64) {
+        guard !released else { return }
+        if let armed = shapingDeadline, armed <= deadline { return }
+        if shapingTimer == nil { shapingTimer = dm_timer_new(worker.base, clientShapingTimerCallback, context(self)) }
+        guard let shapingTimer else { return }
+        shapingDeadline = deadline
+        let now = worker.clock.nowNanoseconds()
+        dm_event_add_us(shapingTimer, Int64(deadline > now ? (deadline - now + 999) / 1000 : 0))
+    }
+
+    /// A bucket has refilled or an added latency has passed: move what waited.
+    func shapingTimerFired() {
+        shapingDeadline = nil
+        if let exchange = machine.exchange, exchange.budgetCut {
+            // A hard budget this exchange counted against is spent (SPEC §11): the transfer or tunnel ends here.
+            exchange.outcome = exchange.outcome ?? .error
+            exchange.reason = AbortReason.budgetExhausted.rawValue
+            abort(.budgetExhausted, detail: "a hard data budget is spent")
+            return
+        }
+        switch machine.state {
+        case .forwarding(let exchange):
+            guard let upstream = exchange.upstream else { return }
+            if exchange.response == nil {
+                readResponseHead(exchange, upstream)
+                if exchange.originClosedWhileHeld, case .none = exchange.latency, forwardedExchange(of: upstream) === exchange {
+                    exchange.originClosedWhileHeld = false
+                    upstreamClosed(upstream)
+                }
+            } else {
+                pumpResponseBody(exchange)
+            }
+            if isCurrent(exchange) { pumpRequestBody(exchange) }
+        case .tunnel(let exchange):
+            pumpTunnel(exchange, fromClient: true)
+            pumpTunnel(exchange, fromClient: false)
+        case .readingHead, .parked, .drainingRefusedBody, .openingInterception, .closing, .closed:
+            break
+        }
+    }
+
+    func releaseShapingTimer() {
+        if let shapingTimer { event_free(shapingTimer) }
+        shapingTimer = nil
+        shapingDeadline = nil
+    }
+}
