@@ -4,6 +4,7 @@
 // Module map (each module has one job; only DatamodeEngine touches C):
 //   DatamodeHTTP    strict HTTP/1.1 wire parsing and head writing (RFC 9112), pure Swift
 //   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
+//   DatamodeMedia   HLS master playlists and DASH MPDs capped to a bitrate (SPEC §13); pure Swift, no I/O
 //   DatamodeConfig  YAML -> typed, validated configuration sections
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
@@ -39,6 +40,7 @@ let package = Package(
         ),
         .target(name: "DatamodeHTTP"),
         .target(name: "DatamodePolicy"),
+        .target(name: "DatamodeMedia"),
         .target(
             name: "DatamodeConfig",
             dependencies: [
@@ -51,7 +53,7 @@ let package = Package(
             name: "DatamodeEngine",
             dependencies: [
                 "CLibevent", "COpenSSL", "CDatamodeShims",
-                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig",
+                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -87,6 +89,7 @@ let package = Package(
 
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
+        .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
@@ -119,6 +122,6 @@ let package = Package(
 //       --product DatamodeFuzz --scratch-path .build-fuzz
 // (the -Xswiftc form is needed: SwiftPM passes the two sanitizers in random order and the driver keeps the last)
 if Context.environment["DATAMODE_FUZZ"] != nil {
-    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP"]))
+    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP", "DatamodeMedia"]))
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
 }

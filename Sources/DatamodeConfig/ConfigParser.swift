@@ -26,7 +26,8 @@ struct ConfigParser {
     }
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
-                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir"]
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir",
+                               "media"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -72,6 +73,7 @@ struct ConfigParser {
         if let node = section["timeouts"] { configuration.timeouts = try timeouts(node) }
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
+        if let node = section["media"] { configuration.media = try media(node) }
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance

@@ -40,6 +40,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var drainTimeout: Duration
     /// Access log destination.
     public var log: LogSection
+    /// Bitrate caps for streaming manifests (SPEC §13).
+    public var media: MediaSection
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
@@ -55,7 +57,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
-                log: LogSection = LogSection()) {
+                log: LogSection = LogSection(), media: MediaSection = MediaSection()) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -71,6 +73,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.timeouts = timeouts
         self.drainTimeout = drainTimeout
         self.log = log
+        self.media = media
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }
