@@ -89,7 +89,7 @@ let package = Package(
 
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
-        .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia"]),
+        .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
@@ -122,6 +122,8 @@ let package = Package(
 //       --product DatamodeFuzz --scratch-path .build-fuzz
 // (the -Xswiftc form is needed: SwiftPM passes the two sanitizers in random order and the driver keeps the last)
 if Context.environment["DATAMODE_FUZZ"] != nil {
-    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP", "DatamodeMedia"]))
+    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP"]))
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
+    package.targets.append(.executableTarget(name: "DatamodeMediaFuzz", dependencies: ["DatamodeMedia"]))
+    package.products.append(.executable(name: "DatamodeMediaFuzz", targets: ["DatamodeMediaFuzz"]))
 }
