@@ -38,6 +38,16 @@ struct MetricsEndpoint {
         out += "# HELP datamode_body_splices_total Content-Length response bodies moved with splice(2) instead of through user space.\n"
         out += "# TYPE datamode_body_splices_total counter\n"
         out += "datamode_body_splices_total \(metrics.bodySplices)\n"
+        out += "# HELP datamode_bytes_saved_total Response bytes clients did not receive thanks to automatic low-res (SPEC §13), by mechanism.\n"
+        out += "# TYPE datamode_bytes_saved_total counter\n"
+        for kind in ["hls-cap", "dash-cap"] {
+            out += "datamode_bytes_saved_total{kind=\"\(kind)\"} \(metrics.bytesSaved[kind, default: 0])\n"
+        }
+        out += "# HELP datamode_manifests_untouched_total Manifests under a cap passed through unchanged: over 1 MiB, or malformed.\n"
+        out += "# TYPE datamode_manifests_untouched_total counter\n"
+        for reason in ["too-large", "malformed"] {
+            out += "datamode_manifests_untouched_total{reason=\"\(reason)\"} \(metrics.manifestsUntouched[reason, default: 0])\n"
+        }
         out += "# HELP datamode_log_dropped_total Access log lines dropped because their destination did not keep up.\n"
         out += "# TYPE datamode_log_dropped_total counter\n"
         out += "datamode_log_dropped_total \(metrics.logDropped)\n"

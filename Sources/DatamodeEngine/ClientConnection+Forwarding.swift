@@ -22,6 +22,7 @@ extension ClientConnection {
                                                            framing: exchange.requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
         exchange.variant = variant
+        exchange.manifestCap = head.method == "GET" ? settings.manifestCap : nil
         exchange.upgradeRequested = upgrade
         machine.forward(exchange)
         connectUpstream(exchange, key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
@@ -239,8 +240,13 @@ extension ClientConnection {
         let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        evbuffer_add(output, bytes, bytes.count)
-        exchange.responseHeadLength = bytes.count
+        if exchange.manifestCap != nil,
+           let capture = manifestCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes) {
+            exchange.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+        } else {
+            evbuffer_add(output, bytes, bytes.count)
+            exchange.responseHeadLength = bytes.count
+        }
         exchange.response = head
         exchange.status = head.status
         exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
@@ -252,6 +258,10 @@ extension ClientConnection {
     /// from the origin (backpressure).
     func pumpResponseBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, exchange.response != nil else { return }
+        if let capture = exchange.capture {
+            pumpCapture(exchange, capture, upstream)
+            return
+        }
         let room = Flow.highWater - outputLength
         guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
@@ -266,6 +276,12 @@ extension ClientConnection {
     /// Removes this exchange's response from the client's output, where it is still whole at the tail (anything
     /// before it belongs to earlier responses), so that a clean answer can take its place.
     func retractUnsentResponse(_ exchange: Exchange) {
+        if exchange.capture != nil {
+            // Held back (SPEC §13): nothing of it was queued.
+            exchange.capture = nil
+            exchange.response = nil
+            return
+        }
         let queued = exchange.responseHeadLength + Int(exchange.responseBody.delivered)
         let length = outputLength
         guard queued > 0, length >= queued else { return }
@@ -295,7 +311,7 @@ extension ClientConnection {
     /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, exchange.splices.isEmpty, exchange.response != nil,
+        guard Self.bodySpliceEnabled, exchange.splices.isEmpty, exchange.response != nil, exchange.capture == nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,

@@ -24,6 +24,10 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let parked = Atomic<Int>(0)
     private let splices = Atomic<Int>(0)
     private let bodySplices = Atomic<Int>(0)
+    private let savedHLS = Atomic<Int>(0)
+    private let savedDASH = Atomic<Int>(0)
+    private let manifestsTooLarge = Atomic<Int>(0)
+    private let manifestsMalformed = Atomic<Int>(0)
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -72,6 +76,24 @@ public final class WorkerMetrics: @unchecked Sendable {
     func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
     func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
 
+    /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
+    enum SavingKind { case hlsCap, dashCap }
+    func saved(_ kind: SavingKind, bytes: Int) {
+        switch kind {
+        case .hlsCap: savedHLS.add(bytes, ordering: .relaxed)
+        case .dashCap: savedDASH.add(bytes, ordering: .relaxed)
+        }
+    }
+
+    /// Why a manifest under a cap was passed through untouched (`datamode_manifests_untouched_total{reason}`).
+    enum ManifestPassReason { case tooLarge, malformed }
+    func manifestPassed(_ reason: ManifestPassReason) {
+        switch reason {
+        case .tooLarge: manifestsTooLarge.add(1, ordering: .relaxed)
+        case .malformed: manifestsMalformed.add(1, ordering: .relaxed)
+        }
+    }
+
     /// Adds this worker's values into `total`.
     func accumulate(into total: inout MetricsSnapshot) {
         for o in 0..<Self.outcomes.count {
@@ -89,6 +111,10 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.connectionsParked += parked.load(ordering: .relaxed)
         total.tunnelSplices += splices.load(ordering: .relaxed)
         total.bodySplices += bodySplices.load(ordering: .relaxed)
+        total.bytesSaved["hls-cap", default: 0] += savedHLS.load(ordering: .relaxed)
+        total.bytesSaved["dash-cap", default: 0] += savedDASH.load(ordering: .relaxed)
+        total.manifestsUntouched["too-large", default: 0] += manifestsTooLarge.load(ordering: .relaxed)
+        total.manifestsUntouched["malformed", default: 0] += manifestsMalformed.load(ordering: .relaxed)
     }
 }
 
@@ -116,6 +142,10 @@ public struct MetricsSnapshot: Sendable {
     public var tunnelSplices = 0
     /// Content-Length response bodies handed to splice(2).
     public var bodySplices = 0
+    /// SPEC §13 `datamode_bytes_saved_total{kind}`: bytes the clients did not receive, by mechanism.
+    public var bytesSaved: [String: Int] = [:]
+    /// Manifests under a cap passed through untouched, by reason (`too-large`, `malformed`).
+    public var manifestsUntouched: [String: Int] = [:]
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
     public init() {}

@@ -23,6 +23,8 @@ struct WorkerSettings {
     var users: [String: String]
     var connectPorts: Set<UInt16>
     var allow: [CIDR]
+    /// SPEC §13: the manifest bitrate cap of this mode, nil when none applies.
+    var manifestCap: UInt64?
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -39,6 +41,7 @@ struct WorkerSettings {
         users = configuration.access.users
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
+        manifestCap = configuration.media.manifestCap(in: snapshot.mode)
     }
 }
 

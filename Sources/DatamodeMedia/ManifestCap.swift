@@ -123,3 +123,35 @@ func decimal<C: Collection>(_ digits: C) -> UInt64? where C.Element == UInt8 {
     }
     return value
 }
+
+/// What a response's `Content-Type` says about it being a manifest, before any body byte arrived.
+public enum ManifestContentType: Equatable, Sendable {
+    /// Declared as an HLS playlist or a DASH MPD: buffered (bounded) and looked at.
+    case manifest
+    /// A type manifests are commonly mis-served as (none, text/plain, octet-stream, XML): its first bytes decide.
+    case generic
+    /// Anything else (segments, images, HTML …): streamed untouched, at no extra cost.
+    case other
+
+    public static let manifestTypes: Set<String> = [
+        "application/vnd.apple.mpegurl", "application/x-mpegurl", "audio/mpegurl", "audio/x-mpegurl",
+        "application/dash+xml", "video/vnd.mpeg.dash.mpd",
+    ]
+    public static let genericTypes: Set<String> = [
+        "text/plain", "application/octet-stream", "binary/octet-stream", "application/xml", "text/xml",
+    ]
+
+    /// Classifies a `Content-Type` value (`nil`: the response has none); parameters and case are ignored.
+    public init(_ value: String?) {
+        guard let value else { self = .generic; return }
+        let essence = value.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        let type = String(essence.filter { $0 != " " && $0 != "\t" }).lowercased()
+        if Self.manifestTypes.contains(type) {
+            self = .manifest
+        } else if Self.genericTypes.contains(type) {
+            self = .generic
+        } else {
+            self = .other
+        }
+    }
+}

@@ -1,4 +1,5 @@
 @testable import DatamodeMedia
+import DatamodeTestSupport
 import Testing
 
 @Suite("DASH MPD cap")
@@ -13,7 +14,7 @@ struct DASHCapTests {
 
     @Test("a multi-period MPD capped at 730k: each AdaptationSet capped on its own, whole lines removed")
     func multiPeriod() throws {
-        let out = try #require(rewritten(Manifests.multiPeriodMPD, cap: 730_000))
+        let out = try #require(rewritten(SampleManifests.multiPeriodMPD, cap: 730_000))
         for kept in ["ad-360", "ad-a128", "v234", "v360", "v432", "a64", "a128", "sub-en"] {
             #expect(out.contains("id=\"\(kept)\""), "\(kept) kept")
         }
@@ -21,17 +22,17 @@ struct DASHCapTests {
             #expect(!out.contains("id=\"\(removed)\""), "\(removed) removed")
         }
         // a384 (384k) is within 730k: kept. The expected text is the input without exactly the removed lines.
-        let removedLines = Manifests.multiPeriodMPD.split(separator: "\n", omittingEmptySubsequences: false)
+        let removedLines = SampleManifests.multiPeriodMPD.split(separator: "\n", omittingEmptySubsequences: false)
             .filter { line in ["ad-720", "v540", "v720", "v1080"].contains { line.contains("id=\"\($0)\"") } }
         #expect(removedLines.count == 4)
-        let expected = Manifests.multiPeriodMPD.split(separator: "\n", omittingEmptySubsequences: false)
+        let expected = SampleManifests.multiPeriodMPD.split(separator: "\n", omittingEmptySubsequences: false)
             .filter { !removedLines.contains($0) }.joined(separator: "\n")
         #expect(out == expected)
     }
 
     @Test("all above the cap: each set keeps its lowest; an element with children goes whole")
     func lowestStays() throws {
-        let out = try #require(rewritten(Manifests.multiPeriodMPD, cap: 10_000))
+        let out = try #require(rewritten(SampleManifests.multiPeriodMPD, cap: 10_000))
         #expect(out.contains("id=\"ad-360\"") && !out.contains("id=\"ad-720\""))
         #expect(out.contains("id=\"v234\"") && !out.contains("id=\"v360\""))
         #expect(out.contains("id=\"a64\"") && !out.contains("id=\"a128\"") && !out.contains("id=\"a384\""))
@@ -62,10 +63,10 @@ struct DASHCapTests {
 
     @Test("unchanged within the cap; not an MPD; sniffing")
     func unchangedAndSniff() {
-        #expect(ManifestCap.rewrite(Manifests.multiPeriodMPD.bytes, cap: 8_000_000) == .unchanged(.dash))
+        #expect(ManifestCap.rewrite(SampleManifests.multiPeriodMPD.bytes, cap: 8_000_000) == .unchanged(.dash))
         #expect(ManifestCap.rewrite("<?xml version=\"1.0\"?><rss></rss>".bytes, cap: 1) == .notAManifest)
-        #expect(ManifestCap.sniff(Array(Manifests.multiPeriodMPD.bytes.prefix(20)), complete: false) == .needMore)
-        #expect(ManifestCap.sniff(Array(Manifests.multiPeriodMPD.bytes.prefix(100)), complete: false) == .candidate(.dash))
+        #expect(ManifestCap.sniff(Array(SampleManifests.multiPeriodMPD.bytes.prefix(20)), complete: false) == .needMore)
+        #expect(ManifestCap.sniff(Array(SampleManifests.multiPeriodMPD.bytes.prefix(100)), complete: false) == .candidate(.dash))
         #expect(ManifestCap.sniff("<!DOCTYPE html><html>".bytes, complete: false) == .notAManifest)
         #expect(ManifestCap.sniff("\u{FEFF}<mpd:MPD xmlns:mpd=\"x\">".bytes, complete: false) == .candidate(.dash))
     }

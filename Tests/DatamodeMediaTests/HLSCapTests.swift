@@ -1,4 +1,5 @@
 @testable import DatamodeMedia
+import DatamodeTestSupport
 import Testing
 
 @Suite("HLS master playlist cap")
@@ -13,7 +14,7 @@ struct HLSCapTests {
 
     @Test("the Apple ladder capped at 730k keeps 145k-730k, the audio-only variant, low I-frame streams and every group")
     func appleLadderAt730k() throws {
-        let out = try #require(rewritten(Manifests.appleLadder, cap: 730_000))
+        let out = try #require(rewritten(SampleManifests.appleLadder, cap: 730_000))
         for kept in ["v1/prog_index.m3u8", "v2/prog_index.m3u8", "v3/prog_index.m3u8", "audio/he/prog_index.m3u8",
                      "v1/iframe_index.m3u8", "v4/iframe_index.m3u8"] {
             #expect(out.contains("\n\(kept)\n") || out.contains("URI=\"\(kept)\""), "\(kept) kept")
@@ -24,7 +25,7 @@ struct HLSCapTests {
         // Every EXT-X-MEDIA rendition stays, so the groups the kept streams name (aac-he, aac-lc, subs, cc) exist.
         #expect(out.split(separator: "\n").filter { $0.hasPrefix("#EXT-X-MEDIA:") }.count == 4)
         // Everything else byte for byte: the output is the input with whole lines removed, in order.
-        let inputLines = Manifests.appleLadder.split(separator: "\n", omittingEmptySubsequences: false)
+        let inputLines = SampleManifests.appleLadder.split(separator: "\n", omittingEmptySubsequences: false)
         var remaining = inputLines[...]
         for line in out.split(separator: "\n", omittingEmptySubsequences: false) {
             guard let index = remaining.firstIndex(of: line) else { Issue.record("line not from the input: \(line)"); break }
@@ -34,13 +35,13 @@ struct HLSCapTests {
 
     @Test("all video streams above the cap: the lowest video stays, never the audio-only variant alone")
     func lowestVideoStays() throws {
-        let out = try #require(rewritten(Manifests.appleLadder, cap: 100_000))
+        let out = try #require(rewritten(SampleManifests.appleLadder, cap: 100_000))
         #expect(out.contains("\nv1/prog_index.m3u8\n"))
         #expect(out.contains("\naudio/he/prog_index.m3u8\n"))  // 64k is within the cap
         #expect(!out.contains("v2/prog_index.m3u8"))
         // I-frame streams are their own group: the lowest (45k) is within 100k; the others go.
         #expect(out.contains("v1/iframe_index.m3u8") && !out.contains("v4/iframe_index.m3u8"))
-        let tiny = try #require(rewritten(Manifests.appleLadder, cap: 1_000))
+        let tiny = try #require(rewritten(SampleManifests.appleLadder, cap: 1_000))
         #expect(tiny.contains("\nv1/prog_index.m3u8\n") && !tiny.contains("audio/he/prog_index.m3u8\n#"))
         #expect(!tiny.contains("\naudio/he/prog_index.m3u8\n"))
         #expect(tiny.contains("v1/iframe_index.m3u8") && !tiny.contains("v4/iframe"))
@@ -56,20 +57,20 @@ struct HLSCapTests {
 
     @Test("a cap above every stream changes nothing; CRLF line ends are kept")
     func unchangedAndCRLF() throws {
-        #expect(ManifestCap.rewrite(Manifests.appleLadder.bytes, cap: 10_000_000) == .unchanged(.hls))
+        #expect(ManifestCap.rewrite(SampleManifests.appleLadder.bytes, cap: 10_000_000) == .unchanged(.hls))
         let crlf = "#EXTM3U\r\n#EXT-X-STREAM-INF:BANDWIDTH=200000\r\nlow.m3u8\r\n#EXT-X-STREAM-INF:BANDWIDTH=900000\r\nhigh.m3u8\r\n"
         #expect(try #require(rewritten(crlf, cap: 730_000)) == "#EXTM3U\r\n#EXT-X-STREAM-INF:BANDWIDTH=200000\r\nlow.m3u8\r\n")
     }
 
     @Test("media playlists and non-playlists are not manifests")
     func notManifests() {
-        #expect(ManifestCap.rewrite(Manifests.mediaPlaylist.bytes, cap: 1) == .notAManifest)
+        #expect(ManifestCap.rewrite(SampleManifests.mediaPlaylist.bytes, cap: 1) == .notAManifest)
         #expect(ManifestCap.rewrite("<html></html>".bytes, cap: 1) == .notAManifest)
         #expect(ManifestCap.rewrite([0x47, 0x40, 0x00, 0x10], cap: 1) == .notAManifest)
-        #expect(ManifestCap.sniff(Manifests.mediaPlaylist.bytes, complete: false) == .notAManifest)
-        #expect(ManifestCap.sniff(Array(Manifests.appleLadder.bytes.prefix(4)), complete: false) == .needMore)
-        #expect(ManifestCap.sniff(Array(Manifests.appleLadder.bytes.prefix(300)), complete: false) == .needMore)
-        #expect(ManifestCap.sniff(Array(Manifests.appleLadder.bytes.prefix(1200)), complete: false) == .candidate(.hls))
+        #expect(ManifestCap.sniff(SampleManifests.mediaPlaylist.bytes, complete: false) == .notAManifest)
+        #expect(ManifestCap.sniff(Array(SampleManifests.appleLadder.bytes.prefix(4)), complete: false) == .needMore)
+        #expect(ManifestCap.sniff(Array(SampleManifests.appleLadder.bytes.prefix(300)), complete: false) == .needMore)
+        #expect(ManifestCap.sniff(Array(SampleManifests.appleLadder.bytes.prefix(1200)), complete: false) == .candidate(.hls))
         #expect(ManifestCap.sniff([0x47, 0x40, 0x00], complete: false) == .notAManifest)
     }
 
@@ -101,4 +102,8 @@ struct HLSCapTests {
         bytes += [0xFF, 0x0A]
         guard case .malformed = ManifestCap.rewrite(bytes, cap: 100) else { Issue.record("accepted"); return }
     }
+}
+
+extension String {
+    var bytes: [UInt8] { Array(utf8) }
 }
