@@ -24,6 +24,10 @@ enum DASHManifest {
             guard i < prefix.count else { return sawMarkup || i > 0 ? (complete ? .notAManifest : .needMore) : (complete ? nil : .needMore) }
             guard prefix[i] == UInt8(ascii: "<") else { return sawMarkup ? .notAManifest : nil }
             sawMarkup = true
+            let rest = prefix.count - i
+            if rest < 4 && Array("<!--".utf8).hasPrefix(Array(prefix[i...])) {
+                return complete ? .notAManifest : .needMore  // a comment may start here
+            }
             if prefix.hasPrefix(Array("<?".utf8), at: i) || prefix.hasPrefix(Array("<!--".utf8), at: i) {
                 let close = prefix[i + 1] == UInt8(ascii: "?") ? Array("?>".utf8) : Array("-->".utf8)
                 guard let end = find(close, in: prefix, from: i + 2) else { return complete ? .notAManifest : .needMore }

@@ -68,6 +68,9 @@ struct DASHCapTests {
         #expect(ManifestCap.sniff(Array(SampleManifests.multiPeriodMPD.bytes.prefix(20)), complete: false) == .needMore)
         #expect(ManifestCap.sniff(Array(SampleManifests.multiPeriodMPD.bytes.prefix(100)), complete: false) == .candidate(.dash))
         #expect(ManifestCap.sniff("<!DOCTYPE html><html>".bytes, complete: false) == .notAManifest)
+        // Found by the fuzzer: a prefix that ends inside "<!--" is undecided, not "not a manifest".
+        #expect(ManifestCap.sniff("<?xml version=\"1.0\"?>\n<!-".bytes, complete: false) == .needMore)
+        #expect(ManifestCap.sniff("<".bytes, complete: false) == .needMore)
         #expect(ManifestCap.sniff("\u{FEFF}<mpd:MPD xmlns:mpd=\"x\">".bytes, complete: false) == .candidate(.dash))
     }
 
