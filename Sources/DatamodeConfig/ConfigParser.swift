@@ -27,7 +27,7 @@ struct ConfigParser {
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir",
-                               "media"]
+                               "media", "images"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -74,6 +74,7 @@ struct ConfigParser {
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["media"] { configuration.media = try media(node) }
+        if let node = section["images"] { configuration.images = try images(node) }
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance

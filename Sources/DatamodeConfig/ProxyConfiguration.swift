@@ -42,6 +42,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var log: LogSection
     /// Bitrate caps for streaming manifests (SPEC §13).
     public var media: MediaSection
+    /// Image transcoding (SPEC §13).
+    public var images: ImagesSection
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
@@ -57,7 +59,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 connect: ConnectSection = ConnectSection(),
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
-                log: LogSection = LogSection(), media: MediaSection = MediaSection()) {
+                log: LogSection = LogSection(), media: MediaSection = MediaSection(),
+                images: ImagesSection = ImagesSection()) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -74,6 +77,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.drainTimeout = drainTimeout
         self.log = log
         self.media = media
+        self.images = images
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }

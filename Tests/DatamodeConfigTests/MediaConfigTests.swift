@@ -59,3 +59,39 @@ struct MediaConfigTests {
         expectError(errorCase)
     }
 }
+
+@Suite("Images configuration")
+struct ImagesConfigTests {
+    @Test("defaults: never, 800 px, quality 60, auto, 8 MiB, 40 Mpx; the shipped file says the same")
+    func defaults() throws {
+        let expected = ImagesSection(when: nil, maxWidth: 800, quality: 60, format: .auto, maxInput: 8 << 20, maxPixels: 40_000_000)
+        #expect(ProxyConfiguration.defaults.images == expected)
+        #expect(try ProxyConfiguration.load(path: shippedConfigPath).images == expected)
+        #expect(!expected.applies(in: DataMode(name: "satellite")!))
+    }
+
+    @Test("every key parses; when names a condition")
+    func values() throws {
+        let images = try parse("""
+            images:
+              transcode: {when: constrained, max-width: 640, quality: 50, format: original, max-input: 2MiB, max-pixels: 1000000}
+            """).images
+        #expect(images == ImagesSection(when: .constrained, maxWidth: 640, quality: 50, format: .original,
+                                        maxInput: 2 << 20, maxPixels: 1_000_000))
+        #expect(images.applies(in: DataMode(name: "constrained-expensive")!))
+        #expect(!images.applies(in: DataMode(name: "expensive")!))
+    }
+
+    @Test("bad image values name their key and line", arguments: [
+        ErrorCase("images:\n  transcode: {when: always}", key: "images.transcode.when", line: 2, "expected a condition"),
+        ErrorCase("images:\n  transcode:\n    max-width: 0", key: "images.transcode.max-width", line: 3, "width"),
+        ErrorCase("images:\n  transcode:\n    quality: 101", key: "images.transcode.quality", line: 3, "quality"),
+        ErrorCase("images:\n  transcode:\n    format: gif", key: "images.transcode.format", line: 3, "auto, original, jpeg"),
+        ErrorCase("images:\n  transcode:\n    max-input: 1GiB", key: "images.transcode.max-input", line: 3, "expected a size"),
+        ErrorCase("images:\n  transcode:\n    max-pixels: lots", key: "images.transcode.max-pixels", line: 3, "pixels"),
+        ErrorCase("images:\n  transcode:\n    width: 3", key: "images.transcode.width", line: 3, "unknown key"),
+    ])
+    func errors(_ errorCase: ErrorCase) {
+        expectError(errorCase)
+    }
+}
