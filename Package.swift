@@ -38,6 +38,13 @@ let package = Package(
             name: "CDatamodeShims",
             dependencies: ["CLibevent", "COpenSSL"]
         ),
+        // SPEC §13 image transcoding: libjpeg-turbo, libpng and libwebp directly (README "Images": chosen over
+        // libvips by measurement and by its 162-package dependency tree).
+        .target(
+            name: "CDatamodeImage",
+            cSettings: [.unsafeFlags(["-O2"])],
+            linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16"), .linkedLibrary("webp")]
+        ),
         .target(name: "DatamodeHTTP"),
         .target(name: "DatamodePolicy"),
         .target(name: "DatamodeMedia"),
@@ -52,7 +59,7 @@ let package = Package(
         .target(
             name: "DatamodeEngine",
             dependencies: [
-                "CLibevent", "COpenSSL", "CDatamodeShims",
+                "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
                 "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia",
                 .product(name: "Logging", package: "swift-log"),
             ]

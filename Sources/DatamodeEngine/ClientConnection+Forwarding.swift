@@ -23,6 +23,10 @@ extension ClientConnection {
                                                            variantTarget: variant != nil)
         exchange.variant = variant
         exchange.manifestCap = head.method == "GET" ? settings.manifestCap : nil
+        if let images = settings.imageSettings, head.method == "GET", variant == nil {
+            exchange.imageSettings = images
+            exchange.acceptsWebP = head.values(of: "accept").contains { $0.lowercased().contains("image/webp") }
+        }
         exchange.upgradeRequested = upgrade
         machine.forward(exchange)
         connectUpstream(exchange, key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
@@ -240,8 +244,9 @@ extension ClientConnection {
         let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        if exchange.manifestCap != nil,
-           let capture = manifestCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes) {
+        if exchange.manifestCap != nil || exchange.imageSettings != nil,
+           let capture = manifestCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes)
+            ?? imageCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes) {
             exchange.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
         } else {
             evbuffer_add(output, bytes, bytes.count)

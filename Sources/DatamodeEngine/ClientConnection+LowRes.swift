@@ -1,8 +1,10 @@
 import CLibevent
+import DatamodeConfig
 import DatamodeHTTP
 import DatamodeMedia
 
-/// A response body held back, bounded, while the proxy decides whether to rewrite it (SPEC §13 manifests).
+/// A response body held back, bounded, while the proxy decides whether to rewrite it (SPEC §13: manifests and
+/// images).
 ///
 /// The body relay moves the origin's bytes here instead of to the client, exactly as it would have written them
 /// (chunk framing included when the client gets chunks), so passing the response through untouched is writing
@@ -16,26 +18,38 @@ final class ResponseCapture {
         case buffering
     }
 
+    /// What the body may become.
+    enum Purpose {
+        /// A master playlist or MPD capped at this many bits per second.
+        case manifest(cap: UInt64)
+        /// An image transcoded with these settings; `acceptsWebP` from the request's `Accept`.
+        case image(ImagesSection, acceptsWebP: Bool)
+    }
+
+    let purpose: Purpose
     let buffer: OpaquePointer = evbuffer_new()!
     /// The head that would have been relayed, written when the body passes through.
     let passThroughHead: [UInt8]
     let origin: ResponseHead
     /// The buffered bytes keep chunk framing (decoded before rewriting).
     let chunked: Bool
-    let cap: UInt64
     var phase: Phase
     /// Above this many buffered bytes the body passes through.
-    let limit = ManifestCap.maximumSize
+    let limit: Int
+    /// An image sent to the transcoding pool: its body and the machine's `.finish` action, carried out when the
+    /// result comes back.
+    var pendingImage: (body: [UInt8], key: ImageCache.Key?, format: ImageProbe.Format)?
 
     /// How much of the start of a body sniffing looks at before it gives up deciding.
     static let sniffWindow = 64 * 1024
 
-    init(passThroughHead: [UInt8], origin: ResponseHead, chunked: Bool, cap: UInt64, phase: Phase) {
+    init(purpose: Purpose, passThroughHead: [UInt8], origin: ResponseHead, chunked: Bool, phase: Phase, limit: Int) {
+        self.purpose = purpose
         self.passThroughHead = passThroughHead
         self.origin = origin
         self.chunked = chunked
-        self.cap = cap
         self.phase = phase
+        self.limit = limit
     }
 
     deinit { evbuffer_free(buffer) }
@@ -99,7 +113,35 @@ extension ClientConnection {
             return nil
         }
         let chunked = framing == .chunked && !strip
-        return ResponseCapture(passThroughHead: headBytes, origin: head, chunked: chunked, cap: cap, phase: .sniffing)
+        return ResponseCapture(purpose: .manifest(cap: cap), passThroughHead: headBytes, origin: head, chunked: chunked,
+                               phase: .sniffing, limit: ManifestCap.maximumSize)
+    }
+
+    /// Like `manifestCapture`, for images (SPEC §13): a 200 JPEG, PNG or WebP while transcoding applies.
+    func imageCapture(_ exchange: Exchange, _ head: ResponseHead, framing: BodyFraming, strip: Bool,
+                      headBytes: [UInt8]) -> ResponseCapture? {
+        guard let settings = exchange.imageSettings, exchange.variant == nil, head.status == 200 else { return nil }
+        switch framing {
+        case .none, .contentLength(0): return nil
+        default: break
+        }
+        guard let type = head.values(of: "content-type").first,
+              ImageProbe.Format(mediaType: Self.mediaTypeEssence(type)) != nil else { return nil }
+        if head.values(of: "content-encoding").contains(where: { $0.lowercased() != "identity" }) { return nil }
+        if head.values(of: "cache-control").contains(where: { $0.lowercased().contains("no-transform") }) { return nil }
+        if head.contains("content-range") { return nil }
+        if case .contentLength(let length) = framing, length > UInt64(settings.maxInput) {
+            worker.metrics.imagePassed(.tooLarge)
+            return nil
+        }
+        return ResponseCapture(purpose: .image(settings, acceptsWebP: exchange.acceptsWebP), passThroughHead: headBytes,
+                               origin: head, chunked: framing == .chunked && !strip, phase: .sniffing,
+                               limit: settings.maxInput)
+    }
+
+    static func mediaTypeEssence(_ value: String) -> String {
+        let essence = value.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        return String(essence.filter { $0 != " " && $0 != "\t" }).lowercased()
     }
 
     /// `pumpResponseBody` for a captured response: buffer, decide, and write the response once decided.
@@ -115,8 +157,13 @@ extension ClientConnection {
         }
         let buffered = evbuffer_get_length(capture.buffer)
         if buffered > capture.limit {
-            if capture.phase == .buffering || ManifestContentType(capture.origin.values(of: "content-type").first) == .manifest {
-                worker.metrics.manifestPassed(.tooLarge)
+            switch capture.purpose {
+            case .manifest:
+                if capture.phase == .buffering || ManifestContentType(capture.origin.values(of: "content-type").first) == .manifest {
+                    worker.metrics.manifestPassed(.tooLarge)
+                }
+            case .image:
+                worker.metrics.imagePassed(.tooLarge)
             }
             passCaptureThrough(exchange, capture)
             perform(exchange, exchange.machine.responseBodyStep(step, unwritten: false))
@@ -125,11 +172,19 @@ extension ClientConnection {
         }
         let action = exchange.machine.responseBodyStep(step, unwritten: false)
         switch action {
-        case .finish:
+        case .finish(let recycle):
+            if case .image(let settings, let acceptsWebP) = capture.purpose {
+                finishImage(exchange, capture, settings, acceptsWebP: acceptsWebP, recycle: recycle)
+                return
+            }
             finishCapture(exchange, capture)
             perform(exchange, action)
         case .none:
             guard capture.phase == .sniffing else { return }
+            if case .image(let settings, _) = capture.purpose {
+                probeEarly(exchange, capture, settings, buffered: buffered)
+                return
+            }
             let window = min(buffered, ResponseCapture.sniffWindow)
             guard let prefix = capture.body(upTo: window, whole: false) else {
                 // Broken chunk framing shows up in the relay itself; until then, stream.
@@ -165,7 +220,8 @@ extension ClientConnection {
             passCaptureThrough(exchange, capture)
             return
         }
-        switch ManifestCap.rewrite(body, cap: capture.cap) {
+        guard case .manifest(let cap) = capture.purpose else { return }
+        switch ManifestCap.rewrite(body, cap: cap) {
         case .rewritten(let kind, let rewritten, _):
             exchange.capture = nil
             let head = MessageHeads.relayedResponse(capture.origin, keepAlive: exchange.machine.keepAlive,
@@ -185,4 +241,129 @@ extension ClientConnection {
             passCaptureThrough(exchange, capture)
         }
     }
+}
+
+/// Images (SPEC §13): probed from their header, transcoded on the pool, written back on the worker's loop.
+extension ClientConnection {
+    /// Enough of the image to read its header: decide now whether it may be decoded at all, so that a
+    /// decompression bomb or an animation is streamed on instead of buffered.
+    private func probeEarly(_ exchange: Exchange, _ capture: ResponseCapture, _ settings: ImagesSection, buffered: Int) {
+        guard buffered >= 64 * 1024, let prefix = capture.body(upTo: 256 * 1024, whole: false) else { return }
+        guard let probe = ImageProbe(prefix) else {
+            if buffered >= 256 * 1024 {
+                worker.metrics.imagePassed(.undecodable)
+                passCaptureThrough(exchange, capture)
+                pumpResponseBody(exchange)
+            }
+            return
+        }
+        if let reason = Self.refusal(probe, settings) {
+            worker.metrics.imagePassed(reason)
+            passCaptureThrough(exchange, capture)
+            pumpResponseBody(exchange)
+            return
+        }
+        capture.phase = .buffering
+    }
+
+    private static func refusal(_ probe: ImageProbe, _ settings: ImagesSection) -> WorkerMetrics.ImagePassReason? {
+        if probe.width * probe.height > settings.maxPixels { return .tooManyPixels }
+        if probe.animated { return .animated }
+        return nil
+    }
+
+    /// The whole image is here: answer from the cache, or send it to the pool (the exchange finishes when the
+    /// result is back), or pass it through.
+    private func finishImage(_ exchange: Exchange, _ capture: ResponseCapture, _ settings: ImagesSection,
+                             acceptsWebP: Bool, recycle: Bool) {
+        guard let body = capture.body(whole: true), let probe = ImageProbe(body) else {
+            worker.metrics.imagePassed(.undecodable)
+            passCaptureThrough(exchange, capture)
+            perform(exchange, .finish(recycleUpstream: recycle))
+            return
+        }
+        if let reason = Self.refusal(probe, settings) {
+            worker.metrics.imagePassed(reason)
+            passCaptureThrough(exchange, capture)
+            perform(exchange, .finish(recycleUpstream: recycle))
+            return
+        }
+        let output: ImageProbe.Format
+        switch settings.format {
+        case .auto: output = acceptsWebP ? .webp : probe.format
+        case .original: output = probe.format
+        case .jpeg: output = .jpeg
+        }
+        let etag = capture.origin.values(of: "etag").first
+        let lastModified = capture.origin.values(of: "last-modified").first
+        let key = etag == nil && lastModified == nil ? nil
+            : ImageCache.Key(url: exchange.url, etag: etag, lastModified: lastModified, format: output,
+                             maxWidth: settings.maxWidth, quality: settings.quality)
+        if let key, let cached = ImageCache.shared.get(key) {
+            worker.metrics.imageCacheHit()
+            writeTranscoded(exchange, capture, body: body, output: cached, format: output)
+            perform(exchange, .finish(recycleUpstream: recycle))
+            return
+        }
+        // The origin's part is over: its connection goes back to the pool while the image is transcoded.
+        releaseUpstream(of: exchange, recycle: recycle)
+        capture.pendingImage = (body, key, output)
+        let job = ImageJob(input: body, probe: probe, maxWidth: settings.maxWidth, quality: settings.quality,
+                           output: output, worker: worker, token: ImageJobToken(connection: self, exchange: exchange))
+        guard ImageTranscoder.shared.submit(job) else {
+            worker.metrics.imagePassed(.busy)
+            passCaptureThrough(exchange, capture)
+            finishExchange(exchange, recycleUpstream: false)
+            return
+        }
+    }
+
+    /// A result from the pool, on this connection's worker loop.
+    func imageTranscoded(_ exchange: Exchange, output: [UInt8]?) {
+        guard !released, machine.exchange === exchange, let capture = exchange.capture,
+              let pending = capture.pendingImage else { return }
+        capture.pendingImage = nil
+        if let output, output.count < pending.body.count {
+            if let key = pending.key { ImageCache.shared.put(key, output) }
+            writeTranscoded(exchange, capture, body: pending.body, output: output, format: pending.format)
+        } else {
+            worker.metrics.imagePassed(output == nil ? .undecodable : .notSmaller)
+            passCaptureThrough(exchange, capture)
+        }
+        finishExchange(exchange, recycleUpstream: false)
+        flushPendingWrites()
+    }
+
+    private func writeTranscoded(_ exchange: Exchange, _ capture: ResponseCapture, body: [UInt8], output: [UInt8],
+                                 format: ImageProbe.Format) {
+        guard output.count < body.count else {
+            worker.metrics.imagePassed(.notSmaller)
+            passCaptureThrough(exchange, capture)
+            return
+        }
+        exchange.capture = nil
+        var head = capture.origin
+        let vary = head.values(of: "vary").filter { !$0.isEmpty }
+        head.fields.removeAll { field in
+            let name = field.name.lowercased()
+            return name == "content-type" || name == "vary"
+        }
+        head.fields.append(HTTPField(name: "Content-Type", value: format.mediaType))
+        let varies = vary.contains { $0.lowercased().contains("accept") && !$0.lowercased().contains("accept-") }
+        head.fields.append(HTTPField(name: "Vary", value: (vary + (varies ? [] : ["Accept"])).joined(separator: ", ")))
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive,
+                                                 clientVersion: exchange.clientVersion, stripTransferEncoding: false,
+                                                 variant: "transcoded", framing: .contentLength(UInt64(output.count)))
+        evbuffer_add(output_: self.output, bytes)
+        evbuffer_add(output_: self.output, output)
+        exchange.responseHeadLength = bytes.count
+        exchange.variant = "transcoded"
+        exchange.bytesOut = UInt64(output.count)
+        worker.metrics.saved(.transcoded, bytes: body.count - output.count)
+        worker.metrics.imageTranscoded()
+    }
+}
+
+private func evbuffer_add(output_ buffer: OpaquePointer, _ bytes: [UInt8]) {
+    bytes.withUnsafeBytes { _ = evbuffer_add(buffer, $0.baseAddress, $0.count) }
 }

@@ -28,6 +28,14 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let savedDASH = Atomic<Int>(0)
     private let manifestsTooLarge = Atomic<Int>(0)
     private let manifestsMalformed = Atomic<Int>(0)
+    private let savedTranscoded = Atomic<Int>(0)
+    private let imagesTranscoded = Atomic<Int>(0)
+    private let imageCacheHits = Atomic<Int>(0)
+    private let imagesUntouched: UnsafeMutablePointer<Atomic<Int>> = {
+        let pointer = UnsafeMutablePointer<Atomic<Int>>.allocate(capacity: ImagePassReason.allCases.count)
+        for i in 0..<ImagePassReason.allCases.count { (pointer + i).initialize(to: Atomic(0)) }
+        return pointer
+    }()
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -46,6 +54,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         requests.deallocate()
         buckets.deinitialize(count: Self.durationBuckets.count)
         buckets.deallocate()
+        imagesUntouched.deinitialize(count: ImagePassReason.allCases.count)
+        imagesUntouched.deallocate()
     }
 
     func count(outcome: Outcome, reason: String?, durationSeconds: Double) {
@@ -77,12 +87,25 @@ public final class WorkerMetrics: @unchecked Sendable {
     func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
 
     /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
-    enum SavingKind { case hlsCap, dashCap }
+    enum SavingKind { case hlsCap, dashCap, transcoded }
     func saved(_ kind: SavingKind, bytes: Int) {
         switch kind {
         case .hlsCap: savedHLS.add(bytes, ordering: .relaxed)
         case .dashCap: savedDASH.add(bytes, ordering: .relaxed)
+        case .transcoded: savedTranscoded.add(bytes, ordering: .relaxed)
         }
+    }
+
+    func imageTranscoded() { imagesTranscoded.add(1, ordering: .relaxed) }
+    func imageCacheHit() { imageCacheHits.add(1, ordering: .relaxed) }
+
+    /// Why an image under transcoding was passed through untouched (`datamode_images_untouched_total{reason}`).
+    enum ImagePassReason: String, CaseIterable {
+        case tooLarge = "too-large", tooManyPixels = "too-many-pixels", animated, undecodable,
+             notSmaller = "not-smaller", busy
+    }
+    func imagePassed(_ reason: ImagePassReason) {
+        imagesUntouched[ImagePassReason.allCases.firstIndex(of: reason)!].add(1, ordering: .relaxed)
     }
 
     /// Why a manifest under a cap was passed through untouched (`datamode_manifests_untouched_total{reason}`).
@@ -115,6 +138,12 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.bytesSaved["dash-cap", default: 0] += savedDASH.load(ordering: .relaxed)
         total.manifestsUntouched["too-large", default: 0] += manifestsTooLarge.load(ordering: .relaxed)
         total.manifestsUntouched["malformed", default: 0] += manifestsMalformed.load(ordering: .relaxed)
+        total.bytesSaved["transcoded", default: 0] += savedTranscoded.load(ordering: .relaxed)
+        total.imagesTranscoded += imagesTranscoded.load(ordering: .relaxed)
+        total.imageCacheHits += imageCacheHits.load(ordering: .relaxed)
+        for (i, reason) in ImagePassReason.allCases.enumerated() {
+            total.imagesUntouched[reason.rawValue, default: 0] += imagesUntouched[i].load(ordering: .relaxed)
+        }
     }
 }
 
@@ -146,6 +175,11 @@ public struct MetricsSnapshot: Sendable {
     public var bytesSaved: [String: Int] = [:]
     /// Manifests under a cap passed through untouched, by reason (`too-large`, `malformed`).
     public var manifestsUntouched: [String: Int] = [:]
+    /// Images transcoded, and images under transcoding passed through untouched by reason.
+    public var imagesTranscoded = 0
+    /// Transcoded images answered from the cache (counted in `imagesTranscoded` too).
+    public var imageCacheHits = 0
+    public var imagesUntouched: [String: Int] = [:]
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
     public init() {}

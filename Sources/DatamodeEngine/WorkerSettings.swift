@@ -25,6 +25,8 @@ struct WorkerSettings {
     var allow: [CIDR]
     /// SPEC §13: the manifest bitrate cap of this mode, nil when none applies.
     var manifestCap: UInt64?
+    /// SPEC §13: image transcoding settings while `images.transcode.when` is in the mode, else nil.
+    var imageSettings: ImagesSection?
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -42,6 +44,7 @@ struct WorkerSettings {
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
         manifestCap = configuration.media.manifestCap(in: snapshot.mode)
+        imageSettings = configuration.images.applies(in: snapshot.mode) ? configuration.images : nil
     }
 }
 
