@@ -1,4 +1,8 @@
+#define _GNU_SOURCE
 #include "dm_image.h"
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,3 +313,7 @@ int dm_image_transcode(const uint8_t *data, size_t length, const dm_image_info *
 }
 
 void dm_image_free(uint8_t *buffer) { free(buffer); }
+
+void dm_image_lower_thread_priority(int nice_value) {
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_value);
+}

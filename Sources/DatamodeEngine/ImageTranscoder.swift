@@ -139,6 +139,9 @@ final class ImageTranscoder: @unchecked Sendable {
 
     private func run() {
         dm_block_process_signals()
+        // Below the event loops: on a busy machine the scheduler runs the proxying first and transcodes with
+        // what is left (a Linux thread has its own nice value).
+        dm_image_lower_thread_priority(10)
         while true {
             let job = next()
             let output = Self.transcode(job)

@@ -26,4 +26,7 @@ int dm_image_transcode(const uint8_t *data, size_t length, const dm_image_info *
                        int quality, int out_format, uint8_t **out, size_t *out_length);
 
 void dm_image_free(uint8_t *buffer);
+
+/* Gives the calling thread (only it: Linux threads have their own nice value) a lower scheduling priority. */
+void dm_image_lower_thread_priority(int nice_value);
 #endif
