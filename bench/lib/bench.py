@@ -14,6 +14,7 @@ import resource
 import select
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ BENCH = os.path.dirname(HERE)
 REPO = os.path.dirname(BENCH)
 sys.path.insert(0, HERE)
 
+import pageweight  # noqa: E402
 import policy  # noqa: E402
 import procs  # noqa: E402
 from procs import Procs, cpu_seconds, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
@@ -637,6 +639,71 @@ class Bench:
         self.results["measurements"][key] = res
         self.procs.stop(cons.proc)
 
+    def m7_pageweight(self):
+        """SPEC §13 images: bytes saved, transcodes per CPU-second, added latency, untouched throughput meanwhile."""
+        key = "pageweight"
+        base = self.targets.get(DM)
+        if base is None or not base.available:
+            self.results["measurements"][key] = {"available": False, "reason": (base.reason if base else "not requested")}
+            log("m7-pageweight: datamode-proxy not available")
+            return
+        try:
+            originals = pageweight.generate(os.path.join(self.work, "docroot"))
+        except ImportError as e:
+            self.results["measurements"][key] = {"available": False, "reason": f"no Pillow (python3-pil): {e}"}
+            return
+        cons = self.start_datamode("datamode-images", "datamode-proxy constrained, images.transcode",
+                                   extra_yaml=lambda b: b + pageweight.YAML, mode="constrained")
+        if not cons.available:
+            self.results["measurements"][key] = {"available": False, "reason": "constrained instance: " + cons.reason}
+            return
+        host = self.origin_hostport()
+        rounds = max(1, self.a.rounds)
+        per_image, added = {}, []
+        for r in range(rounds):
+            for name, *_ in pageweight.IMAGES:
+                url = f"http://{host}/img/{name}?round={r}"   # a new URL per round: never a cache hit
+                _, _, normal_bytes, normal_s = pageweight.fetch(base.port, url, host)
+                status, headers, cons_bytes, cons_s = pageweight.fetch(cons.port, url, host)
+                added.append((cons_s - normal_s) * 1000)
+                rec = per_image.setdefault(name, {"original": originals[name], "normal": normal_bytes,
+                                                  "constrained": cons_bytes, "status": status,
+                                                  "variant": headers.get("data-mode-variant", ""),
+                                                  "type": headers.get("content-type", "")})
+                rec["constrained"] = cons_bytes
+        saved = [1 - v["constrained"] / v["normal"] for v in per_image.values() if v["normal"]]
+        total_normal = sum(v["normal"] for v in per_image.values())
+        total_cons = sum(v["constrained"] for v in per_image.values())
+        # Transcodes per CPU-second: the whole set, fetched by two clients at once, against the proxy's CPU time.
+        before = self.snapshot(cons)
+        load = pageweight.Load(cons.port, host, threads=2)
+        load.start()
+        time.sleep(max(2, self.a.duration))
+        load.stop()
+        after = self.snapshot(cons)
+        rec = self.cpu_delta(cons, before, after, 0)
+        transcodes = load.count
+        transcodes_per_cpu_s = transcodes / rec["proxy_cpu_s"] if rec.get("proxy_cpu_s") else None
+        # Untouched traffic (1 KiB) through the constrained instance alone, then with transcoding beside it.
+        absolute = f"http://{host}/1k.bin"
+        alone = self.measure_wrk(cons, "absolute.lua", [absolute, host], self.a.duration)
+        load = pageweight.Load(cons.port, host, threads=2)
+        load.start()
+        busy = self.measure_wrk(cons, "absolute.lua", [absolute, host], self.a.duration)
+        load.stop()
+        self.results["measurements"][key] = {
+            "available": True, "images": per_image, "rounds": rounds,
+            "saved_median_pct": statistics.median(saved) * 100 if saved else None,
+            "saved_total_pct": (1 - total_cons / total_normal) * 100 if total_normal else None,
+            "bytes_normal": total_normal, "bytes_constrained": total_cons,
+            "transcodes": transcodes, "transcode_window": rec, "transcodes_per_cpu_s": transcodes_per_cpu_s,
+            "added_latency_ms": {"p50": pageweight.percentile(added, 50), "p99": pageweight.percentile(added, 99),
+                                 "samples": len(added)},
+            "untouched_1k": {"alone": alone, "while_transcoding": busy},
+        }
+        log(f"m7-pageweight: median saved {self.results['measurements'][key]['saved_median_pct']:.0f}%")
+        self.procs.stop(cons.proc)
+
     def set_origin_cpus(self, cpus):
         """Re-pin every thread of the running origin nginx (master and worker) to the given CPU set."""
         for pid in tree(self.origin.pid):
@@ -740,6 +807,8 @@ class Bench:
             self.m5_connect()
         if "idle" in m:
             self.m3_idle()
+        if "pageweight" in m:
+            self.m7_pageweight()
         # was anything lost mid-run?
         for n, t in self.targets.items():
             if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
@@ -793,7 +862,8 @@ def main():
     ap.add_argument("--downloads", type=int, default=3, help="100 MiB downloads per sample (one connection)")
     ap.add_argument("--idle-conns", type=int, default=5000)
     ap.add_argument("--targets", default=",".join([DM] + PEERS), help="comma list of proxies (direct is always run)")
-    ap.add_argument("--only", default="small,policy,download,connect,idle,scale", help="comma list of measurements")
+    ap.add_argument("--only", default="small,policy,download,connect,idle,scale,pageweight",
+                    help="comma list of measurements")
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
