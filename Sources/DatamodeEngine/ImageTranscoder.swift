@@ -54,8 +54,8 @@ struct ImageJob: @unchecked Sendable {
     var output: ImageProbe.Format
     /// The worker whose loop gets the result (through its wake pipe), and the connection/exchange, which only
     /// that worker's thread touches. `@unchecked Sendable` for these two references: the pool threads only carry
-    /// them back.
-    unowned(unsafe) var worker: Worker
+    /// them back. Strong: a worker stopped while a job runs stays allocated (its pipe open) until the job is back.
+    var worker: Worker
     var token: ImageJobToken
 }
 
