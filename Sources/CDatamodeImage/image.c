@@ -104,7 +104,7 @@ static void jpeg_quiet(j_common_ptr cinfo, int level) { (void)cinfo; (void)level
 
 /* Decodes a JPEG, letting libjpeg-turbo scale by 1/2, 1/4 or 1/8 while decoding when the image is at least
    that much wider than the target (the cheapest resize there is). */
-static int decode_jpeg(const uint8_t *d, size_t n, uint32_t max_width, raster *out) {
+static int decode_jpeg(const uint8_t *d, size_t n, const dm_image_info *info, uint32_t max_width, raster *out) {
     struct jpeg_decompress_struct cinfo;
     struct jpeg_failure failure;
     volatile uint8_t *pixels = NULL;
@@ -115,6 +115,8 @@ static int decode_jpeg(const uint8_t *d, size_t n, uint32_t max_width, raster *o
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, d, (unsigned long)n);
     jpeg_read_header(&cinfo, TRUE);
+    /* The size the caller checked (max-pixels) must be the size decoded. */
+    if (cinfo.image_width != info->width || cinfo.image_height != info->height) longjmp(failure.jump, 1);
     cinfo.out_color_space = JCS_RGB;
     unsigned denom = 1;
     while (denom < 8 && cinfo.image_width / (denom * 2) >= max_width) denom *= 2;
@@ -138,11 +140,12 @@ static int decode_jpeg(const uint8_t *d, size_t n, uint32_t max_width, raster *o
     return 0;
 }
 
-static int decode_png(const uint8_t *d, size_t n, raster *out) {
+static int decode_png(const uint8_t *d, size_t n, const dm_image_info *info, raster *out) {
     png_image image;
     memset(&image, 0, sizeof(image));
     image.version = PNG_IMAGE_VERSION;
     if (!png_image_begin_read_from_memory(&image, d, n)) return -1;
+    if (image.width != info->width || image.height != info->height) { png_image_free(&image); return -1; }
     int alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
     image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
     size_t size = PNG_IMAGE_SIZE(image);
@@ -156,8 +159,9 @@ static int decode_png(const uint8_t *d, size_t n, raster *out) {
     return 0;
 }
 
-static int decode_webp(const uint8_t *d, size_t n, int alpha, raster *out) {
+static int decode_webp(const uint8_t *d, size_t n, const dm_image_info *info, int alpha, raster *out) {
     int w = 0, h = 0;
+    if (!WebPGetInfo(d, n, &w, &h) || (uint32_t)w != info->width || (uint32_t)h != info->height) return -1;
     uint8_t *pixels = alpha ? WebPDecodeRGBA(d, n, &w, &h) : WebPDecodeRGB(d, n, &w, &h);
     if (!pixels) return -1;
     /* Copy into malloc'ed memory so that every raster is freed the same way. */
@@ -295,9 +299,9 @@ int dm_image_transcode(const uint8_t *data, size_t length, const dm_image_info *
     int ok;
     int keep_alpha = out_format != DM_IMAGE_JPEG;
     switch (info->format) {
-    case DM_IMAGE_JPEG: ok = decode_jpeg(data, length, max_width, &r); break;
-    case DM_IMAGE_PNG: ok = decode_png(data, length, &r); break;
-    case DM_IMAGE_WEBP: ok = decode_webp(data, length, keep_alpha, &r); break;
+    case DM_IMAGE_JPEG: ok = decode_jpeg(data, length, info, max_width, &r); break;
+    case DM_IMAGE_PNG: ok = decode_png(data, length, info, &r); break;
+    case DM_IMAGE_WEBP: ok = decode_webp(data, length, info, keep_alpha, &r); break;
     default: return -1;
     }
     if (ok != 0) return -1;

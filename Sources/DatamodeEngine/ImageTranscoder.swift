@@ -149,15 +149,21 @@ final class ImageTranscoder: @unchecked Sendable {
         }
     }
 
-    /// Decode, resize, encode: runs on a pool thread.
     static func transcode(_ job: ImageJob) -> [UInt8]? {
-        var info = dm_image_info(format: job.probe.format.rawValue, width: UInt32(job.probe.width),
-                                 height: UInt32(job.probe.height), animated: 0)
+        transcode(job.input, probe: job.probe, maxWidth: job.maxWidth, quality: job.quality, output: job.output)
+    }
+
+    /// Decode, resize, encode (on a pool thread). The C side refuses an image whose decoder sees another size
+    /// than `probe` (the one checked against max-pixels).
+    static func transcode(_ input: [UInt8], probe: ImageProbe, maxWidth: Int, quality: Int,
+                          output: ImageProbe.Format) -> [UInt8]? {
+        var info = dm_image_info(format: probe.format.rawValue, width: UInt32(probe.width),
+                                 height: UInt32(probe.height), animated: 0)
         var out: UnsafeMutablePointer<UInt8>?
         var length = 0
-        let status = job.input.withUnsafeBufferPointer {
-            dm_image_transcode($0.baseAddress, $0.count, &info, UInt32(job.maxWidth), Int32(job.quality),
-                               job.output.rawValue, &out, &length)
+        let status = input.withUnsafeBufferPointer {
+            dm_image_transcode($0.baseAddress, $0.count, &info, UInt32(maxWidth), Int32(quality),
+                               output.rawValue, &out, &length)
         }
         guard status == 0, let out else { return nil }
         defer { dm_image_free(out) }

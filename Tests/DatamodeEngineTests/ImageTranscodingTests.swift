@@ -191,3 +191,43 @@ import Testing
         #expect(try client.readResponse().value(of: "Data-Mode-Variant") == "transcoded")
     }
 }
+
+/// The C layer on its own: header probing and the size check that keeps a decompression bomb from being decoded.
+@Suite struct ImageProbeTests {
+    static func expect(_ probe: ImageProbe?, _ format: ImageProbe.Format, _ width: Int, _ height: Int,
+                       sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(probe?.format == format && probe?.width == width && probe?.height == height && probe?.animated == false,
+                "\(String(describing: probe))", sourceLocation: sourceLocation)
+    }
+
+    @Test("probing reads format, size and animation from the header of each format")
+    func probe() throws {
+        Self.expect(ImageProbe(try SampleImages.make(.jpeg, width: 321, height: 123)), .jpeg, 321, 123)
+        Self.expect(ImageProbe(try SampleImages.make(.png, width: 64, height: 48, alpha: true)), .png, 64, 48)
+        Self.expect(ImageProbe(try SampleImages.make(.webp, width: 99, height: 77)), .webp, 99, 77)
+        Self.expect(ImageProbe(try SampleImages.make(.webp, width: 99, height: 77, alpha: true)), .webp, 99, 77)
+        #expect(ImageProbe(try SampleImages.make(.webp, width: 50, height: 40, animated: true))?.animated == true)
+        #expect(ImageProbe(try SampleImages.make(.png, width: 50, height: 40, animated: true))?.animated == true)
+        #expect(ImageProbe(Array("GIF89a".utf8)) == nil)
+        #expect(ImageProbe([0xFF, 0xD8, 0xFF]) == nil)
+        #expect(ImageProbe([]) == nil)
+    }
+
+    @Test("a header that lies about the size is never decoded: the transcode refuses it")
+    func lyingHeader() throws {
+        // A WebP with alpha has a VP8X header whose canvas size the probe reads; say 40×30 instead of 400×300.
+        var webp = try SampleImages.make(.webp, width: 400, height: 300, alpha: true)
+        #expect(Array(webp[12..<16]) == Array("VP8X".utf8))
+        webp[24...29] = [39, 0, 0, 29, 0, 0]
+        let lying = try #require(ImageProbe(webp))
+        #expect(lying.width == 40 && lying.height == 30)
+        #expect(ImageTranscoder.transcode(webp, probe: lying, maxWidth: 800, quality: 60, output: .webp) == nil)
+        // And a probe that does not match the bytes at all (what the max-pixels check saw is not the image).
+        let png = try SampleImages.make(.png, width: 400, height: 300)
+        var small = try #require(ImageProbe(png))
+        small.width = 40
+        #expect(ImageTranscoder.transcode(png, probe: small, maxWidth: 800, quality: 60, output: .png) == nil)
+        #expect(ImageTranscoder.transcode(png, probe: try #require(ImageProbe(png)), maxWidth: 800, quality: 60,
+                                          output: .png) != nil)
+    }
+}
