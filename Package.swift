@@ -133,4 +133,6 @@ if Context.environment["DATAMODE_FUZZ"] != nil {
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
     package.targets.append(.executableTarget(name: "DatamodeMediaFuzz", dependencies: ["DatamodeMedia"]))
     package.products.append(.executable(name: "DatamodeMediaFuzz", targets: ["DatamodeMediaFuzz"]))
+    package.targets.append(.executableTarget(name: "DatamodeImageFuzz", dependencies: ["CDatamodeImage"]))
+    package.products.append(.executable(name: "DatamodeImageFuzz", targets: ["DatamodeImageFuzz"]))
 }
