@@ -349,7 +349,8 @@ extension ClientConnection {
             return name == "content-type" || name == "vary"
         }
         head.fields.append(HTTPField(name: "Content-Type", value: format.mediaType))
-        let varies = vary.contains { $0.lowercased().contains("accept") && !$0.lowercased().contains("accept-") }
+        let tokens = vary.flatMap { $0.split(separator: ",") }.map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
+        let varies = tokens.contains("accept") || tokens.contains("*")
         head.fields.append(HTTPField(name: "Vary", value: (vary + (varies ? [] : ["Accept"])).joined(separator: ", ")))
         let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive,
                                                  clientVersion: exchange.clientVersion, stripTransferEncoding: false,

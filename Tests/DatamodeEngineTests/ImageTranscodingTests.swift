@@ -34,7 +34,8 @@ import Testing
     @Test("a 2000×1500 JPEG becomes an 800-wide WebP for a client that accepts WebP, else an 800-wide JPEG")
     func jpegToWebPAndJPEG() throws {
         let photo = try SampleImages.make(.jpeg, width: 2000, height: 1500, quality: 90)
-        let origin = try Self.origin(["/photo.jpg": (photo, [("Content-Type", "image/jpeg"), ("Vary", "Origin")])])
+        let origin = try Self.origin(["/photo.jpg": (photo, [("Content-Type", "image/jpeg"), ("Vary", "Origin")]),
+                                      "/accept.jpg": (photo, [("Content-Type", "image/jpeg"), ("Vary", "Accept-Encoding, accept")])])
         defer { origin.stop() }
         let proxy = try ProxyHarness(yaml: Self.yaml, mode: Self.constrained)
         defer { proxy.stop() }
@@ -50,6 +51,8 @@ import Testing
         #expect(webpProbe.format == .webp && webpProbe.width == 800 && webpProbe.height == 600)
         #expect(webp.body.count < photo.count)
 
+        let varied = try Self.get(proxy, origin.url("/accept.jpg"))
+        #expect(varied.value(of: "Vary") == "Accept-Encoding, accept")  // already varies by Accept: kept as it is
         let jpeg = try Self.get(proxy, origin.url("/photo.jpg"), headers: [("Accept", "image/*")])
         #expect(jpeg.value(of: "Content-Type") == "image/jpeg")
         let jpegProbe = try #require(ImageProbe(jpeg.body))
@@ -57,9 +60,9 @@ import Testing
         #expect(jpeg.body.count < photo.count)
 
         let metrics = try Self.metrics(proxy)
-        #expect(metrics.counter("datamode_images_transcoded_total") == 2)
+        #expect(metrics.counter("datamode_images_transcoded_total") == 3)
         #expect(metrics.counter("datamode_bytes_saved_total", ["kind": "transcoded"])
-            == Double(2 * photo.count - webp.body.count - jpeg.body.count))
+            == Double(3 * photo.count - webp.body.count - jpeg.body.count - varied.body.count))
     }
 
     @Test("PNG (with transparency) stays PNG without WebP in Accept and keeps its alpha in WebP; chunked origins too")
