@@ -10,6 +10,7 @@
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
 //   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
 //   DatamodeProxyCommand  the `datamode-proxy` command line
+//   DatamodeClient  the client kit for apps (SPEC §14): Foundation only, no dependency on the modules above
 import PackageDescription
 
 let package = Package(
@@ -17,6 +18,8 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "datamode-proxy", targets: ["DatamodeProxyCommand"]),
+        // The client kit (SPEC §14): Foundation only, for apps on Linux and Apple platforms.
+        .library(name: "DatamodeClient", targets: ["DatamodeClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -46,6 +49,7 @@ let package = Package(
             linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16"), .linkedLibrary("webp")]
         ),
         .target(name: "DatamodeHTTP"),
+        .target(name: "DatamodeClient"),
         .target(name: "DatamodePolicy"),
         .target(name: "DatamodeMedia"),
         .target(
@@ -94,6 +98,7 @@ let package = Package(
             ]
         ),
 
+        .testTarget(name: "DatamodeClientTests", dependencies: ["DatamodeClient", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),

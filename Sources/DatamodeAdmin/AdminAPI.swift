@@ -17,23 +17,47 @@ public final class AdminAPI: @unchecked Sendable {
     let reloads: () -> ReloadCounts
     let logger: Logger
     let now: () -> Int64
+    /// `admin.read-token`: grants only the read endpoints a path monitor needs (SPEC §7).
+    let readToken: String?
+    /// The workers' session counters, summed now (`ProxyServer.sessionTallies`).
+    let sessionTallies: () -> [String: SessionTally]
+    /// Monotonic nanoseconds (the injected clock): session idle expiry and schedules count with it.
+    let monotonic: () -> UInt64
+    /// The link profile names a session may name (SPEC §10).
+    let knownProfiles: () -> Set<String>
+    /// The event stream's source (SPEC §12 `GET /events`).
+    public let events: EventHub
+    /// Running mode timelines (SPEC §12 `PUT /schedule`).
+    public let schedules = ScheduleBook()
+    /// When each session was last created, changed or read through the API (monotonic nanoseconds).
+    var sessionTouched: [String: UInt64] = [:]
 
-    public init(runtime: RuntimeState, store: StateStore, token: String?, logger: Logger,
+    public init(runtime: RuntimeState, store: StateStore, token: String?, readToken: String? = nil, logger: Logger,
                 metrics: @escaping () -> MetricsSnapshot, reloads: @escaping () -> ReloadCounts = { ReloadCounts() },
-                now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
+                sessionTallies: @escaping () -> [String: SessionTally] = { [:] },
+                now: @escaping () -> Int64 = { Int64(Date().timeIntervalSince1970) },
+                monotonic: @escaping () -> UInt64 = { SystemClock().nowNanoseconds() },
+                knownProfiles: @escaping () -> Set<String> = { LinkProfileNames.builtIn },
+                events: EventHub = EventHub()) {
         self.runtime = runtime
         self.store = store
         self.token = token
+        self.readToken = readToken
         self.logger = logger
         self.metrics = metrics
         self.reloads = reloads
+        self.sessionTallies = sessionTallies
         self.now = now
+        self.monotonic = monotonic
+        self.knownProfiles = knownProfiles
+        self.events = events
     }
 
     public func handle(_ request: AdminRequest) -> AdminResponse {
         // Liveness reveals nothing and must work for a container HEALTHCHECK that has no token.
         if request.path == "/healthz" { return HealthEndpoint.handle(request) }
-        if let token, !Self.authorized(request.headers["authorization"], token: token) {
+        if let token, !Self.authorized(request.headers["authorization"], token: token),
+           !(Self.isMonitorRead(request) && readToken.map { Self.authorized(request.headers["authorization"], token: $0) } == true) {
             var response = AdminProblem.response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
             response.headers.append(("WWW-Authenticate", "Bearer realm=\"datamode-proxy admin\""))
             return response
@@ -42,13 +66,25 @@ public final class AdminAPI: @unchecked Sendable {
         case "/mode": return ModeEndpoint(api: self).handle(request)
         case "/variants": return VariantsEndpoint(api: self).handleCollection(request)
         case "/metrics": return MetricsEndpoint(api: self).handle(request)
+        case "/sessions": return SessionsEndpoint(api: self).handleCollection(request)
+        case "/events": return EventsEndpoint(api: self).handle(request)
+        case "/schedule": return ScheduleEndpoint(api: self).handle(request)
         default:
+            if request.path.hasPrefix("/sessions/") {
+                let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
+                return SessionsEndpoint(api: self).handleItem(request, id: id)
+            }
             if request.path.hasPrefix("/variants/") {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /healthz")
+            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /metrics, /sessions, /events, /schedule, /healthz")
         }
+    }
+
+    /// What `admin.read-token` grants (SPEC §7): reading the mode and following the events, nothing that changes state.
+    static func isMonitorRead(_ request: AdminRequest) -> Bool {
+        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events")
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {
@@ -96,6 +132,7 @@ enum AdminProblem {
         case 404: "Not found"
         case 405: "Method not allowed"
         case 409: "Conflict"
+        case 503: "Service unavailable"
         default: "Admin API error"
         }
     }

@@ -7,7 +7,7 @@ import DatamodePolicy
 /// The API mode beats `--mode`/`DATAMODE_MODE`, which beats the file (`ModeResolution`). A PUT is persisted before
 /// it is applied, so a mode the caller was told about survives a restart; DELETE forgets it and returns to the
 /// flag/config mode.
-struct ModeEndpoint {
+public struct ModeEndpoint {
     let api: AdminAPI
 
     func handle(_ request: AdminRequest) -> AdminResponse {
@@ -17,6 +17,11 @@ struct ModeEndpoint {
         case "DELETE": return delete()
         default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
         }
+    }
+
+    /// The global `mode` event's data (SPEC §12).
+    public static func eventData(_ snapshot: RuntimeSnapshot) -> [String: Any] {
+        EventHub.modeData(scope: "global", mode: DataModeDocument(json: document(snapshot)))
     }
 
     static func document(_ snapshot: RuntimeSnapshot) -> [String: Any] {
@@ -47,6 +52,8 @@ struct ModeEndpoint {
             return state
         }
         api.logger.info("mode set through the admin API", metadata: ["mode": "\(mode)"])
+        cancelSchedule()
+        api.emitGlobalMode(snapshot)
         return AdminJSON.ok(Self.document(snapshot))
     }
 
@@ -62,7 +69,14 @@ struct ModeEndpoint {
             return state
         }
         api.logger.info("API mode cleared", metadata: ["mode": "\(snapshot.mode)"])
+        cancelSchedule()
+        api.emitGlobalMode(snapshot)
         return AdminJSON.ok(Self.document(snapshot))
+    }
+
+    /// SPEC §12: `PUT` or `DELETE /mode` on a scope cancels that scope's schedule.
+    private func cancelSchedule() {
+        if api.schedules.cancel(scope: nil) { api.logger.info("global schedule cancelled by a mode change") }
     }
 
     /// The condition members of a mode document, by JSON name (SPEC §7: camelCase).
@@ -71,14 +85,20 @@ struct ModeEndpoint {
     /// `{"mode": "<name>"}` or `{"constrained": bool, "expensive": bool, "ultraConstrained": bool}`, where a missing
     /// condition is false (SPEC §7, §15).
     static func parseMode(_ body: [UInt8]) -> Result<DataMode, AdminFailure> {
-        let object: [String: Any]
         switch AdminJSON.object(body) {
-        case .success(let o): object = o
+        case .success(let object): return parseMode(object)
         case .failure(let f): return .failure(f)
         }
+    }
+
+    /// `parseMode` of an already parsed object; `extraKeys` are allowed beside the mode and left to the caller.
+    static func parseMode(_ object: [String: Any], extraKeys: Set<String> = []) -> Result<DataMode, AdminFailure> {
+        var object = object
+        for key in extraKeys { object[key] = nil }
         let unknown = Set(object.keys).subtracting(["mode"] + conditionKeys)
         if let key = unknown.sorted().first {
-            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"; use {\"mode\": NAME} or "
+            let extra = extraKeys.sorted().map { ", \"\($0)\"" }.joined()
+            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"\(extra.isEmpty ? "" : " (allowed besides the mode: " + extra.dropFirst(2) + ")"); use {\"mode\": NAME} or "
                 + "{\"constrained\": BOOL, \"expensive\": BOOL, \"ultraConstrained\": BOOL}"))
         }
         let givesConditions = conditionKeys.contains { object[$0] != nil }

@@ -75,6 +75,8 @@ struct VariantsEndpoint {
                 state.policy = (try? state.policy.replacingAPIVariants(apiVariants)) ?? compiled
             }
         }
+        let ids = api.runtime.load().snapshot.policy.variants.map(\.id)
+        api.events.emit(.variants, scope: "global", data: ["variants": ids, "changed": document["id"] ?? document["deleted"] ?? NSNull()])
         return AdminJSON.ok(document, status: status)
     }
 }

@@ -26,7 +26,7 @@ struct ConfigParser {
     }
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
-                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir",
+                               "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
                                "media", "images"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
@@ -75,6 +75,7 @@ struct ConfigParser {
         if let node = section["log"] { configuration.log = try log(node) }
         if let node = section["media"] { configuration.media = try media(node) }
         if let node = section["images"] { configuration.images = try images(node) }
+        if let node = section["sessions"] { configuration.sessions = try sessions(node) }
 
         configuration.parsedPolicy.snapshot = try compilePolicy(configuration)
         configuration.provenance = provenance
@@ -88,7 +89,7 @@ struct ConfigParser {
     // MARK: Sections
 
     private mutating func admin(_ node: ConfigNode) throws(ConfigError) -> AdminSection {
-        let section = try node.section(known: ["listen", "token"])
+        let section = try node.section(known: ["listen", "token", "read-token"])
         var admin = AdminSection()
         if let value = section["listen"] {
             record("admin.listen", value)
@@ -101,7 +102,32 @@ struct ConfigParser {
             }
             admin.token = token
         }
+        if let value = section["read-token"], !value.isNull {
+            let token = try value.string()
+            guard ConfigValue.isValidToken(token) else {
+                throw value.expected("a token of visible ASCII characters without spaces, or null")
+            }
+            admin.readToken = token
+        }
         return admin
+    }
+
+    private func sessions(_ node: ConfigNode) throws(ConfigError) -> SessionsSection {
+        let section = try node.section(known: ["enabled", "clients", "from-proxy-user", "idle-expiry"])
+        var sessions = SessionsSection()
+        if let value = section["enabled"] { sessions.enabled = try value.bool() }
+        if let value = section["clients"] {
+            var clients: [CIDR] = []
+            for item in try value.sequence("a list of CIDR blocks such as [127.0.0.0/8, \"::1/128\"]") {
+                clients.append(try item.cidr())
+            }
+            sessions.clients = clients
+        }
+        if let value = section["from-proxy-user"] { sessions.fromProxyUser = try value.bool() }
+        if let value = section["idle-expiry"] {
+            sessions.idleExpiry = try value.duration()
+        }
+        return sessions
     }
 
     private func tags(_ node: ConfigNode) throws(ConfigError) -> TagSettings {

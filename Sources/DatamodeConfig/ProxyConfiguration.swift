@@ -44,6 +44,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var media: MediaSection
     /// Image transcoding (SPEC §13).
     public var images: ImagesSection
+    /// Sessions for test rigs (SPEC §12).
+    public var sessions: SessionsSection = SessionsSection()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool

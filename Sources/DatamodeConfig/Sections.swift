@@ -67,10 +67,34 @@ public struct AdminSection: Sendable, Equatable {
     public var listen: ListenAddress
     /// Bearer token required on every admin request when set; `nil` = no token (allowed on loopback only).
     public var token: String?
+    /// A second bearer token that grants only the read endpoints a client-side path monitor needs (`GET /mode`,
+    /// `GET /events`, SPEC §7), without the power to change anything; `nil` = none.
+    public var readToken: String?
 
-    public init(listen: ListenAddress = ListenAddress.defaultAdmin, token: String? = nil) {
+    public init(listen: ListenAddress = ListenAddress.defaultAdmin, token: String? = nil, readToken: String? = nil) {
         self.listen = listen
         self.token = token
+        self.readToken = readToken
+    }
+}
+
+/// Sessions for test rigs (SPEC §12): named scopes with their own mode and counters.
+public struct SessionsSection: Sendable, Equatable {
+    /// Off by default: without it `Data-Mode-Session` is ignored (and still removed before forwarding).
+    public var enabled: Bool
+    /// Only clients in these blocks may choose a session; others are judged by the global mode.
+    public var clients: [CIDR]
+    /// The proxy-auth user names the session (a `Data-Mode-Session` naming another one is `400`).
+    public var fromProxyUser: Bool
+    /// A session without traffic or API calls for this long is forgotten.
+    public var idleExpiry: Duration
+
+    public init(enabled: Bool = false, clients: [CIDR] = AccessSection.loopback, fromProxyUser: Bool = false,
+                idleExpiry: Duration = .seconds(3600)) {
+        self.enabled = enabled
+        self.clients = clients
+        self.fromProxyUser = fromProxyUser
+        self.idleExpiry = idleExpiry
     }
 }
 

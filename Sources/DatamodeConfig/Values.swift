@@ -123,3 +123,9 @@ func describeSize(_ bytes: Int) -> String {
     if bytes >= 1024, bytes % 1024 == 0 { return "\(bytes / 1024)KiB" }
     return "\(bytes)B"
 }
+
+/// Durations as the configuration writes them (`30s`, `500ms`, `2m`, `1h`), for the admin API's bodies.
+public enum DurationText {
+    /// A positive duration of at most 24 h, or nil.
+    public static func parse(_ text: String) -> Duration? { ConfigValue.duration(text) }
+}

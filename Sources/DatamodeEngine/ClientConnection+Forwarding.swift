@@ -18,7 +18,7 @@ extension ClientConnection {
         let tokens = exchange.connectionTokens
         let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
         exchange.headBytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
-                                                           mode: settings.mode, upgrade: upgrade,
+                                                           mode: exchange.mode, upgrade: upgrade,
                                                            framing: exchange.requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
         exchange.variant = variant

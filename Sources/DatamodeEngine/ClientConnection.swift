@@ -356,10 +356,14 @@ final class ClientConnection {
             respondError(exchange, .accessDenied, detail: "client \(peerText) is not in access.allow", close: true)
             return
         }
-        if !settings.users.isEmpty && !ProxyAuthorization.accepts(head.values(of: "proxy-authorization"), users: settings.users) {
-            respondError(exchange, .proxyAuthRequired, detail: nil, close: false,
-                         extraFields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
-            return
+        var proxyUser: String?
+        if !settings.users.isEmpty {
+            proxyUser = ProxyAuthorization.user(head.values(of: "proxy-authorization"), users: settings.users)
+            if proxyUser == nil {
+                respondError(exchange, .proxyAuthRequired, detail: nil, close: false,
+                             extraFields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
+                return
+            }
         }
         let target: RequestTarget
         switch RequestTarget.parse(head.target, method: head.method) {
@@ -383,11 +387,28 @@ final class ClientConnection {
             return
         }
 
+        // The session's mode replaces the global one (SPEC §12); the policy stays a function of the mode it is given.
+        var mode = settings.mode
+        if settings.sessions.enabled {
+            switch settings.sessions.membership(headerValues: head.values(of: "data-mode-session"), proxyUser: proxyUser,
+                                                client: peerAddress) {
+            case .none:
+                break
+            case .session(let id, let scope):
+                mode = scope.mode
+                exchange.session = (id, scope.serial, scope.profile)
+            case .refused(let code, let detail):
+                respondError(exchange, code, detail: detail, close: false)
+                return
+            }
+        }
+        exchange.mode = mode
+
         let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
                                  path: target.path, isConnect: target.form == .authority, client: peerAddress,
                                  fields: head.fields.map { (name: $0.name, value: $0.value) })
         var provenance = TagProvenance()
-        let decision = decide(facts, mode: settings.mode, policy: settings.policy, provenance: &provenance)
+        let decision = decide(facts, mode: mode, policy: settings.policy, provenance: &provenance)
         if let tags = decision.tags {
             exchange.tags = tags
             exchange.tagSources = provenance
@@ -402,7 +423,7 @@ final class ClientConnection {
         case .reject(_, let rejection):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            respondProblem(exchange, rejection.problem(mode: settings.mode, url: target.absoluteURL), close: false,
+            respondProblem(exchange, rejection.problem(mode: mode, url: target.absoluteURL), close: false,
                            extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
             return
         case .forward, .serveVariant:

@@ -39,6 +39,51 @@ public final class ControlLoop: @unchecked Sendable {
     public func stop() {
         event_base_loopexit(base, nil)
     }
+
+    /// A timer on this loop; `handler` runs on the loop's thread each time it fires. Keep the timer to keep it.
+    public func timer(_ handler: @escaping () -> Void) -> ControlTimer {
+        ControlTimer(base: base, handler: handler)
+    }
+
+    /// Runs `work` on this loop's thread soon. Thread-safe.
+    public func post(_ work: @escaping @Sendable () -> Void) {
+        let box = Unmanaged.passRetained(ControlPost(work)).toOpaque()
+        if event_base_once(base, -1, Int16(EV_TIMEOUT), controlPostCallback, box, nil) != 0 {
+            Unmanaged<ControlPost>.fromOpaque(box).release()
+        }
+    }
+}
+
+/// A one-shot timer of the control loop, re-armed by its owner (schedules, heartbeats, session expiry).
+public final class ControlTimer {
+    private var event: OpaquePointer?
+    private let handler: () -> Void
+
+    init(base: OpaquePointer, handler: @escaping () -> Void) {
+        self.handler = handler
+        event = dm_timer_new(base, controlTimerCallback, context(self))
+    }
+
+    deinit { if let event { event_free(event) } }
+
+    /// Fires once after `milliseconds` (0: at the next loop iteration), replacing any earlier arming.
+    public func schedule(milliseconds: Int64) {
+        guard let event else { return }
+        dm_event_add_ms(event, max(0, milliseconds))
+    }
+
+    public func cancel() {
+        guard let event else { return }
+        event_del(event)
+    }
+
+    func fired() { handler() }
+}
+
+final class ControlPost {
+    let work: () -> Void
+    init(_ work: @escaping () -> Void) { self.work = work }
+    func run() { work() }
 }
 
 final class SignalWatcher {

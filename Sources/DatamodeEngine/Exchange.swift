@@ -33,6 +33,11 @@ final class Exchange {
     /// The SPEC error code behind a rejection or an error.
     var reason: String?
     var variant: String?
+    /// The mode the request is judged by: its session's, else the global one.
+    var mode: DataMode = .normal
+    /// The session the request belongs to (SPEC §12), counted in its tally. `profile` is the session's link
+    /// profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
+    var session: (id: String, serial: UInt64, profile: String?)?
     /// The resolved tags (nil when the request never got that far), where each came from, and the rule behind
     /// them (SPEC §8: a log line says why).
     var tags: RequestTags?

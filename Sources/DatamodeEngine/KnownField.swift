@@ -4,7 +4,7 @@
 /// `bench/results/2026-11-24-profile-1k-before.md`).
 enum KnownField: Equatable {
     case connection, proxyConnection, keepAlive, te, trailer, upgrade, proxyAuthorization, proxyAuthenticate, host
-    case allowConstrained, allowExpensive, allowUltraConstrained, saveData, dataModeVariant
+    case allowConstrained, allowExpensive, allowUltraConstrained, saveData, dataModeVariant, dataModeSession
     case contentLength, transferEncoding
     case ifNoneMatch, ifModifiedSince, ifMatch, ifUnmodifiedSince, ifRange, range
     case cacheControl, etag, lastModified, expires
@@ -41,7 +41,8 @@ enum KnownField: Equatable {
         case 16: return is_("proxy-connection") ? .proxyConnection : .other
         case 17:
             return is_("transfer-encoding") ? .transferEncoding : is_("if-modified-since") ? .ifModifiedSince
-                : is_("allow-constrained") ? .allowConstrained : is_("data-mode-variant") ? .dataModeVariant : .other
+                : is_("allow-constrained") ? .allowConstrained : is_("data-mode-variant") ? .dataModeVariant
+                : is_("data-mode-session") ? .dataModeSession : .other
         case 18: return is_("proxy-authenticate") ? .proxyAuthenticate : .other
         case 19:
             return is_("proxy-authorization") ? .proxyAuthorization : is_("if-unmodified-since") ? .ifUnmodifiedSince : .other
@@ -54,7 +55,9 @@ enum KnownField: Equatable {
     var isRequestHopByHop: Bool {
         switch self {
         case .connection, .proxyConnection, .keepAlive, .te, .trailer, .upgrade, .proxyAuthorization, .host,
-             .allowConstrained, .allowExpensive, .allowUltraConstrained: true
+             .allowConstrained, .allowExpensive, .allowUltraConstrained,
+             // The proxy's own session selector (SPEC §12): it says which test rig sent the request, not the origin's business.
+             .dataModeSession: true
         default: false
         }
     }

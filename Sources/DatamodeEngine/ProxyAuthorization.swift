@@ -2,6 +2,11 @@
 enum ProxyAuthorization {
     /// Whether one of the `Proxy-Authorization` values carries valid Basic credentials.
     static func accepts(_ values: [String], users: [String: String]) -> Bool {
+        user(values, users: users) != nil
+    }
+
+    /// The user whose valid Basic credentials one of the `Proxy-Authorization` values carries, else nil.
+    static func user(_ values: [String], users: [String: String]) -> String? {
         for value in values {
             let trimmed = value.drop(while: { $0 == " " })
             guard trimmed.count > 6, trimmed.prefix(6).lowercased() == "basic " else { continue }
@@ -10,9 +15,9 @@ enum ProxyAuthorization {
                   let colon = text.firstIndex(of: ":") else { continue }
             let user = String(text[..<colon])
             let password = String(text[text.index(after: colon)...])
-            if let expected = users[user], constantTimeEquals(Array(expected.utf8), Array(password.utf8)) { return true }
+            if let expected = users[user], constantTimeEquals(Array(expected.utf8), Array(password.utf8)) { return user }
         }
-        return false
+        return nil
     }
 
     /// Compares without an early exit, so response timing does not reveal how much of a password matched.

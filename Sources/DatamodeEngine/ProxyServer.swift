@@ -145,6 +145,36 @@ public final class ProxyServer: @unchecked Sendable {
     }
 
     /// Every worker's counters summed.
+    /// Every worker's session counters, summed per session (SPEC §12). Asks each running worker by message and
+    /// waits for its answer (a worker answers between two events, in microseconds; one that does not within a
+    /// second, or has stopped, is left out). Call from the control plane, one caller at a time.
+    public func sessionTallies() -> [String: SessionTally] {
+        let running = workers.filter { !$0.finished.load(ordering: .acquiring) }
+        for worker in running {
+            worker.sessionReport.clear()
+            worker.send(.reportSessions)
+        }
+        var total: [String: SessionTally] = [:]
+        for worker in running {
+            var report: [String: SessionTally]?
+            for _ in 0..<10_000 {
+                report = worker.sessionReport.take()
+                if report != nil || worker.finished.load(ordering: .acquiring) { break }
+                usleep(100)
+            }
+            for (id, tally) in report ?? [:] {
+                if total[id] == nil {
+                    total[id] = tally
+                } else if total[id]!.serial == tally.serial {
+                    total[id]!.merge(tally)
+                } else if total[id]!.serial < tally.serial {
+                    total[id] = tally
+                }
+            }
+        }
+        return total
+    }
+
     public func metrics() -> MetricsSnapshot {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }

@@ -11,6 +11,10 @@ public struct RuntimeSnapshot: Sendable {
     public var modeSource: ModeSource
     /// Seconds since the Unix epoch when the mode last changed.
     public var modeSince: Int64
+    /// The live sessions by id (SPEC §12); each worker reads its own copy of this table.
+    public var sessions: [String: SessionScope] = [:]
+    /// The last `SessionScope.serial` handed out.
+    public var sessionSerial: UInt64 = 0
 
     public init(configuration: ProxyConfiguration, policy: PolicySnapshot, mode: DataMode, modeSource: ModeSource,
                 modeSince: Int64) {

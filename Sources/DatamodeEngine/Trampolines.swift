@@ -116,6 +116,17 @@ let signalCallback: event_callback_fn = { signal, _, ctx in
 
 // MARK: admin listener
 
+let adminStreamClosedCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { connection, ctx in
+    let subscriber = owner(ctx, as: EventSubscriber.self)
+    if let connection { subscriber.transport.subscriberClosed(connection) }
+}
+let controlTimerCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: ControlTimer.self).fired()
+}
+let controlPostCallback: event_callback_fn = { _, _, ctx in
+    Unmanaged<ControlPost>.fromOpaque(ctx!).takeRetainedValue().run()
+}
+
 let adminRequestCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { request, ctx in
     guard let request else { return }
     owner(ctx, as: AdminTransport.self).handle(request)

@@ -20,6 +20,8 @@ final class Worker {
         case quit = 0x71
         /// Transcoded images are waiting in `imageResults` (SPEC §13).
         case imagesDone = 0x69
+        /// Copy the session counters into `sessionReport` (the control plane's read of them, SPEC §12).
+        case reportSessions = 0x73
     }
 
     let index: Int
@@ -28,6 +30,9 @@ final class Worker {
     let runtime: RuntimeState
     let clock: any EngineClock
     let metrics = WorkerMetrics()
+    /// Written by this worker only; read through `sessionReport`.
+    let sessionTallies = WorkerSessionTallies()
+    let sessionReport = WorkerMailbox<[String: SessionTally]>()
     let accessLog: AccessLog
     let logger: Logger
     let pool = UpstreamPool()
@@ -143,6 +148,7 @@ final class Worker {
             case .drain: beginDrain()
             case .quit: event_base_loopbreak(base)
             case .imagesDone: deliverImageResults()
+            case .reportSessions: sessionReport.put(sessionTallies.tallies)
             case nil: break
             }
         }
@@ -208,6 +214,7 @@ final class Worker {
         let (loadedGeneration, snapshot) = runtime.load()
         generation = loadedGeneration
         settings = WorkerSettings(snapshot)
+        sessionTallies.prune(keeping: snapshot.sessions)
     }
 
     /// Set once before the worker's thread starts.
@@ -294,6 +301,12 @@ final class Worker {
         metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
         metrics.add(bytesIn: Int(exchange.bytesIn))
         metrics.add(bytesOut: Int(exchange.bytesOut))
+        if let session = exchange.session {
+            sessionTallies.record(session: session.id, serial: session.serial, outcome: outcome,
+                                  reason: exchange.reason, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
+                                  variant: exchange.variant, rejectedURL: outcome == .rejected ? exchange.url : nil,
+                                  wallTime: clock.wallNanoseconds(), now: clock.nowNanoseconds())
+        }
         if accessLog.isEnabled {
             accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
                             status: exchange.status, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,

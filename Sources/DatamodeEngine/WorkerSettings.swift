@@ -27,6 +27,7 @@ struct WorkerSettings {
     var manifestCap: UInt64?
     /// SPEC §13: image transcoding settings while `images.transcode.when` is in the mode, else nil.
     var imageSettings: ImagesSection?
+    var sessions: SessionSettings
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -45,12 +46,13 @@ struct WorkerSettings {
         allow = configuration.access.allow
         manifestCap = configuration.media.manifestCap(in: snapshot.mode)
         imageSettings = configuration.images.applies(in: snapshot.mode) ? configuration.images : nil
+        sessions = SessionSettings(snapshot)
     }
 }
 
 extension Duration {
     /// Whole milliseconds, at least 1 for any positive duration.
-    var milliseconds: Int64 {
+    public var milliseconds: Int64 {
         let (seconds, attoseconds) = components
         let ms = seconds * 1000 + attoseconds / 1_000_000_000_000_000
         return ms == 0 && attoseconds > 0 ? 1 : ms

@@ -102,15 +102,35 @@ public final class ProxyInstance: @unchecked Sendable {
         self.logger = logger
         self.clock = clock
         self.reloads = reloads
-        self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token, logger: logger,
-                                 metrics: { server.metrics() }, reloads: { reloads.counts }, now: { Self.seconds(clock) })
+        self.adminAPI = AdminAPI(runtime: runtime, store: store, token: configuration.admin.token,
+                                 readToken: configuration.admin.readToken, logger: logger,
+                                 metrics: { server.metrics() }, reloads: { reloads.counts },
+                                 sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
+                                 monotonic: { clock.nowNanoseconds() })
     }
 
+    /// How often an idle event stream gets a heartbeat comment (SPEC §12: 15 s). Tests shorten it; read each time
+    /// the heartbeat timer is armed.
+    public var eventHeartbeat: Duration {
+        get { heartbeatInterval.withLock { $0 } }
+        set { heartbeatInterval.withLock { $0 = newValue } }
+    }
+    private let heartbeatInterval = Mutex<Duration>(.seconds(15))
+    private var heartbeatTimer: ControlTimer?
+    private var scheduleTimer: ControlTimer?
+    private var expiryTimer: ControlTimer?
+
     deinit {
-        // evhttp before the event base it lives on.
+        // evhttp and the timers before the event base they live on.
+        heartbeatTimer = nil
+        scheduleTimer = nil
+        expiryTimer = nil
         admin = nil
         control = nil
     }
+
+    /// Event streams open now (`GET /events`), for tests. Control loop only.
+    public var eventSubscriberCount: Int { admin?.subscriberCount ?? 0 }
 
     /// The proxy's address, with the real port once started.
     public var listenAddress: ListenAddress { server.listenAddress }
@@ -129,7 +149,52 @@ public final class ProxyInstance: @unchecked Sendable {
             self.answer(request)
         }
         server.addOwnAddress(adminAddress)
+        startControlTimers(control)
         try server.start()
+    }
+
+    /// The control plane's own clockwork: events reach the streams on the control loop; heartbeats; schedule
+    /// steps at their due time; idle sessions expire.
+    private func startControlTimers(_ control: ControlLoop) {
+        adminAPI.events.connect { [unowned self] scope, bytes in
+            control.post { [unowned self] in self.admin?.publish(scope: scope, bytes) }
+        }
+        let heartbeat = control.timer { [unowned self] in
+            self.admin?.publish(scope: nil, EventHub.heartbeat)
+            self.heartbeatTimer?.schedule(milliseconds: self.eventHeartbeat.milliseconds)
+        }
+        heartbeat.schedule(milliseconds: eventHeartbeat.milliseconds)
+        heartbeatTimer = heartbeat
+        let schedule = control.timer { [unowned self] in
+            self.controlPlane.withLock { _ in _ = self.adminAPI.runDueScheduleSteps() }
+            self.armScheduleTimer()
+        }
+        scheduleTimer = schedule
+        adminAPI.schedules.onChange { [unowned self] in self.armScheduleTimer() }
+        let expiry = control.timer { [unowned self] in
+            let idle = self.runtime.load().snapshot.configuration.sessions.idleExpiry
+            self.controlPlane.withLock { _ in _ = self.adminAPI.expireIdleSessions(after: idle) }
+            self.armExpiryTimer()
+        }
+        expiryTimer = expiry
+        armExpiryTimer()
+    }
+
+    /// Due steps are applied from a timer set for the earliest one (on the injected clock's time line).
+    private func armScheduleTimer() {
+        guard let timer = scheduleTimer else { return }
+        guard let due = adminAPI.schedules.nextDue else {
+            timer.cancel()
+            return
+        }
+        let now = clock.nowNanoseconds()
+        timer.schedule(milliseconds: due > now ? Int64((due - now + 999_999) / 1_000_000) : 0)
+    }
+
+    /// Idle sessions are looked for every quarter of `idle-expiry` (at least every second, at most every 50 ms).
+    private func armExpiryTimer() {
+        let idle = runtime.load().snapshot.configuration.sessions.idleExpiry.milliseconds
+        expiryTimer?.schedule(milliseconds: min(1000, max(50, idle / 4)))
     }
 
     /// `SIGHUP` reloads with `load`; `SIGTERM` and `SIGINT` drain. Call after `start()`, on the thread that calls `run()`.
@@ -197,12 +262,22 @@ public final class ProxyInstance: @unchecked Sendable {
             try store.checkFiles(of: apiVariants, against: configuration.variantFiles)
             let snapshot = try ConfigurationSnapshot(configuration: configuration, apiVariants: apiVariants)
             let now = Self.seconds(clock)
-            runtime.update { state in
+            let (before, after) = runtime.update { state -> (RuntimeSnapshot, RuntimeSnapshot) in
+                let before = state
                 state.configuration = snapshot.configuration
                 state.policy = snapshot.policy
-                state.apply(ModeResolution(api: state.apiMode, configuration: snapshot.configuration), now: now)
+                // A scheduled mode is kept: the timeline is in memory and goes on.
+                if state.modeSource != .schedule {
+                    state.apply(ModeResolution(api: state.apiMode, configuration: snapshot.configuration), now: now)
+                }
+                return (before, state)
             }
-            return .applied(generation: runtime.generation)
+            let generation = runtime.generation
+            adminAPI.events.emit(.reload, scope: "global", data: ["generation": Int(generation)])
+            if before.mode != after.mode || before.modeSource != after.modeSource {
+                adminAPI.events.emit(.mode, scope: "global", data: ModeEndpoint.eventData(after))
+            }
+            return .applied(generation: generation)
         } catch {
             return .refused(reason: "\(error)")
         }

@@ -84,6 +84,8 @@ public struct DataMode: Hashable, Sendable, CustomStringConvertible {
 /// Where the active mode came from, highest precedence first (SPEC §2, §7).
 public enum ModeSource: String, Hashable, Sendable {
     case api, flag, config, `default`
+    /// A step of a `PUT /schedule` timeline (SPEC §12).
+    case schedule
 }
 
 /// The permissions every request resolves (SPEC §3, §15), twins of `URLRequest.allowsConstrainedNetworkAccess`,

@@ -25,10 +25,13 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case ultraConstrained = "ultra-constrained"
     /// A variant refused when it is declared (`PUT /variants/{id}`), e.g. a `file` outside the variants directory.
     case invalidVariant = "invalid-variant"
+    /// SPEC §12: `Data-Mode-Session` names a session that does not exist (a typo would otherwise silently run a
+    /// test under the global mode).
+    case unknownSession = "unknown-session"
 
     public var status: Int {
         switch self {
-        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant: 400
+        case .badRequest, .invalidTag, .notAProxyRequest, .invalidVariant, .unknownSession: 400
         case .uriTooLong: 414
         case .headersTooLarge: 431
         case .accessDenied, .connectPortDenied, .constrained, .expensive, .ultraConstrained: 403
@@ -60,6 +63,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .expensive: "Not allowed on an expensive network"
         case .ultraConstrained: "Not allowed on an ultra-constrained network"
         case .invalidVariant: "Invalid variant"
+        case .unknownSession: "Unknown session"
         }
     }
 

@@ -69,6 +69,72 @@ struct AdminClient {
         return Response(status: status, body: bodyText)
     }
 
+    /// Follows an event stream (`text/event-stream`, chunked): calls `event` with each event's type and data
+    /// line until the proxy closes the stream. Comments (heartbeats) are skipped. No receive timeout: a stream is
+    /// idle by design.
+    func follow(_ path: String, event: (String, String) -> Void) throws {
+        let (host, port) = try split(address)
+        var head = "GET \(path) HTTP/1.1\r\nHost: \(address)\r\nAccept: text/event-stream\r\n"
+        if let token { head += "Authorization: Bearer \(token)\r\n" }
+        head += "\r\n"
+        let fd = try connect(host: host, port: port)
+        defer { close(fd) }
+        var noTimeout = timeval(tv_sec: 0, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &noTimeout, socklen_t(MemoryLayout<timeval>.size))
+        let bytes = Array(head.utf8)
+        guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress!, bytes.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
+            throw Failure(description: "cannot send to the admin API at \(address)")
+        }
+        var raw: [UInt8] = []
+        var headDone = false
+        var chunked = false
+        var text: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 16384)
+        while true {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n <= 0 { return }
+            raw.append(contentsOf: buffer[0..<n])
+            if !headDone {
+                guard let end = raw.firstRange(of: Array("\r\n\r\n".utf8)) else { continue }
+                let headText = String(decoding: raw[..<end.lowerBound], as: UTF8.self)
+                guard headText.hasPrefix("HTTP/1."), let status = Int(headText.dropFirst(9).prefix(3)) else {
+                    throw Failure(description: "the admin API at \(address) sent no valid HTTP response")
+                }
+                raw.removeSubrange(..<end.upperBound)
+                if status != 200 {
+                    throw Failure(description: "admin API answered \(status): \(String(decoding: raw, as: UTF8.self))")
+                }
+                chunked = headText.lowercased().contains("transfer-encoding: chunked")
+                headDone = true
+            }
+            if chunked {
+                // Whole chunks only: size line, data, CRLF.
+                while let lineEnd = raw.firstRange(of: Array("\r\n".utf8)) {
+                    let sizeText = String(decoding: raw[..<lineEnd.lowerBound], as: UTF8.self).split(separator: ";").first ?? ""
+                    guard let size = Int(sizeText, radix: 16) else { throw Failure(description: "bad chunk from the admin API") }
+                    if size == 0 { return }
+                    guard raw.count >= lineEnd.upperBound + size + 2 else { break }
+                    text.append(contentsOf: raw[lineEnd.upperBound..<(lineEnd.upperBound + size)])
+                    raw.removeSubrange(..<(lineEnd.upperBound + size + 2))
+                }
+            } else {
+                text.append(contentsOf: raw)
+                raw.removeAll()
+            }
+            while let end = text.firstRange(of: Array("\n\n".utf8)) {
+                let block = String(decoding: text[..<end.lowerBound], as: UTF8.self)
+                text.removeSubrange(..<end.upperBound)
+                var type = "message"
+                var data: [String] = []
+                for line in block.split(separator: "\n", omittingEmptySubsequences: false) {
+                    if line.hasPrefix("event:") { type = line.dropFirst(6).trimmingCharacters(in: .whitespaces) }
+                    if line.hasPrefix("data:") { data.append(String(line.dropFirst(5)).trimmingCharacters(in: .whitespaces)) }
+                }
+                if !data.isEmpty { event(type, data.joined(separator: "\n")) }
+            }
+        }
+    }
+
     private static func dechunk(_ text: String) -> String {
         var out = ""
         var rest = Substring(text)

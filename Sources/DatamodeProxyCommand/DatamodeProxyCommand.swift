@@ -26,7 +26,8 @@ struct DatamodeProxyCommand: ParsableCommand {
             their registered low-resolution variants.
             """,
         version: ProductVersion.string,
-        subcommands: [RunCommand.self, CheckCommand.self, ModeCommand.self, VariantsCommand.self]
+        subcommands: [RunCommand.self, CheckCommand.self, ModeCommand.self, VariantsCommand.self, SessionsCommand.self,
+                      WatchCommand.self]
     )
 }
 

@@ -37,7 +37,7 @@ public final class ProxyHarness: @unchecked Sendable {
     /// instead of turning it off; `threads` replaces 0 (one worker per core) when the file does not set it.
     public init(yaml: String = "", mode: DataMode? = nil, accessLog: Bool = false,
                 baseDirectory: String = FileManager.default.temporaryDirectory.path, threads: Int = 2,
-                listenPort: UInt16 = 0) throws {
+                listenPort: UInt16 = 0, eventHeartbeat: Duration? = nil) throws {
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-test-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -53,6 +53,7 @@ public final class ProxyHarness: @unchecked Sendable {
             if let mode { configuration.mode = mode }
             instance = try ProxyInstance(configuration: configuration,
                                          logger: Logger(label: "datamode-test") { _ in SwiftLogNoOpLogHandler() })
+            if let eventHeartbeat { instance.eventHeartbeat = eventHeartbeat }
             try instance.start()
         } catch {
             try? FileManager.default.removeItem(atPath: directory)

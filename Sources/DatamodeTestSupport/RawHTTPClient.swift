@@ -278,6 +278,26 @@ public final class RawHTTPClient {
         return back
     }
 
+    /// Sends `bytes` from another thread, so the caller can read the answers meanwhile (a pipelined burst bigger
+    /// than the socket buffers). The returned function waits for the send to end and rethrows its error.
+    public func sendInBackground(_ bytes: [UInt8]) -> () throws -> Void {
+        let fd = self.fd
+        let deadline = self.deadline
+        let outcome = SendOutcome()
+        Thread.detachNewThread {
+            do {
+                try bytes.withUnsafeBytes { try Socket.sendAll(fd, $0, until: deadline) }
+            } catch {
+                outcome.error.withLock { $0 = error as? TestSocketError ?? .protocolError("\(error)") }
+            }
+            outcome.done.store(true, ordering: .releasing)
+        }
+        return {
+            while !outcome.done.load(ordering: .acquiring) { usleep(1_000) }
+            if let error = outcome.error.withLock({ $0 }) { throw error }
+        }
+    }
+
     // MARK: trickling
 
     /// How a `trickle` ended.

@@ -52,7 +52,7 @@ struct AdminAPITests {
         let response = try AdminFixture().handle("GET", path)
         expectProblem(response, 404, "not-found")
         #expect(response.header("Cache-Control") == "no-store")
-        #expect((response.object["detail"] as? String)?.contains("/mode, /variants, /metrics, /healthz") == true)
+        #expect((response.object["detail"] as? String)?.contains("/mode, /variants, /metrics, /sessions, /events, /schedule, /healthz") == true)
     }
 
     @Test("an unknown path with a token set is refused before it is routed")

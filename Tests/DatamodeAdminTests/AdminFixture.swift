@@ -19,12 +19,18 @@ final class AdminFixture: Sendable {
     let reloads: Shared<ReloadCounts>
     /// The wall clock of the endpoints, in seconds; moves only when told.
     let clock: Shared<Int64>
+    /// The monotonic clock of sessions and schedules, in nanoseconds; moves only when told.
+    let monotonic: Shared<UInt64>
+    /// What the workers' session counters read as.
+    let tallies: Shared<[String: SessionTally]>
+    /// Every event emitted, as framed bytes with its scope.
+    let emitted: Shared<[(scope: String?, text: String)]>
     /// When the fixture's clock starts, and the mode's `since` at start-up: 2026-01-01T00:00:00Z.
     static let start: Int64 = 1_767_225_600
 
     /// `yaml` as the config file (relative variant files against the fixture's directory), the mode resolved as at
     /// start-up without an API mode.
-    init(_ yaml: String = "", token: String? = nil) throws {
+    init(_ yaml: String = "", token: String? = nil, readToken: String? = nil) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("datamode-admin-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory + "/variants", withIntermediateDirectories: true)
         var configuration = try ProxyConfiguration.parse(yaml: yaml, source: "test.yaml", baseDirectory: directory)
@@ -37,12 +43,21 @@ final class AdminFixture: Sendable {
         store = try StateStore(directory: configuration.stateDirectory)
         let (metrics, reloads, clock) = (Shared(MetricsSnapshot()), Shared(ReloadCounts()), Shared(Self.start))
         (self.metrics, self.reloads, self.clock) = (metrics, reloads, clock)
-        api = AdminAPI(runtime: runtime, store: store, token: token,
+        let (monotonic, tallies) = (Shared<UInt64>(1_000_000_000), Shared<[String: SessionTally]>([:]))
+        (self.monotonic, self.tallies) = (monotonic, tallies)
+        let emitted = Shared<[(scope: String?, text: String)]>([])
+        self.emitted = emitted
+        api = AdminAPI(runtime: runtime, store: store, token: token, readToken: readToken,
                        logger: Logger(label: "admin-test") { _ in SwiftLogNoOpLogHandler() },
-                       metrics: { metrics.value }, reloads: { reloads.value }, now: { clock.value })
+                       metrics: { metrics.value }, reloads: { reloads.value }, sessionTallies: { tallies.value },
+                       now: { clock.value }, monotonic: { monotonic.value })
+        api.events.connect { scope, bytes in emitted.value.append((scope, String(decoding: bytes, as: UTF8.self))) }
     }
 
     deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+    /// Moves the monotonic clock on by `milliseconds`.
+    func elapse(milliseconds: UInt64) { monotonic.value += milliseconds * 1_000_000 }
 
     var now: Int64 { clock.value }
     func advance(_ seconds: Int64) { clock.value += seconds }
@@ -50,7 +65,10 @@ final class AdminFixture: Sendable {
     var snapshot: RuntimeSnapshot { runtime.load().snapshot }
 
     func handle(_ method: String, _ path: String, _ body: String = "", headers: [String: String] = [:]) -> AdminResponse {
-        api.handle(AdminRequest(method: method, path: path, headers: headers, body: Array(body.utf8)))
+        // As the transport gives it: the query apart from the path.
+        let parts = path.split(separator: "?", maxSplits: 1).map(String.init)
+        return api.handle(AdminRequest(method: method, path: parts.first ?? path, query: parts.count > 1 ? parts[1] : nil,
+                                       headers: headers, body: Array(body.utf8)))
     }
 }
 

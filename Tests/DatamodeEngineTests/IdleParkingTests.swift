@@ -79,3 +79,26 @@ import Testing
         #expect(client.isClosedByPeer(within: .seconds(2)))
     }
 }
+
+/// SPEC §8: a reload's client timeouts reach connections already open, from their next request on.
+@Suite struct ReloadedClientTimeoutTests {
+    @Test func aReloadedClientIdleReachesAnOpenConnectionAtItsNextRequest() throws {
+        let origin = try RecordingOrigin { _ in .ok("x") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: "timeouts: {client-idle: 30s}\n", threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+        try client.send(RequestText.make("GET", origin.url("/before")))
+        _ = try client.readResponse()
+
+        guard case .applied = proxy.reload(yaml: "timeouts: {client-idle: 300ms}\n") else {
+            Issue.record("the reload was refused")
+            return
+        }
+        try client.send(RequestText.make("GET", origin.url("/after")))
+        _ = try client.readResponse()
+        let started = ContinuousClock.now
+        #expect(client.isClosedByPeer(within: .seconds(5)), "closed at the reloaded client-idle, not after 30 s")
+        #expect(ContinuousClock.now - started < .seconds(3))
+    }
+}

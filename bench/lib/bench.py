@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 import pageweight  # noqa: E402
 import policy  # noqa: E402
 import procs  # noqa: E402
-from procs import Procs, cpu_seconds, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
+from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
 
 SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
 PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
@@ -317,6 +317,7 @@ class Bench:
         return {
             "t": time.time(),
             "proxy": cpu_seconds(t.pids()) if not t.is_direct else 0.0,
+            "proxy_kernel": kernel_ticks(t.pids()) / procs.CLK_TCK if not t.is_direct else 0.0,
             "origin": cpu_seconds(tree(self.origin.pid)),
             "sys": system_cpu()[0],
             "percpu": per_cpu_busy(),
@@ -411,7 +412,9 @@ class Bench:
         rec.update(available=True, requests=reqs, rps=reqs / dur if dur else 0, p50_ms=w["lat_p50_us"] / 1000,
                    p99_ms=w["lat_p99_us"] / 1000, errors=w["connect"] + w["read"] + w["write"] + w["timeout"] + w["status"],
                    errors_detail={k: w[k] for k in ("connect", "read", "write", "timeout", "status")},
-                   bytes=w["bytes"], cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / reqs) if reqs and not t.is_direct else None)
+                   bytes=w["bytes"], cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / reqs) if reqs and not t.is_direct else None,
+                   kernel_us_per_req=((after["proxy_kernel"] - before["proxy_kernel"]) * 1e6 / reqs)
+                   if reqs and not t.is_direct else None)
         if not t.is_direct and not t.alive():
             rec["reason"] = "proxy exited during this run"
         return rec
@@ -623,21 +626,66 @@ class Bench:
             return
         info["probe_constrained"] = self.classify_probe(cons, urls)
         info["probe_policy_free"] = self.classify_probe(base, urls)
+        # The same policy under the global mode `normal`, with 1,000 live sessions in `constrained`: every
+        # request names one of them (Data-Mode-Session), so the decision runs in the session's mode (SPEC §12).
+        sess = self.start_datamode("datamode-sessions", "datamode-proxy, 1,000 rules + 10,000 variants, 1,000 sessions",
+                                   extra_yaml=lambda b: policy.config_yaml(b, self.origin_hostport()) + policy.SESSIONS_YAML)
+        names = [DM, "datamode-constrained"]
+        if sess.available:
+            made = self.create_sessions(sess, policy.N_SESSIONS, "constrained")
+            info["sessions"] = made
+            if made == policy.N_SESSIONS:
+                names.append("datamode-sessions")
+            else:
+                log(f"m4-policy: only {made} of {policy.N_SESSIONS} sessions created; the sessions variant is left out")
         m0 = self.metrics(cons)
         args = [url_file, self.origin_hostport()]
+        session_args = args + [str(policy.N_SESSIONS)]
+
+        def run(t, seconds):
+            return self.measure_wrk(t, "cycle.lua", session_args if t.name == "datamode-sessions" else args, seconds)
 
         def warm(t):
             if self.a.warmup > 0:
-                self.measure_wrk(t, "cycle.lua", args, self.a.warmup)
+                run(t, self.a.warmup)
 
-        res = self.interleaved("m4-policy", [DM, "datamode-constrained"],
-                               lambda t, r: self.measure_wrk(t, "cycle.lua", args, self.a.duration), warm)
+        res = self.interleaved("m4-policy", names, lambda t, r: run(t, self.a.duration), warm)
         m1 = self.metrics(cons)
         if m0 is not None and m1 is not None:
             info["constrained_outcomes"] = {k: m1.get(k, 0) - m0.get(k, 0) for k in m1}
+        if "datamode-sessions" in names:
+            info["sessions_outcomes"] = self.metrics(sess)
         res["info"] = info
         self.results["measurements"][key] = res
         self.procs.stop(cons.proc)
+        if sess.proc is not None:
+            self.procs.stop(sess.proc)
+
+    def create_sessions(self, t, count, mode):
+        """PUT /sessions/s<i> for i < count, on one keep-alive admin connection; how many were created."""
+        made = 0
+        body = json.dumps({"mode": mode}).encode()
+        try:
+            with socket.create_connection(("127.0.0.1", t.admin_port), timeout=10) as s:
+                f = s.makefile("rb")
+                for i in range(count):
+                    s.sendall(f"PUT /sessions/s{i} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                    status = f.readline().split()
+                    length = 0
+                    while True:
+                        line = f.readline()
+                        if line in (b"\r\n", b""):
+                            break
+                        k, _, v = line.decode("latin-1").partition(":")
+                        if k.strip().lower() == "content-length":
+                            length = int(v.strip())
+                    f.read(length)
+                    if len(status) > 1 and status[1] in (b"200", b"201"):
+                        made += 1
+        except OSError as e:
+            log(f"create_sessions: {e}")
+        return made
 
     def m7_pageweight(self):
         """SPEC §13 images: bytes saved, transcodes per CPU-second, added latency, untouched throughput meanwhile."""

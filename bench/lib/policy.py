@@ -17,6 +17,9 @@ N_VARIANTS = 10000
 N_REAL_VARIANTS = 100
 N_GLOB_DECOYS = 500
 MIX = {"forwarded": 200, "rejected": 100, "rewritten": 100}  # one cycle of 400 URLs, 2:1:1
+# The sessions variant: this many live sessions (all `constrained`, the global mode `normal`), one per request in turn.
+N_SESSIONS = 1000
+SESSIONS_YAML = "sessions: {enabled: true, idle-expiry: 24h}\n"
 
 
 def _q(s):

@@ -66,6 +66,17 @@ def cpu_ticks(pids):
     return total
 
 
+def kernel_ticks(pids):
+    """stime (all threads) of the given processes, in clock ticks: the part of cpu_ticks spent in the kernel."""
+    total = 0
+    for pid in pids:
+        try:
+            total += int(_stat_fields(pid)[12])  # field 15 (stime)
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
 def all_process_ticks():
     """{pid: (comm, utime+stime ticks)} for every process now."""
     out = {}

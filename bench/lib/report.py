@@ -6,7 +6,9 @@ NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-prox
          "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy",
          "datamode-constrained": "**datamode-proxy** constrained, 1,000 rules + 10,000 variants",
          "datamode-proxy-threads2": "**datamode-proxy** `threads: 2`", "haproxy-nbthread2": "HAProxy `nbthread 2`",
-         "nginx-workers2": "nginx `worker_processes 2`"}
+         "nginx-workers2": "nginx `worker_processes 2`",
+         "datamode-sessions": "**datamode-proxy** 1,000 constrained sessions, 1,000 rules + 10,000 variants"}
+
 SCALE_ORDER = ["direct", "datamode-proxy-threads2", "haproxy-nbthread2", "nginx-workers2"]
 BUSY_PCT = 10.0  # other CPU above this (% of one core) marks a measurement as noisy
 
@@ -70,12 +72,12 @@ def small_table(res, key):
     if not block:
         return "_not run_\n"
     tinfo = res.get("targets", {})
-    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | errors | other CPU % of a core |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | of which kernel | errors | other CPU % of a core |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n in targets_in(block):
         recs = block[n]
         if unavailable(recs):
-            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | |")
+            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | | |")
             continue
         ok = ok_records(recs)
         errs = sum(r.get("errors", 0) for r in ok)
@@ -86,7 +88,7 @@ def small_table(res, key):
             err_cell += " (reads: closes after every response, no keep-alive)"
         lines.append(f"| {label(n)} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | "
                      f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | "
-                     f"{err_cell} | {other_cell(recs)} |")
+                     f"{fmt_small(stat(ok, 'kernel_us_per_req'), 1)} | {err_cell} | {other_cell(recs)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,9 +159,13 @@ def policy_section(res):
     lines = ["| run | requests/s | p50 ms | p99 ms | proxy CPU µs/request | non-2xx (expected: the rejected share) | other CPU % of a core |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     rows = {"datamode-proxy": "**datamode-proxy** `normal`, no rules or variants (policy-free)",
-            "datamode-constrained": "**datamode-proxy** `constrained`, 1,000 rules + 10,000 variants"}
+            "datamode-constrained": "**datamode-proxy** `constrained`, 1,000 rules + 10,000 variants",
+            "datamode-sessions": "**datamode-proxy** `normal`, same policy, 1,000 live sessions in `constrained` "
+                                 "(each request names one: `Data-Mode-Session`)"}
     base = None
-    for n in ("datamode-proxy", "datamode-constrained"):
+    for n in ("datamode-proxy", "datamode-constrained", "datamode-sessions"):
+        if n == "datamode-sessions" and n not in block:
+            continue
         recs = block.get(n, [])
         if unavailable(recs):
             lines.append(f"| {rows[n]} | not available: {reason_of(recs, None)} | | | | | |")
@@ -178,6 +184,9 @@ def policy_section(res):
                      f"{fmt_small(s, 1)} | {cell} | {other_cell(recs)} |")
         if n == "datamode-constrained" and base and s:
             lines.append(f"| policy cost | | | | {s[0] - base[0]:+.1f} µs/request ({s[0] / base[0]:.2f}×) | | |")
+        if n == "datamode-sessions" and base and s:
+            lines.append(f"| policy cost with 1,000 sessions (budget ≤ 1.05×) | | | | {s[0] - base[0]:+.1f} µs/request "
+                         f"({s[0] / base[0]:.2f}×) | | |")
     out = "\n".join(lines) + "\n\n"
     mix = info.get("mix", {})
     if mix:
@@ -191,6 +200,10 @@ def policy_section(res):
     if info.get("constrained_outcomes"):
         out += "\nOutcomes counted by the constrained instance's `/metrics` over its warm-up and measured runs: " + \
                ", ".join(f"{k} {v:,.0f}" for k, v in sorted(info["constrained_outcomes"].items())) + "\n"
+    if info.get("sessions_outcomes"):
+        out += ("\nOutcomes counted by the sessions instance's `/metrics` (its global mode is `normal`: the rejections "
+                "and rewrites come from the sessions' mode): " +
+                ", ".join(f"{k} {v:,.0f}" for k, v in sorted(info["sessions_outcomes"].items())) + "\n")
     return out
 
 

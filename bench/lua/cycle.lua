@@ -10,8 +10,20 @@ local i = 0
 
 function init(args)
    wrk.headers["Host"] = args[2]
+   local urls = {}
    for url in io.lines(args[1]) do
-      if url ~= "" then
+      if url ~= "" then urls[#urls + 1] = url end
+   end
+   -- Optional third argument: a number of sessions; request k then names session s<k mod N> (SPEC §12).
+   local sessions = tonumber(args[3] or "")
+   if sessions then
+      local total = math.max(#urls, sessions)
+      for k = 0, total - 1 do
+         n = n + 1
+         reqs[n] = wrk.format("GET", urls[k % #urls + 1], { ["Host"] = args[2], ["Data-Mode-Session"] = "s" .. (k % sessions) })
+      end
+   else
+      for _, url in ipairs(urls) do
          n = n + 1
          reqs[n] = wrk.format("GET", url)
       end

@@ -1,0 +1,225 @@
+import DatamodeConfig
+import DatamodePolicy
+import Synchronization
+
+/// A session as the workers see it (SPEC §12): a named scope whose mode replaces the global one for the requests
+/// that belong to it. Part of the `RuntimeSnapshot`, so a worker looks a session up in its own copy of the table
+/// (one hash lookup, no lock) and a change reaches it like any mode flip, at its next request head.
+public struct SessionScope: Sendable, Equatable {
+    public var mode: DataMode
+    /// The link profile named for the session, validated when set; the shaping of SPEC §10 reads it from here.
+    public var profile: String?
+    /// `api` (set by `PUT /sessions/{id}`) or `schedule`.
+    public var modeSource: ModeSource
+    /// Seconds since the Unix epoch when the session's mode last changed.
+    public var since: Int64
+    /// Differs between two sessions of the same id (one deleted, the other created): the workers start the
+    /// newer one's counters from zero.
+    public var serial: UInt64
+
+    public init(mode: DataMode, profile: String?, modeSource: ModeSource, since: Int64, serial: UInt64) {
+        self.mode = mode
+        self.profile = profile
+        self.modeSource = modeSource
+        self.since = since
+        self.serial = serial
+    }
+}
+
+/// What happened inside one session (SPEC §12 `GET /sessions/{id}`): requests by outcome and reason, bytes each
+/// way, variants served by id and the last rejected URLs. One worker's share, or the sum of all of them.
+public struct SessionTally: Sendable, Equatable {
+    /// One rejected request.
+    public struct Rejected: Sendable, Equatable {
+        public var url: String
+        public var error: String
+        /// Wall-clock nanoseconds since the Unix epoch.
+        public var time: Int64
+        public init(url: String, error: String, time: Int64) {
+            self.url = url
+            self.error = error
+            self.time = time
+        }
+    }
+
+    /// The most rejected URLs kept (SPEC §12: the last 100).
+    public static let rejectedLimit = 100
+
+    public var serial: UInt64
+    /// `outcome` → `reason` (`""` when none) → count.
+    public var requests: [String: [String: Int]] = [:]
+    public var bytesIn = 0
+    public var bytesOut = 0
+    public var variants: [String: Int] = [:]
+    /// Oldest first, at most `rejectedLimit`.
+    public var rejected: [Rejected] = []
+    /// Monotonic nanoseconds of the last request finished in the session (0: none).
+    public var lastSeen: UInt64 = 0
+
+    public init(serial: UInt64) { self.serial = serial }
+
+    /// Adds another worker's share (of the same session incarnation).
+    public mutating func merge(_ other: SessionTally) {
+        for (outcome, reasons) in other.requests {
+            for (reason, count) in reasons { requests[outcome, default: [:]][reason, default: 0] += count }
+        }
+        bytesIn += other.bytesIn
+        bytesOut += other.bytesOut
+        for (id, count) in other.variants { variants[id, default: 0] += count }
+        if !other.rejected.isEmpty {
+            rejected = Array((rejected + other.rejected).sorted { $0.time < $1.time }.suffix(Self.rejectedLimit))
+        }
+        lastSeen = max(lastSeen, other.lastSeen)
+    }
+
+    /// All requests counted.
+    public var requestCount: Int { requests.values.reduce(0) { $0 + $1.values.reduce(0, +) } }
+}
+
+/// One worker's session counters. Written only by the worker's thread, without a lock, on the request path;
+/// the control plane reads them by message (`Worker.Command.reportSessions`): the worker copies them into its
+/// mailbox between two events, so a reader never sees a half-updated tally and the request path never waits.
+///
+/// A request costs one hash lookup of its session id and a few array increments (the outcome × reason table is
+/// indexed as `WorkerMetrics`' is); dictionaries are built only when the counters are read.
+final class WorkerSessionTallies {
+    final class Live {
+        let serial: UInt64
+        var requests: [Int]
+        var bytesIn = 0
+        var bytesOut = 0
+        var variants: [String: Int] = [:]
+        /// A ring of the last `SessionTally.rejectedLimit` rejections; `next` is the oldest once full.
+        var rejected: [SessionTally.Rejected] = []
+        var next = 0
+        var lastSeen: UInt64 = 0
+        init(serial: UInt64) {
+            self.serial = serial
+            requests = Array(repeating: 0, count: WorkerMetrics.outcomes.count * WorkerMetrics.reasons.count)
+        }
+
+        var tally: SessionTally {
+            var out = SessionTally(serial: serial)
+            let reasons = WorkerMetrics.reasons
+            for (index, count) in requests.enumerated() where count > 0 {
+                out.requests[WorkerMetrics.outcomes[index / reasons.count], default: [:]][reasons[index % reasons.count]] = count
+            }
+            out.bytesIn = bytesIn
+            out.bytesOut = bytesOut
+            out.variants = variants
+            out.rejected = rejected.count < SessionTally.rejectedLimit ? rejected : Array(rejected[next...] + rejected[..<next])
+            out.lastSeen = lastSeen
+            return out
+        }
+    }
+
+    private var live: [String: Live] = [:]
+    private static let reasonIndex: [String: Int] = {
+        var index: [String: Int] = [:]
+        for (i, reason) in WorkerMetrics.reasons.enumerated() { index[reason] = i }
+        return index
+    }()
+
+    /// The counters as values, for a report.
+    var tallies: [String: SessionTally] { live.mapValues(\.tally) }
+
+    func record(session: String, serial: UInt64, outcome: Outcome, reason: String?, bytesIn: UInt64, bytesOut: UInt64,
+                variant: String?, rejectedURL: String?, wallTime: Int64, now: UInt64) {
+        var entry = live[session]
+        if entry?.serial != serial {
+            entry = Live(serial: serial)
+            live[session] = entry
+        }
+        let tally = entry!
+        let o: Int
+        switch outcome {
+        case .forwarded: o = 0
+        case .rewritten: o = 1
+        case .rejected: o = 2
+        case .error: o = 3
+        }
+        tally.requests[o * WorkerMetrics.reasons.count + (reason.flatMap { Self.reasonIndex[$0] } ?? 0)] += 1
+        tally.bytesIn += Int(bytesIn)
+        tally.bytesOut += Int(bytesOut)
+        if let variant { tally.variants[variant, default: 0] += 1 }
+        if let rejectedURL {
+            let entry = SessionTally.Rejected(url: rejectedURL, error: reason ?? outcome.rawValue, time: wallTime)
+            if tally.rejected.count < SessionTally.rejectedLimit {
+                tally.rejected.append(entry)
+            } else {
+                tally.rejected[tally.next] = entry
+                tally.next = (tally.next + 1) % SessionTally.rejectedLimit
+            }
+        }
+        tally.lastSeen = max(tally.lastSeen, now)
+    }
+
+    /// Forgets the counters of sessions that no longer exist (or exist anew), after a new snapshot.
+    func prune(keeping sessions: [String: SessionScope]) {
+        guard !live.isEmpty else { return }
+        live = live.filter { sessions[$0.key]?.serial == $0.value.serial }
+    }
+}
+
+/// The sessions part of `WorkerSettings`: what the request path needs to put a request in a session.
+struct SessionSettings {
+    var enabled: Bool
+    var clients: [CIDR]
+    var fromProxyUser: Bool
+    var table: [String: SessionScope]
+
+    init(_ snapshot: RuntimeSnapshot) {
+        let section = snapshot.configuration.sessions
+        enabled = section.enabled
+        clients = section.clients
+        fromProxyUser = section.fromProxyUser
+        table = snapshot.sessions
+    }
+
+    /// Which session a request belongs to (SPEC §12), or why it is refused.
+    enum Membership: Equatable {
+        /// No session: the global mode applies.
+        case none
+        case session(id: String, scope: SessionScope)
+        /// `400` with this code and detail.
+        case refused(ProxyErrorCode, String)
+    }
+
+    /// `headerValues`: the request's `Data-Mode-Session` values; `proxyUser`: the user it authenticated as.
+    func membership(headerValues: [String], proxyUser: String?, client: IPAddress?) -> Membership {
+        guard enabled else { return .none }
+        guard let client, clients.contains(where: { $0.contains(client) }) else { return .none }
+        var named: String?
+        for value in headerValues {
+            let trimmed = value
+            guard !trimmed.isEmpty else { return .refused(.badRequest, "an empty Data-Mode-Session header") }
+            if let named, named != trimmed {
+                return .refused(.badRequest, "two different Data-Mode-Session headers (\(named), \(trimmed))")
+            }
+            named = trimmed
+        }
+        if fromProxyUser, let proxyUser {
+            if let named, named != proxyUser {
+                return .refused(.badRequest, "Data-Mode-Session \(named) differs from the proxy user \(proxyUser), "
+                    + "which names the session (sessions.from-proxy-user)")
+            }
+            // A proxy user without a session is judged by the global mode: not every user is a test rig.
+            guard let scope = table[proxyUser] else { return .none }
+            return .session(id: proxyUser, scope: scope)
+        }
+        guard let named else { return .none }
+        guard let scope = table[named] else {
+            return .refused(.unknownSession, "no session \(named); create it with PUT /sessions/\(named) on the admin API")
+        }
+        return .session(id: named, scope: scope)
+    }
+}
+
+/// A single-slot reply box for a message to a worker: the control plane clears it, sends the command, and waits
+/// for the worker to fill it.
+final class WorkerMailbox<Value: Sendable>: Sendable {
+    private let slot = Mutex<Value?>(nil)
+    func clear() { slot.withLock { $0 = nil } }
+    func put(_ value: Value) { slot.withLock { $0 = value } }
+    func take() -> Value? { slot.withLock { value in defer { value = nil }; return value } }
+}
