@@ -112,6 +112,21 @@ import Testing
         #expect(try Self.metrics(proxy).counter("datamode_bytes_saved_total", ["kind": "hls-cap"]) == 0)
     }
 
+    @Test("a session's mode decides (SPEC §12): capped for a constrained session while the global mode is normal")
+    func sessionMode() throws {
+        let origin = try Self.origin(SampleManifests.appleLadder)
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: "sessions: {enabled: true}\n", mode: .normal)
+        defer { proxy.stop() }
+        #expect(try proxy.admin().put("/sessions/low", #"{"mode": "constrained"}"#).status == 201)
+        let client = try proxy.connect()
+        defer { client.close() }
+        try client.send(RequestText.make("GET", origin.url("/m.m3u8"), headers: [("Data-Mode-Session", "low")]))
+        #expect(try client.readResponse().value(of: "Data-Mode-Variant") == "hls-cap")
+        try client.send(RequestText.make("GET", origin.url("/m.m3u8")))
+        #expect(try client.readResponse().bodyText == SampleManifests.appleLadder)
+    }
+
     @Test("a malformed master playlist passes unchanged and is counted")
     func malformedPassesThrough() throws {
         let broken = "#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=900000\nhigh.m3u8\n#EXT-X-STREAM-INF:BANDWIDTH=x\nlow.m3u8\n"
