@@ -4,6 +4,7 @@
 // Module map (each module has one job; only DatamodeEngine touches C):
 //   DatamodeHTTP    strict HTTP/1.1 wire parsing and head writing (RFC 9112), pure Swift
 //   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
+//   DatamodeMedia   HLS master playlists and DASH MPDs capped to a bitrate (SPEC §13); pure Swift, no I/O
 //   DatamodeConfig  YAML -> typed, validated configuration sections
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
@@ -40,9 +41,17 @@ let package = Package(
             name: "CDatamodeShims",
             dependencies: ["CLibevent", "COpenSSL"]
         ),
+        // SPEC §13 image transcoding: libjpeg-turbo, libpng and libwebp directly (README "Images": chosen over
+        // libvips by measurement and by its 162-package dependency tree).
+        .target(
+            name: "CDatamodeImage",
+            cSettings: [.unsafeFlags(["-O2"])],
+            linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16"), .linkedLibrary("webp")]
+        ),
         .target(name: "DatamodeHTTP"),
         .target(name: "DatamodeClient"),
         .target(name: "DatamodePolicy"),
+        .target(name: "DatamodeMedia"),
         .target(
             name: "DatamodeConfig",
             dependencies: [
@@ -54,8 +63,8 @@ let package = Package(
         .target(
             name: "DatamodeEngine",
             dependencies: [
-                "CLibevent", "COpenSSL", "CDatamodeShims",
-                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig",
+                "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
+                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -92,6 +101,7 @@ let package = Package(
         .testTarget(name: "DatamodeClientTests", dependencies: ["DatamodeClient", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
+        .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
@@ -126,4 +136,8 @@ let package = Package(
 if Context.environment["DATAMODE_FUZZ"] != nil {
     package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP"]))
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
+    package.targets.append(.executableTarget(name: "DatamodeMediaFuzz", dependencies: ["DatamodeMedia"]))
+    package.products.append(.executable(name: "DatamodeMediaFuzz", targets: ["DatamodeMediaFuzz"]))
+    package.targets.append(.executableTarget(name: "DatamodeImageFuzz", dependencies: ["CDatamodeImage"]))
+    package.products.append(.executable(name: "DatamodeImageFuzz", targets: ["DatamodeImageFuzz"]))
 }

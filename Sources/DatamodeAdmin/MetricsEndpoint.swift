@@ -55,6 +55,27 @@ struct MetricsEndpoint {
         out += "# HELP datamode_body_splices_total Content-Length response bodies moved with splice(2) instead of through user space.\n"
         out += "# TYPE datamode_body_splices_total counter\n"
         out += "datamode_body_splices_total \(metrics.bodySplices)\n"
+        out += "# HELP datamode_bytes_saved_total Response bytes clients did not receive thanks to automatic low-res (SPEC §13), by mechanism.\n"
+        out += "# TYPE datamode_bytes_saved_total counter\n"
+        for kind in ["hls-cap", "dash-cap", "transcoded"] {
+            out += "datamode_bytes_saved_total{kind=\"\(kind)\"} \(metrics.bytesSaved[kind, default: 0])\n"
+        }
+        out += "# HELP datamode_manifests_untouched_total Manifests under a cap passed through unchanged: over 1 MiB, or malformed.\n"
+        out += "# TYPE datamode_manifests_untouched_total counter\n"
+        for reason in ["too-large", "malformed"] {
+            out += "datamode_manifests_untouched_total{reason=\"\(reason)\"} \(metrics.manifestsUntouched[reason, default: 0])\n"
+        }
+        out += "# HELP datamode_images_transcoded_total Images resized and re-encoded (SPEC §13).\n"
+        out += "# TYPE datamode_images_transcoded_total counter\n"
+        out += "datamode_images_transcoded_total \(metrics.imagesTranscoded)\n"
+        out += "# HELP datamode_image_cache_hits_total Transcoded images served from the cache (URL, validators, format).\n"
+        out += "# TYPE datamode_image_cache_hits_total counter\n"
+        out += "datamode_image_cache_hits_total \(metrics.imageCacheHits)\n"
+        out += "# HELP datamode_images_untouched_total Images under transcoding passed through unchanged, by reason.\n"
+        out += "# TYPE datamode_images_untouched_total counter\n"
+        for reason in ["too-large", "too-many-pixels", "animated", "undecodable", "not-smaller", "busy"] {
+            out += "datamode_images_untouched_total{reason=\"\(reason)\"} \(metrics.imagesUntouched[reason, default: 0])\n"
+        }
         out += "# HELP datamode_log_dropped_total Access log lines dropped because their destination did not keep up.\n"
         out += "# TYPE datamode_log_dropped_total counter\n"
         out += "datamode_log_dropped_total \(metrics.logDropped)\n"

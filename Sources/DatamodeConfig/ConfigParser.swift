@@ -27,7 +27,8 @@ struct ConfigParser {
 
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
-                               "tls", "profiles", "conditions", "shaping-scope", "budgets"]
+                               "tls", "profiles", "conditions", "shaping-scope", "budgets",
+                               "media", "images"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -73,6 +74,8 @@ struct ConfigParser {
         if let node = section["timeouts"] { configuration.timeouts = try timeouts(node) }
         if let node = section["drain-timeout"] { configuration.drainTimeout = try node.duration() }
         if let node = section["log"] { configuration.log = try log(node) }
+        if let node = section["media"] { configuration.media = try media(node) }
+        if let node = section["images"] { configuration.images = try images(node) }
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
         if let node = section["tls"] { configuration.tls = try tls(node) }
         if let node = section["budgets"] { configuration.budgets = try budgets(node) }

@@ -40,6 +40,10 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var drainTimeout: Duration
     /// Access log destination.
     public var log: LogSection
+    /// Bitrate caps for streaming manifests (SPEC §13).
+    public var media: MediaSection
+    /// Image transcoding (SPEC §13).
+    public var images: ImagesSection
     /// Sessions for test rigs (SPEC §12).
     public var sessions: SessionsSection = SessionsSection()
     /// HTTPS interception and the local CA (SPEC §9).
@@ -64,7 +68,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 access: AccessSection = AccessSection(), limits: HTTPLimits = HTTPLimits(),
                 timeouts: TimeoutsSection = TimeoutsSection(), drainTimeout: Duration = .seconds(10),
                 log: LogSection = LogSection(), tls: TLSSection = TLSSection(), link: LinkSection = LinkSection(),
-                budgets: [Budget] = []) {
+                budgets: [Budget] = [], media: MediaSection = MediaSection(), images: ImagesSection = ImagesSection()) {
         self.listen = listen
         self.admin = admin
         self.mode = mode
@@ -83,6 +87,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
         self.tls = tls
         self.link = link
         self.budgets = budgets
+        self.media = media
+        self.images = images
         self.modeSetByOverride = false
         self.provenance = Provenance(source: "defaults")
     }

@@ -23,6 +23,17 @@ extension ClientConnection {
                                                            variantTarget: variant != nil)
         exchange.link?.up.charge(exchange.headBytes.count, now: worker.clock.nowNanoseconds())
         exchange.variant = variant
+        if head.method == "GET" {
+            // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
+            let global = exchange.mode == settings.mode
+            exchange.manifestCap = global ? settings.manifestCap : settings.media.manifestCap(in: exchange.mode)
+            let images = global ? settings.imageSettings
+                : (settings.images.applies(in: exchange.mode) ? settings.images : nil)
+            if let images, variant == nil {
+                exchange.imageSettings = images
+                exchange.acceptsWebP = head.values(of: "accept").contains { $0.lowercased().contains("image/webp") }
+            }
+        }
         exchange.upgradeRequested = upgrade
         machine.forward(exchange)
         connectUpstream(exchange, key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
@@ -261,9 +272,15 @@ extension ClientConnection {
         let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        evbuffer_add(output, bytes, bytes.count)
         exchange.link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
-        exchange.responseHeadLength = bytes.count
+        if exchange.manifestCap != nil || exchange.imageSettings != nil,
+           let capture = manifestCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes)
+            ?? imageCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes) {
+            exchange.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+        } else {
+            evbuffer_add(output, bytes, bytes.count)
+            exchange.responseHeadLength = bytes.count
+        }
         exchange.response = head
         exchange.status = head.status
         exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
@@ -275,6 +292,10 @@ extension ClientConnection {
     /// from the origin (backpressure).
     func pumpResponseBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, exchange.response != nil else { return }
+        if let capture = exchange.capture {
+            pumpCapture(exchange, capture, upstream)
+            return
+        }
         var room = Flow.highWater - outputLength
         guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
@@ -300,6 +321,12 @@ extension ClientConnection {
     /// Removes this exchange's response from the client's output, where it is still whole at the tail (anything
     /// before it belongs to earlier responses), so that a clean answer can take its place.
     func retractUnsentResponse(_ exchange: Exchange) {
+        if exchange.capture != nil {
+            // Held back (SPEC §13): nothing of it was queued.
+            exchange.capture = nil
+            exchange.response = nil
+            return
+        }
         let queued = exchange.responseHeadLength + Int(exchange.responseBody.delivered)
         let length = outputLength
         guard queued > 0, length >= queued else { return }
@@ -332,7 +359,7 @@ extension ClientConnection {
     /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
         guard Self.bodySpliceEnabled, clientIsPlain, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
-              exchange.response != nil,
+              exchange.response != nil, exchange.capture == nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
               let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,

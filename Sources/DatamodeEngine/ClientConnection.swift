@@ -575,19 +575,23 @@ final class ClientConnection {
     // MARK: completion
 
     func finishExchange(_ exchange: Exchange, recycleUpstream: Bool) {
-        if let upstream = exchange.upstream {
-            upstream.detach()
-            exchange.upstream = nil
-            if recycleUpstream && evbuffer_get_length(upstream.input) == 0 {
-                worker.pool.put(upstream)
-            } else {
-                upstream.close()
-            }
-        }
+        releaseUpstream(of: exchange, recycle: recycleUpstream)
         logExchange(exchange)
         apply(machine.exchangeFinished(keepAlive: exchange.machine.keepAlive, draining: worker.isDraining,
                                        outputBacklog: unsentOutput))
         if machine.isReadingHead { processInput() }
+    }
+
+    /// Detaches the exchange's upstream: back to the pool at a clean message boundary, else closed.
+    func releaseUpstream(of exchange: Exchange, recycle: Bool) {
+        guard let upstream = exchange.upstream else { return }
+        upstream.detach()
+        exchange.upstream = nil
+        if recycle && evbuffer_get_length(upstream.input) == 0 {
+            worker.pool.put(upstream)
+        } else {
+            upstream.close()
+        }
     }
 
     func logExchange(_ exchange: Exchange) {

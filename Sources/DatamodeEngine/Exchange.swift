@@ -1,3 +1,4 @@
+import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
 
@@ -67,6 +68,14 @@ final class Exchange {
     /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
     /// towards the client (to tell whether any of it has been written yet).
     var responseHeadLength = 0
+    /// The bitrate cap for manifests when this is a GET under a capped mode (SPEC §13), else nil.
+    var manifestCap: UInt64?
+    /// Image transcoding settings when this is a GET under a mode that transcodes (SPEC §13), else nil.
+    var imageSettings: ImagesSection?
+    /// The request's `Accept` has `image/webp` (read only when `imageSettings` is set).
+    var acceptsWebP = false
+    /// The response body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
+    var capture: ResponseCapture?
     /// The framing error behind a refusal found while relaying a body (for the problem's detail).
     var wireError: HTTPWireError?
     /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).

@@ -27,6 +27,18 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let intercepted = Atomic<Int>(0)
     /// One counter per `TLSFailureLabel.all` entry.
     private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
+    private let savedHLS = Atomic<Int>(0)
+    private let savedDASH = Atomic<Int>(0)
+    private let manifestsTooLarge = Atomic<Int>(0)
+    private let manifestsMalformed = Atomic<Int>(0)
+    private let savedTranscoded = Atomic<Int>(0)
+    private let imagesTranscoded = Atomic<Int>(0)
+    private let imageCacheHits = Atomic<Int>(0)
+    private let imagesUntouched: UnsafeMutablePointer<Atomic<Int>> = {
+        let pointer = UnsafeMutablePointer<Atomic<Int>>.allocate(capacity: ImagePassReason.allCases.count)
+        for i in 0..<ImagePassReason.allCases.count { (pointer + i).initialize(to: Atomic(0)) }
+        return pointer
+    }()
     private let reasonIndex: [String: Int]
 
     public init() {
@@ -49,6 +61,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         buckets.deallocate()
         handshakeFailures.deinitialize(count: TLSFailureLabel.all.count)
         handshakeFailures.deallocate()
+        imagesUntouched.deinitialize(count: ImagePassReason.allCases.count)
+        imagesUntouched.deallocate()
     }
 
     func count(outcome: Outcome, reason: String?, durationSeconds: Double) {
@@ -84,6 +98,37 @@ public final class WorkerMetrics: @unchecked Sendable {
         handshakeFailures[index].add(1, ordering: .relaxed)
     }
 
+    /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
+    enum SavingKind { case hlsCap, dashCap, transcoded }
+    func saved(_ kind: SavingKind, bytes: Int) {
+        switch kind {
+        case .hlsCap: savedHLS.add(bytes, ordering: .relaxed)
+        case .dashCap: savedDASH.add(bytes, ordering: .relaxed)
+        case .transcoded: savedTranscoded.add(bytes, ordering: .relaxed)
+        }
+    }
+
+    func imageTranscoded() { imagesTranscoded.add(1, ordering: .relaxed) }
+    func imageCacheHit() { imageCacheHits.add(1, ordering: .relaxed) }
+
+    /// Why an image under transcoding was passed through untouched (`datamode_images_untouched_total{reason}`).
+    enum ImagePassReason: String, CaseIterable {
+        case tooLarge = "too-large", tooManyPixels = "too-many-pixels", animated, undecodable,
+             notSmaller = "not-smaller", busy
+    }
+    func imagePassed(_ reason: ImagePassReason) {
+        imagesUntouched[ImagePassReason.allCases.firstIndex(of: reason)!].add(1, ordering: .relaxed)
+    }
+
+    /// Why a manifest under a cap was passed through untouched (`datamode_manifests_untouched_total{reason}`).
+    enum ManifestPassReason { case tooLarge, malformed }
+    func manifestPassed(_ reason: ManifestPassReason) {
+        switch reason {
+        case .tooLarge: manifestsTooLarge.add(1, ordering: .relaxed)
+        case .malformed: manifestsMalformed.add(1, ordering: .relaxed)
+        }
+    }
+
     /// Adds this worker's values into `total`.
     func accumulate(into total: inout MetricsSnapshot) {
         for o in 0..<Self.outcomes.count {
@@ -104,6 +149,16 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.tlsIntercepted += intercepted.load(ordering: .relaxed)
         for (i, label) in TLSFailureLabel.all.enumerated() {
             total.tlsHandshakeFailures[label, default: 0] += handshakeFailures[i].load(ordering: .relaxed)
+        }
+        total.bytesSaved["hls-cap", default: 0] += savedHLS.load(ordering: .relaxed)
+        total.bytesSaved["dash-cap", default: 0] += savedDASH.load(ordering: .relaxed)
+        total.manifestsUntouched["too-large", default: 0] += manifestsTooLarge.load(ordering: .relaxed)
+        total.manifestsUntouched["malformed", default: 0] += manifestsMalformed.load(ordering: .relaxed)
+        total.bytesSaved["transcoded", default: 0] += savedTranscoded.load(ordering: .relaxed)
+        total.imagesTranscoded += imagesTranscoded.load(ordering: .relaxed)
+        total.imageCacheHits += imageCacheHits.load(ordering: .relaxed)
+        for (i, reason) in ImagePassReason.allCases.enumerated() {
+            total.imagesUntouched[reason.rawValue, default: 0] += imagesUntouched[i].load(ordering: .relaxed)
         }
     }
 }
@@ -132,6 +187,15 @@ public struct MetricsSnapshot: Sendable {
     public var tunnelSplices = 0
     /// Content-Length response bodies handed to splice(2).
     public var bodySplices = 0
+    /// SPEC §13 `datamode_bytes_saved_total{kind}`: bytes the clients did not receive, by mechanism.
+    public var bytesSaved: [String: Int] = [:]
+    /// Manifests under a cap passed through untouched, by reason (`too-large`, `malformed`).
+    public var manifestsUntouched: [String: Int] = [:]
+    /// Images transcoded, and images under transcoding passed through untouched by reason.
+    public var imagesTranscoded = 0
+    /// Transcoded images answered from the cache (counted in `imagesTranscoded` too).
+    public var imageCacheHits = 0
+    public var imagesUntouched: [String: Int] = [:]
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
     /// Intercepted tunnels whose client handshake completed (SPEC §9).

@@ -18,6 +18,8 @@ final class Worker {
         case drain = 0x64
         /// Leave the loop now (drain timeout passed).
         case quit = 0x71
+        /// Transcoded images are waiting in `imageResults` (SPEC §13).
+        case imagesDone = 0x69
         /// Copy the session counters into `sessionReport` (the control plane's read of them, SPEC §12).
         case reportSessions = 0x73
     }
@@ -159,9 +161,33 @@ final class Worker {
             switch Command(rawValue: byte) {
             case .drain: beginDrain()
             case .quit: event_base_loopbreak(base)
+            case .imagesDone: deliverImageResults()
             case .reportSessions: sessionReport.put(sessionTallies.tallies)
             case nil: break
             }
+        }
+    }
+
+    /// Results of the transcoding pool for this worker's connections (written by pool threads).
+    private let imageResults = Mutex<[ImageResult]>([])
+
+    /// Thread-safe (called on a pool thread): hands a result to this worker's loop.
+    func imageTranscoded(_ result: ImageResult) {
+        let first = imageResults.withLock { results in
+            results.append(result)
+            return results.count == 1
+        }
+        if first { send(.imagesDone) }
+    }
+
+    private func deliverImageResults() {
+        let results = imageResults.withLock { results in
+            defer { results.removeAll() }
+            return results
+        }
+        for result in results {
+            guard let connection = result.token.connection, let exchange = result.token.exchange else { continue }
+            connection.imageTranscoded(exchange, output: result.output)
         }
     }
 

@@ -23,6 +23,13 @@ struct WorkerSettings {
     var users: [String: String]
     var connectPorts: Set<UInt16>
     var allow: [CIDR]
+    /// SPEC §13 as configured, for a request whose session has its own mode.
+    var media: MediaSection
+    var images: ImagesSection
+    /// SPEC §13: the manifest bitrate cap of the global mode, nil when none applies.
+    var manifestCap: UInt64?
+    /// SPEC §13: image transcoding settings while `images.transcode.when` is in the mode, else nil.
+    var imageSettings: ImagesSection?
     var sessions: SessionSettings
     /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
     var tls: TLSSection
@@ -51,6 +58,10 @@ struct WorkerSettings {
         users = configuration.access.users
         connectPorts = Set(configuration.connect.ports)
         allow = configuration.access.allow
+        media = configuration.media
+        images = configuration.images
+        manifestCap = configuration.media.manifestCap(in: snapshot.mode)
+        imageSettings = configuration.images.applies(in: snapshot.mode) ? configuration.images : nil
         sessions = SessionSettings(snapshot)
         tls = configuration.tls
         profile = snapshot.profileInForce.profile

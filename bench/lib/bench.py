@@ -14,6 +14,7 @@ import resource
 import select
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ REPO = os.path.dirname(BENCH)
 sys.path.insert(0, HERE)
 
 import https  # noqa: E402
+import pageweight  # noqa: E402
 import policy  # noqa: E402
 import procs  # noqa: E402
 from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
@@ -719,6 +721,71 @@ class Bench:
             log(f"create_sessions: {e}")
         return made
 
+    def m7_pageweight(self):
+        """SPEC §13 images: bytes saved, transcodes per CPU-second, added latency, untouched throughput meanwhile."""
+        key = "pageweight"
+        base = self.targets.get(DM)
+        if base is None or not base.available:
+            self.results["measurements"][key] = {"available": False, "reason": (base.reason if base else "not requested")}
+            log("m7-pageweight: datamode-proxy not available")
+            return
+        try:
+            originals = pageweight.generate(os.path.join(self.work, "docroot"))
+        except ImportError as e:
+            self.results["measurements"][key] = {"available": False, "reason": f"no Pillow (python3-pil): {e}"}
+            return
+        cons = self.start_datamode("datamode-images", "datamode-proxy constrained, images.transcode",
+                                   extra_yaml=lambda b: b + pageweight.YAML, mode="constrained")
+        if not cons.available:
+            self.results["measurements"][key] = {"available": False, "reason": "constrained instance: " + cons.reason}
+            return
+        host = self.origin_hostport()
+        rounds = max(1, self.a.rounds)
+        per_image, added = {}, []
+        for r in range(rounds):
+            for name, *_ in pageweight.IMAGES:
+                url = f"http://{host}/img/{name}?round={r}"   # a new URL per round: never a cache hit
+                _, _, normal_bytes, normal_s = pageweight.fetch(base.port, url, host)
+                status, headers, cons_bytes, cons_s = pageweight.fetch(cons.port, url, host)
+                added.append((cons_s - normal_s) * 1000)
+                rec = per_image.setdefault(name, {"original": originals[name], "normal": normal_bytes,
+                                                  "constrained": cons_bytes, "status": status,
+                                                  "variant": headers.get("data-mode-variant", ""),
+                                                  "type": headers.get("content-type", "")})
+                rec["constrained"] = cons_bytes
+        saved = [1 - v["constrained"] / v["normal"] for v in per_image.values() if v["normal"]]
+        total_normal = sum(v["normal"] for v in per_image.values())
+        total_cons = sum(v["constrained"] for v in per_image.values())
+        # Transcodes per CPU-second: the whole set, fetched by two clients at once, against the proxy's CPU time.
+        before = self.snapshot(cons)
+        load = pageweight.Load(cons.port, host, threads=2)
+        load.start()
+        time.sleep(max(2, self.a.duration))
+        load.stop()
+        after = self.snapshot(cons)
+        rec = self.cpu_delta(cons, before, after, 0)
+        transcodes = load.count
+        transcodes_per_cpu_s = transcodes / rec["proxy_cpu_s"] if rec.get("proxy_cpu_s") else None
+        # Untouched traffic (1 KiB) through the constrained instance alone, then with transcoding beside it.
+        absolute = f"http://{host}/1k.bin"
+        alone = self.measure_wrk(cons, "absolute.lua", [absolute, host], self.a.duration)
+        load = pageweight.Load(cons.port, host, threads=2)
+        load.start()
+        busy = self.measure_wrk(cons, "absolute.lua", [absolute, host], self.a.duration)
+        load.stop()
+        self.results["measurements"][key] = {
+            "available": True, "images": per_image, "rounds": rounds,
+            "saved_median_pct": statistics.median(saved) * 100 if saved else None,
+            "saved_total_pct": (1 - total_cons / total_normal) * 100 if total_normal else None,
+            "bytes_normal": total_normal, "bytes_constrained": total_cons,
+            "transcodes": transcodes, "transcode_window": rec, "transcodes_per_cpu_s": transcodes_per_cpu_s,
+            "added_latency_ms": {"p50": pageweight.percentile(added, 50), "p99": pageweight.percentile(added, 99),
+                                 "samples": len(added)},
+            "untouched_1k": {"alone": alone, "while_transcoding": busy},
+        }
+        log(f"m7-pageweight: median saved {self.results['measurements'][key]['saved_median_pct']:.0f}%")
+        self.procs.stop(cons.proc)
+
     def set_origin_cpus(self, cpus):
         """Re-pin every thread of the running origin nginx (master and worker) to the given CPU set."""
         for pid in tree(self.origin.pid):
@@ -827,6 +894,8 @@ class Bench:
         if "shaping" in m and self.targets.get(DM) is not None and not self.a.datamode_unavailable and self.a.proxy_bin:
             import shaping
             self.results["measurements"]["shaping"] = shaping.measure(self)
+        if "pageweight" in m:
+            self.m7_pageweight()
         # was anything lost mid-run?
         for n, t in self.targets.items():
             if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
@@ -884,7 +953,7 @@ def main():
     ap.add_argument("--idle-conns", type=int, default=5000)
     ap.add_argument("--targets", default=",".join([DM] + PEERS + ["mitmproxy"]),
                     help="comma list of proxies (direct is always run; squid also selects Squid ssl_bump in https)")
-    ap.add_argument("--only", default=",".join(PLAIN + ["https", "shaping"]), help="comma list of measurements")
+    ap.add_argument("--only", default=",".join(PLAIN + ["https", "shaping", "pageweight"]), help="comma list of measurements")
     ap.add_argument("--mitmdump", default="", help="mitmdump binary for the https measurement (empty: not available)")
     ap.add_argument("--tls-new-connections", type=int, default=10,
                     help="concurrent clients in the https new-connection run (one request per connection)")

@@ -190,7 +190,7 @@ def section(res):
     block = res.get("measurements", {}).get("shaping")
     if not block:
         return ""
-    lines = ["## 7. Link shaping (SPEC §10)", ""]
+    lines = ["## 8. Link shaping (SPEC §10)", ""]
     if block.get("reason"):
         return "\n".join(lines + [f"not available: {block['reason']}", ""])
     lines += [f"One worker, `shaping-scope: link`, profile switched with `PUT /conditions`; downloads sized to last "
