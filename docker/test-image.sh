@@ -92,8 +92,12 @@ install_packages() {
     if [ ${#missing[@]} -gt 0 ]; then
         note "installing ${missing[*]} (Debian)"
         # Another apt-get may hold the lock (a bootstrap running beside this): wait for it rather than fail.
-        apt-get -o DPkg::Lock::Timeout=600 update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
+        { apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}"; } \
+            >"$work/apt.log" 2>&1 || {
+            tail -n 20 "$work/apt.log" >&2
+            die "apt-get install ${missing[*]} failed (last lines above)"
+        }
     fi
     # Debian's podman-compose (1.0.3) passes `${VAR:-}` through literally; 1.6 reads compose.yaml as Compose does.
     if ! "$cache/venv/bin/podman-compose" --version 2>/dev/null | grep -q "podman-compose version $podman_compose_version"; then
@@ -123,7 +127,10 @@ EOF
 
 # debian:bookworm-slim's stand-in: a minbase bootstrap with the official slim image's dpkg exclusions, its
 # apt settings (no package caches left in a layer after apt-get) and its three apt sources (so that the
-# Dockerfile's apt-get sees security fixes).
+# Dockerfile's apt-get sees security fixes). /usr is merged by mmdebstrap's hook, as debuerreotype does it
+# for the official image, rather than by the usrmerge package (which would bring perl, 50 MB, along).
+# The package caches apt made during the bootstrap are removed by hand: with docker-clean's settings in
+# place, mmdebstrap's own cleanup no longer finds them.
 make_debian_image() {
     podman image exists "$debian_image" && return
     note "making $debian_image with mmdebstrap (first run only, about a minute)"
@@ -138,8 +145,11 @@ Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
 Acquire::Languages "none";
 EOF
+    # shellcheck disable=SC2016 # "$1" in a hook is mmdebstrap's: the root file system being made
     mmdebstrap --quiet --variant=minbase "${excludes[@]}" --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --customize-hook="copy-in $work/docker-clean /etc/apt/apt.conf.d" \
+        --customize-hook='rm -f "$1"/var/cache/apt/*.bin' \
         bookworm "$work/rootfs.tar" \
         "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
         "deb $security_mirror bookworm-security main" </dev/null ||
@@ -171,8 +181,11 @@ RUN apt-get update \\
  && rm -rf /var/lib/apt/lists/*
 RUN cp -a /toolchain/usr/. /usr/ && swift --version
 EOF
-    podman build --quiet --format docker -v "$toolchain:/toolchain:ro" -f "$work/swift.Containerfile" \
-        -t "$swift_image" "$work" >/dev/null || die "building $swift_image failed"
+    podman build --format docker -v "$toolchain:/toolchain:ro" -f "$work/swift.Containerfile" \
+        -t "$swift_image" "$work" >"$work/swift-image.log" 2>&1 || {
+        tail -n 20 "$work/swift-image.log" >&2
+        die "building $swift_image failed (last lines above)"
+    }
 }
 
 # --- the image ------------------------------------------------------------------------------------
