@@ -146,14 +146,16 @@ Dir::Cache::srcpkgcache "";
 Acquire::Languages "none";
 EOF
     # shellcheck disable=SC2016 # "$1" in a hook is mmdebstrap's: the root file system being made
-    mmdebstrap --quiet --variant=minbase "${excludes[@]}" --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    mmdebstrap --variant=minbase "${excludes[@]}" --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --customize-hook="copy-in $work/docker-clean /etc/apt/apt.conf.d" \
         --customize-hook='rm -f "$1"/var/cache/apt/*.bin' \
         bookworm "$work/rootfs.tar" \
         "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
-        "deb $security_mirror bookworm-security main" </dev/null ||
-        die "mmdebstrap failed (is $mirror reachable? set DATAMODE_DEBIAN_MIRROR)"
+        "deb $security_mirror bookworm-security main" </dev/null >"$work/mmdebstrap.log" 2>&1 || {
+        tail -n 20 "$work/mmdebstrap.log" >&2
+        die "mmdebstrap failed (last lines above; is $mirror reachable? set DATAMODE_DEBIAN_MIRROR)"
+    }
     podman import --quiet --change 'CMD ["bash"]' "$work/rootfs.tar" "$debian_image" >/dev/null
     rm -f "$work/rootfs.tar"
 }
