@@ -69,7 +69,9 @@ cleanup() {
     if $compose_up; then
         compose down -v >/dev/null 2>&1
     fi
-    for pid in "${background[@]}"; do kill "$pid" 2>/dev/null; done
+    # SIGKILL: a parent may hand this script down a blocked SIGTERM (a Swift test process does), and an origin
+    # left running would keep the caller waiting on the output it inherited.
+    for pid in "${background[@]}"; do kill -KILL "$pid" 2>/dev/null; done
     # -v: also the anonymous volume a container without a volume option gets for the image's VOLUME.
     for name in "${containers[@]}"; do podman rm -f -v -t 0 "$name" >/dev/null 2>&1; done
     for name in "${volumes[@]}"; do podman volume rm -f "$name" >/dev/null 2>&1; done
