@@ -256,6 +256,7 @@ server.serve_forever()
 PY
     python3 "$work/origin.py" "$work" &
     background+=($!)
+    disown $! # not a job: its SIGKILL at the cleanup is not reported as one
     local tries=0
     until [ -s "$work/origin.port" ]; do
         tries=$((tries + 1))
