@@ -1,13 +1,12 @@
-// Tests of docker/ that run without a Docker engine (none runs on the project's machines): the entrypoint
+// Tests of docker/ that run without a container engine, in every run of the suite: the entrypoint
 // (environment in, `datamode-proxy run` argv out, bad values refused), the health check against a local
 // origin, the Swift runtime collection on a real Swift binary, the built proxy started through the
-// entrypoint, and the linters: hadolint on the Dockerfile, shellcheck on every shell script (both installed
-// by `scripts/bootstrap.sh --test`). What only `docker build` / `docker compose up` can show is listed in
-// docker/README.md.
+// entrypoint, and the linters: hadolint on the Dockerfiles, shellcheck on every shell script (both installed
+// by `scripts/bootstrap.sh --test`). The image itself, built and run with podman, and the compose example
+// are checked by docker/test-image.sh (ContainerImageTests, opt-in: DATAMODE_CONTAINER_TESTS=1).
 import DatamodeTestSupport
 import Foundation
 import Testing
-import Yams
 
 #if canImport(Glibc)
 import Glibc
@@ -320,43 +319,6 @@ struct DockerEntrypointTests {
         #expect(FileManager.default.fileExists(atPath: state, isDirectory: &isDirectory) && isDirectory.boolValue,
                 "the missing state directory is created")
     }
-
-
-    /// compose.yaml's environment for the proxy, interpolated as Compose does with nothing set
-    /// (`${X:-default}` is the default, `${X:?message}` stands for a token the user must set), with the config
-    /// compose mounts at the image's config path.
-    @Test("the proxy's environment in compose.yaml passes the entrypoint")
-    func composeEnvironment() throws {
-        let compose = try #require(try Yams.load(yaml: readRepoFile("docker/compose.yaml")) as? [String: Any])
-        let proxy = try #require((compose["services"] as? [String: Any])?["datamode-proxy"] as? [String: Any])
-        let environment = try #require(proxy["environment"] as? [String: Any], "environment must be a map")
-        var variables: [String: String] = [:]
-        for (name, raw) in environment {
-            let value = "\(raw)"
-            if value.hasPrefix("${") {
-                if let range = value.range(of: ":-") {
-                    variables[name] = String(value[range.upperBound...].dropLast())
-                } else if value.contains(":?") {
-                    variables[name] = validToken
-                } else {
-                    variables[name] = ""
-                }
-            } else {
-                variables[name] = value
-            }
-        }
-        // `HOST:CONTAINER[:ro]`, the host side relative to docker/.
-        let defaultConfig = try entrypointDefaultConfig()
-        let mount = try #require((proxy["volumes"] as? [String] ?? []).map { $0.split(separator: ":").map(String.init) }
-            .first { $0.count >= 2 && $0[1] == defaultConfig }, "nothing mounted at \(defaultConfig)")
-        variables["DATAMODE_CONFIG"] = URL(fileURLWithPath: repoPath("docker/" + mount[0])).standardizedFileURL.path
-        let state = try makeScratchDirectory()
-        defer { try? FileManager.default.removeItem(at: state) }
-        let result = try runEntrypoint([], variables, stateDir: state.path)
-        #expect(result.status == 0, "stderr: \(result.stderr)")
-        #expect(result.stdout.contains("--admin-listen \(variables["DATAMODE_ADMIN_LISTEN"] ?? "?")"))
-        #expect(result.stdout.contains("--mode normal"))
-    }
 }
 
 // MARK: - The health check
@@ -563,13 +525,13 @@ struct DockerLiveProxyTests {
 /// both must report nothing. A rule the Dockerfile disables is disabled there, inline, with its reason.
 @Suite("hadolint and shellcheck")
 struct DockerLintTests {
-    @Test("hadolint reports nothing in docker/Dockerfile")
+    @Test("hadolint reports nothing in docker/Dockerfile and the example app's docker/example/app.Dockerfile")
     func hadolint() throws {
         let hadolint = try linter("hadolint")
         // No user configuration (~/.config/hadolint.yaml) can relax the rules: HOME is an empty directory.
         let home = try makeScratchDirectory()
         defer { try? FileManager.default.removeItem(at: home) }
-        let result = try ExternalCommand.run(hadolint, ["--no-color", repoPath("docker/Dockerfile")], environment: [
+        let result = try ExternalCommand.run(hadolint, ["--no-color", repoPath("docker/Dockerfile"), repoPath("docker/example/app.Dockerfile")], environment: [
             "PATH": "/usr/bin:/bin", "HOME": home.path, "XDG_CONFIG_HOME": home.path,
         ])
         #expect(result.status == 0, "\(result.output)")
