@@ -65,6 +65,26 @@ import Testing
         #expect(rig.proxy.stderr.contains("Created the datamode-proxy CA"))
     }
 
+    /// SPEC §10: a link profile's latency is added once per tunnel; inside an intercepted tunnel that is the first
+    /// request's response head, not every request's (a link's delay is paid once per connection, not per request).
+    @Test func aProfilesLatencyIsAddedOnceToAnInterceptedTunnel() throws {
+        let rig = try Rig("""
+            mode: constrained
+            profiles: {slow: {down: 1Gbit, up: 1Gbit, latency: 800ms}}
+            conditions: {constrained: {profile: slow}}
+            """)
+        let result = try rig.curl(["-o", "/dev/null", rig.url("/hello.txt"), "-o", "/dev/null", rig.url("/hello.txt"),
+                                   "-w", "first-byte=%{time_starttransfer} connects=%{num_connects}\n"])
+        #expect(result.status == 0, "\(result.output)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        try #require(lines.count == 2, "\(result.stdout)")
+        let times = lines.compactMap { $0.split(separator: " ").first?.split(separator: "=").last.flatMap { Double($0) } }
+        try #require(times.count == 2, "\(result.stdout)")
+        #expect(lines[1].hasSuffix("connects=0"), "the second request rode the same tunnel: \(result.stdout)")
+        #expect(times[0] >= 0.75, "the first response waits for the profile's latency: \(result.stdout)")
+        #expect(times[1] < 0.6, "the second does not wait again: \(result.stdout)")
+    }
+
     @Test func constrainedModeRejectsAndRewritesInsideTLS() throws {
         let rig = try Rig("""
             mode: constrained
