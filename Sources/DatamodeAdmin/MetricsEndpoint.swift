@@ -55,9 +55,9 @@ struct MetricsEndpoint {
         out += "# HELP datamode_body_splices_total Content-Length response bodies moved with splice(2) instead of through user space.\n"
         out += "# TYPE datamode_body_splices_total counter\n"
         out += "datamode_body_splices_total \(metrics.bodySplices)\n"
-        out += "# HELP datamode_bytes_saved_total Response bytes clients did not receive thanks to automatic low-res (SPEC §13), by mechanism.\n"
+        out += "# HELP datamode_bytes_saved_total Response bytes clients did not receive, by mechanism: variants and refusals of URLs whose length was seen before, manifest caps, transcodes (SPEC §13).\n"
         out += "# TYPE datamode_bytes_saved_total counter\n"
-        for kind in ["hls-cap", "dash-cap", "transcoded"] {
+        for kind in ["variant", "rejected", "hls-cap", "dash-cap", "transcoded"] {
             out += "datamode_bytes_saved_total{kind=\"\(kind)\"} \(metrics.bytesSaved[kind, default: 0])\n"
         }
         out += "# HELP datamode_manifests_untouched_total Manifests under a cap passed through unchanged: over 1 MiB, or malformed.\n"

@@ -284,6 +284,13 @@ extension ClientConnection {
         exchange.response = head
         exchange.status = head.status
         exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
+        if exchange.method == "GET", head.status == 200, case .contentLength(let length) = framing {
+            if exchange.variant == nil {
+                worker.knownLengths.record(exchange.url, length: length)
+            } else if let saving = worker.knownLengths.saving(exchange.url, replacement: length) {
+                worker.metrics.saved(.variant, bytes: saving)
+            }
+        }
         perform(exchange, action)
     }
 

@@ -46,6 +46,9 @@ extension ClientConnection {
         } else {
             // sendfile(2) when the output goes to a socket: the file's bytes never enter user space.
             evbuffer_add_file(output, fd, 0, Int64(size))  // takes ownership of fd
+            if head.method == "GET", let saving = worker.knownLengths.saving(exchange.url, replacement: UInt64(size)) {
+                worker.metrics.saved(.variant, bytes: saving)
+            }
             writer.queuedFile()
             exchange.bytesOut = UInt64(size)
         }

@@ -517,6 +517,9 @@ final class ClientConnection {
             }
             respondProblem(exchange, problem, close: false,
                            extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
+            if head.method == "GET", let known = worker.knownLengths[target.absoluteURL] {
+                worker.metrics.saved(.rejected, bytes: Int(known))
+            }
             return
         case .forward, .serveVariant:
             break

@@ -28,6 +28,8 @@ public final class WorkerMetrics: @unchecked Sendable {
     /// One counter per `TLSFailureLabel.all` entry.
     private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
     private let savedHLS = Atomic<Int>(0)
+    private let savedVariant = Atomic<Int>(0)
+    private let savedRejected = Atomic<Int>(0)
     private let savedDASH = Atomic<Int>(0)
     private let manifestsTooLarge = Atomic<Int>(0)
     private let manifestsMalformed = Atomic<Int>(0)
@@ -99,9 +101,11 @@ public final class WorkerMetrics: @unchecked Sendable {
     }
 
     /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
-    enum SavingKind { case hlsCap, dashCap, transcoded }
+    enum SavingKind { case variant, rejected, hlsCap, dashCap, transcoded }
     func saved(_ kind: SavingKind, bytes: Int) {
         switch kind {
+        case .variant: savedVariant.add(bytes, ordering: .relaxed)
+        case .rejected: savedRejected.add(bytes, ordering: .relaxed)
         case .hlsCap: savedHLS.add(bytes, ordering: .relaxed)
         case .dashCap: savedDASH.add(bytes, ordering: .relaxed)
         case .transcoded: savedTranscoded.add(bytes, ordering: .relaxed)
@@ -150,6 +154,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         for (i, label) in TLSFailureLabel.all.enumerated() {
             total.tlsHandshakeFailures[label, default: 0] += handshakeFailures[i].load(ordering: .relaxed)
         }
+        total.bytesSaved["variant", default: 0] += savedVariant.load(ordering: .relaxed)
+        total.bytesSaved["rejected", default: 0] += savedRejected.load(ordering: .relaxed)
         total.bytesSaved["hls-cap", default: 0] += savedHLS.load(ordering: .relaxed)
         total.bytesSaved["dash-cap", default: 0] += savedDASH.load(ordering: .relaxed)
         total.manifestsUntouched["too-large", default: 0] += manifestsTooLarge.load(ordering: .relaxed)

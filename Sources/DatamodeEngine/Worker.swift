@@ -36,6 +36,8 @@ final class Worker {
     let accessLog: AccessLog
     let logger: Logger
     let pool = UpstreamPool()
+    /// URLs' body lengths seen whole, for what variants and refusals saved (SPEC §13).
+    var knownLengths = KnownLengths()
     let shaper: LinkShaper
     /// Data budgets (SPEC §11), shared by every worker; each counts in its own slots.
     let budgets: BudgetLedger
