@@ -97,17 +97,10 @@ extension ClientConnection {
     /// refused with 400 however the client's bytes and the connect race.
     func pumpRequestBody(_ exchange: Exchange) {
         guard let upstream = exchange.upstream, upstream.acceptsRequestBytes, !exchange.requestBody.isComplete else { return }
-        var room = Flow.highWater - evbuffer_get_length(upstream.output)
-        guard room > 0 else { return }
         let before = evbuffer_get_length(input)
-        if before > 0 && exchange.budgetMask != 0 {
-            room = budgetRoom(exchange, room)
-            guard room > 0 else { return }
-        }
-        if let link = exchange.link, before > 0 {
-            room = shapedBudget(link.up, wanted: min(room, before))
-            guard room > 0 else { return }
-        }
+        let room = allowedMove(exchange, room: Flow.highWater - evbuffer_get_length(upstream.output), available: before,
+                               bucket: exchange.link?.up)
+        guard room > 0 else { return }
         let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
         let left = evbuffer_get_length(input)
         exchange.link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
@@ -303,17 +296,9 @@ extension ClientConnection {
             pumpCapture(exchange, capture, upstream)
             return
         }
-        var room = Flow.highWater - outputLength
-        guard room > 0 else { return }
         let before = evbuffer_get_length(upstream.input)
-        if before > 0 && exchange.budgetMask != 0 {
-            room = budgetRoom(exchange, room)
-            guard room > 0 else { return }
-        }
-        if let link = exchange.link, before > 0 {
-            room = shapedBudget(link.down, wanted: min(room, before))
-            guard room > 0 else { return }
-        }
+        let room = allowedMove(exchange, room: Flow.highWater - outputLength, available: before, bucket: exchange.link?.down)
+        guard room > 0 else { return }
         let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
         let moved = before - evbuffer_get_length(upstream.input)
         exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())

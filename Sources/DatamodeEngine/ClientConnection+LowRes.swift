@@ -146,18 +146,12 @@ extension ClientConnection {
 
     /// `pumpResponseBody` for a captured response: buffer, decide, and write the response once decided.
     func pumpCapture(_ exchange: Exchange, _ capture: ResponseCapture, _ upstream: UpstreamConnection) {
-        var room = max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1)
         let before = evbuffer_get_length(upstream.input)
         // A held-back body is still the origin's bytes crossing the link: it passes the link profile's bucket and
         // counts against data budgets as it is taken in, exactly as a streamed one does (SPEC §10, §11).
-        if before > 0 && exchange.budgetMask != 0 {
-            room = budgetRoom(exchange, room)
-            guard room > 0 else { return }
-        }
-        if let link = exchange.link, before > 0 {
-            room = shapedBudget(link.down, wanted: min(room, before))
-            guard room > 0 else { return }
-        }
+        let room = allowedMove(exchange, room: max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1),
+                               available: before, bucket: exchange.link?.down)
+        guard room > 0 else { return }
         let progress = exchange.responseBody.pump(from: upstream.input, to: capture.buffer, budget: room)
         let moved = before - evbuffer_get_length(upstream.input)
         exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())

@@ -65,6 +65,21 @@ extension ClientConnection {
     /// timer is armed for when a quantum may pass (not when the destination is full: its write event resumes
     /// the pump then). A few bytes are not moved on their own: they wait for a quantum, so a slow link costs a
     /// few wake-ups a second, not one per segment.
+    /// How many of the `available` buffered bytes may move now, out of `room` (the destination's watermark room): a
+    /// hard data budget's remainder (SPEC §11) and the direction's link bucket (SPEC §10) cap it. 0: nothing may
+    /// move, and the shaping timer is armed for when something can. With nothing buffered, `room` is returned as is
+    /// (the pump still has an end of body to notice).
+    func allowedMove(_ exchange: Exchange, room: Int, available: Int, bucket: TokenBucket?) -> Int {
+        guard room > 0, available > 0 else { return room }
+        var room = room
+        if exchange.budgetMask != 0 {
+            room = budgetRoom(exchange, room)
+            guard room > 0 else { return 0 }
+        }
+        if let bucket { room = shapedBudget(bucket, wanted: min(room, available)) }
+        return room
+    }
+
     func shapedBudget(_ bucket: TokenBucket, wanted: Int) -> Int {
         let now = worker.clock.nowNanoseconds()
         let available = bucket.available(now: now)
