@@ -26,9 +26,9 @@ extension ClientConnection {
         if head.method == "GET" {
             // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
             let global = exchange.mode == settings.mode
-            exchange.manifestCap = global ? settings.manifestCap : settings.media.manifestCap(in: exchange.mode)
+            exchange.manifestCap = global ? settings.manifestCap : settings.manifestCap(in: exchange.mode)
             let images = global ? settings.imageSettings
-                : (settings.images.applies(in: exchange.mode) ? settings.images : nil)
+                : (settings.imagesApply(in: exchange.mode) ? settings.images : nil)
             if let images, variant == nil {
                 exchange.imageSettings = images
                 exchange.acceptsWebP = head.values(of: "accept").contains { $0.lowercased().contains("image/webp") }

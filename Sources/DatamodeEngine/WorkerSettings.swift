@@ -3,50 +3,71 @@ import DatamodeHTTP
 import DatamodePolicy
 
 /// The per-request view of a `RuntimeSnapshot`, derived once per snapshot so the request path reads plain
-/// values (milliseconds, sets) instead of converting configuration on every request.
-struct WorkerSettings {
-    var limits: HTTPLimits
+/// values (milliseconds, sets, per-mode tables) instead of converting configuration on every request.
+///
+/// A class, immutable: the request path takes `worker.settings` several times per request, and as a struct of
+/// two dozen reference-counted fields every such copy retained and released each of them (the merged features
+/// grew it; `WorkerSettings` value-witness copies showed in the 1 KiB profile). A new snapshot makes a new object.
+final class WorkerSettings {
+    let limits: HTTPLimits
     /// The most bytes a request head can occupy: request line, header section, a few leading empty lines.
-    var maxHeadBytes: Int
-    var clientHeaderMs: Int64
-    var clientIdleMs: Int64
-    var upstreamConnectMs: Int64
-    var upstreamResponseMs: Int64
-    var drainMs: Int64
+    let maxHeadBytes: Int
+    let clientHeaderMs: Int64
+    let clientIdleMs: Int64
+    let upstreamConnectMs: Int64
+    let upstreamResponseMs: Int64
+    let drainMs: Int64
     /// The client-side timeouts as the connection state machine takes them (once per snapshot).
     var clientTimeouts: ClientConnectionStateMachine<Exchange>.Timeouts {
         .init(clientIdle: clientIdleMs, clientHeader: clientHeaderMs, drain: drainMs)
     }
-    var policy: PolicySnapshot
-    var mode: DataMode
-    var tagSettings: TagSettings
-    var users: [String: String]
-    var connectPorts: Set<UInt16>
-    var allow: [CIDR]
+    let policy: PolicySnapshot
+    let mode: DataMode
+    let tagSettings: TagSettings
+    let users: [String: String]
+    let connectPorts: Set<UInt16>
+    let allow: [CIDR]
     /// SPEC §13 as configured, for a request whose session has its own mode.
-    var media: MediaSection
-    var images: ImagesSection
+    let media: MediaSection
+    let images: ImagesSection
     /// SPEC §13: the manifest bitrate cap of the global mode, nil when none applies.
-    var manifestCap: UInt64?
+    let manifestCap: UInt64?
     /// SPEC §13: image transcoding settings while `images.transcode.when` is in the mode, else nil.
-    var imageSettings: ImagesSection?
-    var sessions: SessionSettings
+    let imageSettings: ImagesSection?
+    let sessions: SessionSettings
     /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
-    var tls: TLSSection
+    let tls: TLSSection
     /// The link profile in force under the global mode (SPEC §10), resolved once per snapshot; nil: unshaped.
-    var profile: LinkProfile?
-    var shapingScope: ShapingScope
-    var apiProfile: String?
-    var link: LinkSection
-    /// The profile in force for a request judged by another mode than the global one (a session's, a spent budget's).
-    func profile(for mode: DataMode) -> LinkProfile? {
-        ProfileResolution(api: apiProfile, mode: mode, link: link).profile
+    let profile: LinkProfile?
+    let shapingScope: ShapingScope
+    let apiProfile: String?
+    let link: LinkSection
+    /// Per mode (indexed by `modeIndex`): the link profile in force, the manifest cap and whether images are
+    /// transcoded, for a request judged by another mode than the global one (a session's, a spent budget's):
+    /// resolving them per request built arrays and copied sections (1,000-session policy row, issue 15).
+    private let profileByMode: [LinkProfile?]
+    private let manifestCapByMode: [UInt64?]
+    private let imagesApplyByMode: [Bool]
+
+    static func modeIndex(_ mode: DataMode) -> Int {
+        (mode.constrained ? 1 : 0) | (mode.expensive ? 2 : 0) | (mode.ultraConstrained ? 4 : 0)
     }
+
+    static let allModes: [DataMode] = (0..<8).map {
+        DataMode(constrained: $0 & 1 != 0, expensive: $0 & 2 != 0, ultraConstrained: $0 & 4 != 0)
+    }
+
+    /// The profile in force for a request judged by `mode` (SPEC §10 precedence; `PUT /conditions` first).
+    func profile(for mode: DataMode) -> LinkProfile? { profileByMode[Self.modeIndex(mode)] }
+    /// The manifest bitrate cap under `mode` (SPEC §13), nil when none applies.
+    func manifestCap(in mode: DataMode) -> UInt64? { manifestCapByMode[Self.modeIndex(mode)] }
+    /// Whether images are transcoded under `mode` (SPEC §13).
+    func imagesApply(in mode: DataMode) -> Bool { imagesApplyByMode[Self.modeIndex(mode)] }
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
         limits = configuration.limits
-        maxHeadBytes = limits.requestLine + 2 + limits.headerSection + 16
+        maxHeadBytes = configuration.limits.requestLine + 2 + configuration.limits.headerSection + 16
         clientHeaderMs = configuration.timeouts.clientHeader.milliseconds
         clientIdleMs = configuration.timeouts.clientIdle.milliseconds
         upstreamConnectMs = configuration.timeouts.upstreamConnect.milliseconds
@@ -68,6 +89,11 @@ struct WorkerSettings {
         shapingScope = configuration.link.scope
         apiProfile = snapshot.apiProfile
         link = configuration.link
+        profileByMode = Self.allModes.map { [apiProfile = snapshot.apiProfile] mode in
+            ProfileResolution(api: apiProfile, mode: mode, link: configuration.link).profile
+        }
+        manifestCapByMode = Self.allModes.map { configuration.media.manifestCap(in: $0) }
+        imagesApplyByMode = Self.allModes.map { configuration.images.applies(in: $0) }
     }
 }
 
