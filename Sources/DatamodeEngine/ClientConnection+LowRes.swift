@@ -112,6 +112,18 @@ extension ClientConnection {
             if type == .manifest { worker.metrics.manifestPassed(.tooLarge) }
             return nil
         }
+        if type == .generic, case .contentLength(let length) = framing, let upstream = exchange.upstream {
+            // Most bodies of a generic type (octet-stream downloads, text) show in their first bytes that they are no
+            // manifest. Those bytes usually arrive with the head: looked at in place, such a response streams at once
+            // instead of being held back and copied (the capture cost every such response in constrained mode,
+            // where the default cap applies: the policy-cost row of bench/run).
+            let available = min(evbuffer_get_length(upstream.input), 512)
+            if available > 0 {
+                var prefix = [UInt8](repeating: 0, count: available)
+                _ = evbuffer_copyout(upstream.input, &prefix, available)
+                if case .notAManifest = ManifestCap.sniff(prefix, complete: UInt64(available) >= length) { return nil }
+            }
+        }
         let chunked = framing == .chunked && !strip
         return ResponseCapture(purpose: .manifest(cap: cap), passThroughHead: headBytes, origin: head, chunked: chunked,
                                phase: .sniffing, limit: ManifestCap.maximumSize)
