@@ -89,7 +89,8 @@ struct SessionsEndpoint {
                 scope.profile = profile
             } else {
                 state.sessionSerial += 1
-                scope = SessionScope(mode: mode, profile: profile, modeSource: .api, since: now, serial: state.sessionSerial)
+                scope = SessionScope(mode: mode, profile: profile, modeSource: .api, since: now, serial: state.sessionSerial,
+                                     slot: state.freeSessionSlot())
             }
             state.sessions[id] = scope
             return scope

@@ -465,13 +465,12 @@ final class ClientConnection {
         // The session's mode replaces the global one (SPEC §12); the policy stays a function of the mode it is given.
         var mode = settings.mode
         if settings.sessions.enabled {
-            switch settings.sessions.membership(headerValues: head.values(of: "data-mode-session"), proxyUser: proxyUser,
-                                                client: peerAddress) {
+            switch settings.sessions.membership(fields: head.fields, proxyUser: proxyUser, client: peerAddress) {
             case .none:
                 break
-            case .session(let id, let scope):
-                mode = scope.mode
-                exchange.session = (id, scope.serial, scope.profile)
+            case .session(let membership, let sessionMode):
+                mode = sessionMode
+                exchange.session = membership
             case .refused(let code, let detail):
                 respondError(exchange, code, detail: detail, close: false)
                 return

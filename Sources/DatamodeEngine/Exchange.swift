@@ -40,9 +40,8 @@ final class Exchange {
     /// The mode the request is judged by: its session's, else the global one, with the conditions of the spent
     /// budgets that match it (SPEC §11).
     var mode: DataMode = .normal
-    /// The session the request belongs to (SPEC §12), counted in its tally. `profile` is the session's link
-    /// profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
-    var session: (id: String, serial: UInt64, profile: String?)?
+    /// The session the request belongs to (SPEC §12), counted in its tally.
+    var session: SessionMembership?
     /// The resolved tags (nil when the request never got that far), where each came from, and the rule behind
     /// them (SPEC §8: a log line says why).
     var tags: RequestTags?

@@ -67,7 +67,9 @@ public final class WorkerMetrics: @unchecked Sendable {
         imagesUntouched.deallocate()
     }
 
-    func count(outcome: Outcome, reason: String?, durationSeconds: Double) {
+    /// Counts a finished request; returns the index of its outcome × reason counter (a session's tally uses the same).
+    @discardableResult
+    func count(outcome: Outcome, reason: String?, durationSeconds: Double) -> Int {
         let o: Int
         switch outcome {
         case .forwarded: o = 0
@@ -76,14 +78,16 @@ public final class WorkerMetrics: @unchecked Sendable {
         case .error: o = 3
         }
         // Every reason comes from `ProxyErrorCode` or `AbortReason`; anything else would be counted without one.
-        let r = reasonIndex[reason ?? ""] ?? 0
-        requests[o * Self.reasons.count + r].add(1, ordering: .relaxed)
+        let r = reason.map { reasonIndex[$0] ?? 0 } ?? 0
+        let index = o * Self.reasons.count + r
+        requests[index].add(1, ordering: .relaxed)
         for (i, bound) in Self.durationBuckets.enumerated() where durationSeconds <= bound {
             buckets[i].add(1, ordering: .relaxed)
             break
         }
         durationSumMicros.add(Int(durationSeconds * 1_000_000), ordering: .relaxed)
         durationCount.add(1, ordering: .relaxed)
+        return index
     }
 
     func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }

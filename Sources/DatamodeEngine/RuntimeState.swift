@@ -28,6 +28,13 @@ public struct RuntimeSnapshot: Sendable {
         self.apiProfile = apiProfile
     }
 
+    /// The lowest `SessionScope.slot` no live session holds: where a new session's counters go.
+    public func freeSessionSlot() -> Int {
+        var taken = [Bool](repeating: false, count: sessions.count)
+        for scope in sessions.values where scope.slot < taken.count { taken[scope.slot] = true }
+        return taken.firstIndex(of: false) ?? taken.count
+    }
+
     /// The link profile in force for traffic judged by `mode` (SPEC §10), and why.
     public func profile(for mode: DataMode) -> ProfileResolution {
         ProfileResolution(api: apiProfile, mode: mode, link: configuration.link)

@@ -1,4 +1,5 @@
 import DatamodeConfig
+import DatamodeHTTP
 import DatamodePolicy
 import Synchronization
 
@@ -14,16 +15,29 @@ public struct SessionScope: Sendable, Equatable {
     /// Seconds since the Unix epoch when the session's mode last changed.
     public var since: Int64
     /// Differs between two sessions of the same id (one deleted, the other created): the workers start the
-    /// newer one's counters from zero.
+    /// newer one's counters from zero. Grows with every session created.
     public var serial: UInt64
+    /// The session id interned: where each worker keeps the session's counters (the lowest slot no live session
+    /// holds when it was created), so counting a request indexes an array instead of hashing the id again.
+    public var slot: Int
 
-    public init(mode: DataMode, profile: String?, modeSource: ModeSource, since: Int64, serial: UInt64) {
+    public init(mode: DataMode, profile: String?, modeSource: ModeSource, since: Int64, serial: UInt64, slot: Int) {
         self.mode = mode
         self.profile = profile
         self.modeSource = modeSource
         self.since = since
         self.serial = serial
+        self.slot = slot
     }
+}
+
+/// A request's session as the exchange carries it from its head to its log line.
+struct SessionMembership: Equatable {
+    let id: String
+    let slot: Int
+    let serial: UInt64
+    /// The session's link profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
+    let profile: String?
 }
 
 /// What happened inside one session (SPEC §12 `GET /sessions/{id}`): requests by outcome and reason, bytes each
@@ -80,10 +94,12 @@ public struct SessionTally: Sendable, Equatable {
 /// the control plane reads them by message (`Worker.Command.reportSessions`): the worker copies them into its
 /// mailbox between two events, so a reader never sees a half-updated tally and the request path never waits.
 ///
-/// A request costs one hash lookup of its session id and a few array increments (the outcome × reason table is
-/// indexed as `WorkerMetrics`' is); dictionaries are built only when the counters are read.
+/// A request costs an array index (the session's slot) and a few increments (the outcome × reason table is
+/// indexed as `WorkerMetrics`' is); dictionaries are built only when the counters are read. With 1,000 live
+/// sessions taking turns (the sessions row of bench/run) nothing here hashes a string but a variant's id.
 final class WorkerSessionTallies {
     final class Live {
+        let id: String
         let serial: UInt64
         var requests: [Int]
         var bytesIn = 0
@@ -93,7 +109,8 @@ final class WorkerSessionTallies {
         var rejected: [SessionTally.Rejected] = []
         var next = 0
         var lastSeen: UInt64 = 0
-        init(serial: UInt64) {
+        init(id: String, serial: UInt64) {
+            self.id = id
             self.serial = serial
             requests = Array(repeating: 0, count: WorkerMetrics.outcomes.count * WorkerMetrics.reasons.count)
         }
@@ -113,37 +130,38 @@ final class WorkerSessionTallies {
         }
     }
 
-    private var live: [String: Live] = [:]
-    private static let reasonIndex: [String: Int] = {
-        var index: [String: Int] = [:]
-        for (i, reason) in WorkerMetrics.reasons.enumerated() { index[reason] = i }
-        return index
-    }()
+    /// By `SessionScope.slot`.
+    private var slots: [Live?] = []
 
-    /// The counters as values, for a report.
-    var tallies: [String: SessionTally] { live.mapValues(\.tally) }
+    /// The counters as values, by session id, for a report.
+    var tallies: [String: SessionTally] {
+        var out: [String: SessionTally] = [:]
+        for case let live? in slots { out[live.id] = live.tally }
+        return out
+    }
 
-    func record(session: String, serial: UInt64, outcome: Outcome, reason: String?, bytesIn: UInt64, bytesOut: UInt64,
-                variant: String?, rejectedURL: String?, wallTime: Int64, now: UInt64) {
-        var entry = live[session]
-        if entry?.serial != serial {
-            entry = Live(serial: serial)
-            live[session] = entry
+    /// Counts one finished request of `session`. `outcomeReason`: the index `WorkerMetrics.count` counted it
+    /// under. `rejected`: the URL and when, for a rejection.
+    func record(_ session: SessionMembership, outcomeReason: Int, bytesIn: UInt64, bytesOut: UInt64, variant: String?,
+                rejected: (url: String, error: String, wallTime: Int64)?, now: UInt64) {
+        if session.slot >= slots.count {
+            slots.append(contentsOf: repeatElement(nil, count: session.slot + 1 - slots.count))
         }
-        let tally = entry!
-        let o: Int
-        switch outcome {
-        case .forwarded: o = 0
-        case .rewritten: o = 1
-        case .rejected: o = 2
-        case .error: o = 3
+        let tally: Live
+        if let live = slots[session.slot], live.serial >= session.serial {
+            // A newer session took the slot while this request was in flight: the one it belonged to is gone.
+            guard live.serial == session.serial else { return }
+            tally = live
+        } else {
+            tally = Live(id: session.id, serial: session.serial)
+            slots[session.slot] = tally
         }
-        tally.requests[o * WorkerMetrics.reasons.count + (reason.flatMap { Self.reasonIndex[$0] } ?? 0)] += 1
+        tally.requests[outcomeReason] += 1
         tally.bytesIn += Int(bytesIn)
         tally.bytesOut += Int(bytesOut)
         if let variant { tally.variants[variant, default: 0] += 1 }
-        if let rejectedURL {
-            let entry = SessionTally.Rejected(url: rejectedURL, error: reason ?? outcome.rawValue, time: wallTime)
+        if let rejected {
+            let entry = SessionTally.Rejected(url: rejected.url, error: rejected.error, time: rejected.wallTime)
             if tally.rejected.count < SessionTally.rejectedLimit {
                 tally.rejected.append(entry)
             } else {
@@ -156,8 +174,10 @@ final class WorkerSessionTallies {
 
     /// Forgets the counters of sessions that no longer exist (or exist anew), after a new snapshot.
     func prune(keeping sessions: [String: SessionScope]) {
-        guard !live.isEmpty else { return }
-        live = live.filter { sessions[$0.key]?.serial == $0.value.serial }
+        for index in slots.indices {
+            guard let live = slots[index] else { continue }
+            if sessions[live.id]?.serial != live.serial { slots[index] = nil }
+        }
     }
 }
 
@@ -180,23 +200,24 @@ struct SessionSettings {
     enum Membership: Equatable {
         /// No session: the global mode applies.
         case none
-        case session(id: String, scope: SessionScope)
+        case session(SessionMembership, mode: DataMode)
         /// `400` with this code and detail.
         case refused(ProxyErrorCode, String)
     }
 
-    /// `headerValues`: the request's `Data-Mode-Session` values; `proxyUser`: the user it authenticated as.
-    func membership(headerValues: [String], proxyUser: String?, client: IPAddress?) -> Membership {
+    /// `fields`: the request's header fields (their `Data-Mode-Session` copies are read in place, not
+    /// collected); `proxyUser`: the user it authenticated as.
+    func membership(fields: [HTTPField], proxyUser: String?, client: IPAddress?) -> Membership {
         guard enabled else { return .none }
         guard let client, clients.contains(where: { $0.contains(client) }) else { return .none }
         var named: String?
-        for value in headerValues {
-            let trimmed = value
-            guard !trimmed.isEmpty else { return .refused(.badRequest, "an empty Data-Mode-Session header") }
-            if let named, named != trimmed {
-                return .refused(.badRequest, "two different Data-Mode-Session headers (\(named), \(trimmed))")
+        for field in fields where field.name.utf8.count == 17 && KnownField.of(field.name) == .dataModeSession {
+            let value = field.value
+            guard !value.isEmpty else { return .refused(.badRequest, "an empty Data-Mode-Session header") }
+            if let named, named != value {
+                return .refused(.badRequest, "two different Data-Mode-Session headers (\(named), \(value))")
             }
-            named = trimmed
+            named = value
         }
         if fromProxyUser, let proxyUser {
             if let named, named != proxyUser {
@@ -205,13 +226,17 @@ struct SessionSettings {
             }
             // A proxy user without a session is judged by the global mode: not every user is a test rig.
             guard let scope = table[proxyUser] else { return .none }
-            return .session(id: proxyUser, scope: scope)
+            return Self.member(proxyUser, scope)
         }
         guard let named else { return .none }
         guard let scope = table[named] else {
             return .refused(.unknownSession, "no session \(named); create it with PUT /sessions/\(named) on the admin API")
         }
-        return .session(id: named, scope: scope)
+        return Self.member(named, scope)
+    }
+
+    static func member(_ id: String, _ scope: SessionScope) -> Membership {
+        .session(SessionMembership(id: id, slot: scope.slot, serial: scope.serial, profile: scope.profile), mode: scope.mode)
     }
 }
 

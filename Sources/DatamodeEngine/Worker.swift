@@ -322,16 +322,18 @@ final class Worker {
     // MARK: accounting
 
     func record(_ exchange: Exchange, client: String) {
-        let duration = Double(clock.nowNanoseconds() &- exchange.startedAt) / 1_000_000_000
+        let now = clock.nowNanoseconds()
+        let duration = Double(now &- exchange.startedAt) / 1_000_000_000
         let outcome = exchange.outcome ?? .error
-        metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
+        let outcomeReason = metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
         metrics.add(bytesIn: Int(exchange.bytesIn))
         metrics.add(bytesOut: Int(exchange.bytesOut))
         if let session = exchange.session {
-            sessionTallies.record(session: session.id, serial: session.serial, outcome: outcome,
-                                  reason: exchange.reason, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
-                                  variant: exchange.variant, rejectedURL: outcome == .rejected ? exchange.url : nil,
-                                  wallTime: clock.wallNanoseconds(), now: clock.nowNanoseconds())
+            sessionTallies.record(session, outcomeReason: outcomeReason, bytesIn: exchange.bytesIn,
+                                  bytesOut: exchange.bytesOut, variant: exchange.variant,
+                                  rejected: outcome == .rejected
+                                      ? (exchange.url, exchange.reason ?? outcome.rawValue, clock.wallNanoseconds()) : nil,
+                                  now: now)
         }
         if accessLog.isEnabled {
             accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
