@@ -74,14 +74,18 @@ extension ClientConnection {
 
     func respondProblem(_ exchange: Exchange, _ problem: ProblemDetail, close: Bool,
                                 extraFields: [(String, String)] = []) {
+        respondProblem(exchange, problem.code, body: Array(problem.json.utf8), close: close, extraFields: extraFields)
+    }
+
+    /// A problem document already written (`Rejection.problemBody`).
+    func respondProblem(_ exchange: Exchange, _ code: ProxyErrorCode, body: [UInt8], close: Bool,
+                        extraFields: [(String, String)] = []) {
         var fields: [(String, String)] = [
             ("Content-Type", "application/problem+json"),
             ("Cache-Control", "no-store"),
         ]
         fields.append(contentsOf: extraFields)
-        let body = Array(problem.json.utf8)
-        respondLocal(exchange, status: problem.code.status, reason: problem.code.reasonPhrase, fields: fields, body: body,
-                     close: close)
+        respondLocal(exchange, status: code.status, reason: code.reasonPhrase, fields: fields, body: body, close: close)
     }
 
     /// Writes a complete response made by the proxy. The request's body (if any) is read and discarded so the

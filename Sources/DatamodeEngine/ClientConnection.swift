@@ -509,13 +509,16 @@ final class ClientConnection {
         case .reject(_, let rejection):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            var problem = rejection.problem(mode: mode, url: target.absoluteURL)
+            let reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
             // A refusal a spent budget caused names it (SPEC §11).
             if let name = budgetJudgement?.joinedBy, rejection.reasons.contains(where: { !baseMode.has($0) }) {
+                var problem = rejection.problem(mode: mode, url: target.absoluteURL)
                 problem.extra.append(("budget", JSONText.quote(name)))
+                respondProblem(exchange, problem, close: false, extraFields: reasonField)
+            } else {
+                respondProblem(exchange, rejection.code, body: rejection.problemBody(mode: mode, url: target.absoluteURL),
+                               close: false, extraFields: reasonField)
             }
-            respondProblem(exchange, problem, close: false,
-                           extraFields: [("Network-Unavailable-Reason", rejection.code.rawValue)])
             if head.method == "GET", let known = worker.knownLengths[target.absoluteURL] {
                 worker.metrics.saved(.rejected, bytes: Int(known))
             }

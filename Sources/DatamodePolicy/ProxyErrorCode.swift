@@ -136,7 +136,7 @@ public enum JSONText {
     public static func quote(_ s: String) -> String {
         // Most values (URLs, codes, mode names) need no escape: one copy, not one append per scalar (the
         // per-scalar path showed in the profile of the policy-cost row, where a quarter of requests are refused).
-        if !s.utf8.contains(where: { $0 == 0x22 || $0 == 0x5C || $0 < 0x20 }) { return "\"" + s + "\"" }
+        if !needsEscape(s) { return "\"" + s + "\"" }
         var out = "\""
         out.reserveCapacity(s.utf8.count + 2)
         for scalar in s.unicodeScalars {
@@ -157,6 +157,11 @@ public enum JSONText {
         }
         out += "\""
         return out
+    }
+
+    /// Whether `s` has a byte a JSON string literal must escape.
+    public static func needsEscape(_ s: String) -> Bool {
+        s.utf8.contains { $0 == 0x22 || $0 == 0x5C || $0 < 0x20 }
     }
 
     /// A JSON array of strings.
