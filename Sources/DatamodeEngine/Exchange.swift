@@ -82,6 +82,9 @@ final class Exchange {
     /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
     var tunnel: TunnelStateMachine?
     var splices: [SpliceRelay] = []
+    /// The origin is not read while what was already read of a large body drains to the client, so the rest can
+    /// be spliced (`switchBodyToSpliceIfIdle`).
+    var drainingForSplice = false
     /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
     /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
     var connectAnswered = false
