@@ -28,11 +28,13 @@ final class ClientConnection {
     /// The socket, for the read event that wakes a parked connection.
     let fd: Int32
     /// A parked connection's read event (created on the first park, kept for the next ones).
+    /// While parked, the only event of the connection: its socket's next byte or EOF, with the rest of `client-idle`
+    /// as timeout (monotonic nanoseconds: `parkedUntil`).
     private var parkedRead: OpaquePointer?
+    private var parkedUntil: UInt64 = 0
     /// The bufferevent was freed by `park()` and not yet replaced (the resource, as `machine.isParked` is the
     /// phase: `close()` moves the machine to `.closed` before `release()` frees what is left).
     private var bufferEventFreed = false
-    let peer: SocketAddress
     let peerAddress: IPAddress?
     let peerText: String
     private var timer: OpaquePointer?
@@ -66,7 +68,6 @@ final class ClientConnection {
         self.input = bufferevent_get_input(bev)
         self.output = bufferevent_get_output(bev)
         self.fd = bufferevent_getfd(bev)
-        self.peer = peer
         self.peerAddress = peer.ipAddress
         self.peerText = peer.hostText
         let settings = worker.settings
@@ -94,28 +95,50 @@ final class ClientConnection {
 
     // MARK: parking (an idle connection gives its buffers back)
 
-    /// Frees the bufferevent and its buffers while the connection waits idle; a read event on the socket
-    /// brings them back (`unpark`). Only when nothing is buffered either way.
-    private func park() {
+    /// Frees the bufferevent, its buffers and the timer while the connection waits idle; one read event on the
+    /// socket, which also carries the rest of `client-idle` as its timeout, brings them back (`unpark`) or ends the
+    /// connection. Only when nothing is buffered either way. Returns whether it parked.
+    private func park(idleLeft milliseconds: Int64) -> Bool {
         // Never under TLS: the filter's bufferevent holds the session, which a socket bufferevent cannot bring back.
         guard clientIsPlain, machine.isReadingHead, !writer.waiting, fd >= 0,
-              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0 else { return }
-        if parkedRead == nil { parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self)) }
-        guard let parkedRead else { return }
+              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0,
+              let parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self))
+        else { return false }
+        self.parkedRead = parkedRead
         // The socket stays open: the bufferevent forgets it before it is freed (BEV_OPT_CLOSE_ON_FREE).
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         bufferevent_setfd(bev, -1)
         bufferevent_free(bev)
         bufferEventFreed = true
-        event_add(parkedRead, nil)
+        if let timer { event_free(timer) }
+        timer = nil
+        dm_event_add_ms(parkedRead, milliseconds)
+        parkedUntil = worker.clock.nowNanoseconds() + UInt64(max(0, milliseconds)) * 1_000_000
         machine.parked()
         worker.metrics.connectionParked()
+        return true
     }
 
-    /// The parked socket is readable (a request's first byte, or EOF): a new bufferevent reads it.
-    func unpark() {
-        guard machine.isParked, let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
-            if machine.isParked { close() }
+    /// The parked socket is readable (a request's first byte, or EOF), or `client-idle` ran out (`timedOut`).
+    func parkedReadFired(timedOut: Bool) {
+        guard machine.isParked else { return }
+        if let parkedRead { event_free(parkedRead) }
+        parkedRead = nil
+        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
+        if timedOut {
+            clientTimerFired()
+        } else {
+            // The idle clock keeps running until a head's first byte arrives (which arms client-header).
+            let now = worker.clock.nowNanoseconds()
+            armTimer(Int64((parkedUntil > now ? parkedUntil - now : 0) / 1_000_000))
+            unpark()
+        }
+    }
+
+    /// A new bufferevent reads the socket.
+    private func unpark() {
+        guard let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+            close()
             return
         }
         bev = new
@@ -156,8 +179,7 @@ final class ClientConnection {
         case .close:
             release(graceful: true)
         case .park(let milliseconds):
-            park()
-            armTimer(milliseconds)
+            if !park(idleLeft: milliseconds) { armTimer(milliseconds) }
         }
     }
 

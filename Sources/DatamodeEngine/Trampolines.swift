@@ -39,9 +39,10 @@ let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
     client.clientEvent(what)
     client.flushPendingWrites()
 }
-let clientParkedReadCallback: event_callback_fn = { _, _, ctx in
+let clientParkedReadCallback: event_callback_fn = { _, what, ctx in
     let client = owner(ctx, as: ClientConnection.self)
-    client.unpark()
+    client.parkedReadFired(timedOut: what & Int16(EV_TIMEOUT) != 0)
+    client.flushPendingWrites()
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
     let client = owner(ctx, as: ClientConnection.self)
