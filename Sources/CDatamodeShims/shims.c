@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <pthread.h>
+#include <malloc.h>
 
 struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg) {
     return evtimer_new(base, cb, arg);
@@ -107,4 +108,13 @@ int dm_splice_pipe(int fds[2], int size) {
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return -1;
     fcntl(fds[1], F_SETPIPE_SZ, size);
     return 0;
+}
+
+int dm_malloc_thresholds(int mmap_threshold, int trim_threshold) {
+#ifdef M_MMAP_THRESHOLD
+    return mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 && mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1;
+#else
+    (void)mmap_threshold; (void)trim_threshold;
+    return 0;
+#endif
 }

@@ -190,6 +190,12 @@ public final class ProxyInstance: @unchecked Sendable {
 
     /// Binds the admin listener, then starts the workers.
     public func start() throws(EngineError) {
+        if MemoryTuning.apply() {
+            logger.info("malloc thresholds set for relay buffers", metadata: [
+                "mmap_threshold": "\(MemoryTuning.mmapThreshold)", "trim_threshold": "\(MemoryTuning.trimThreshold)"])
+        } else {
+            logger.info("malloc thresholds left as GLIBC_TUNABLES sets them")
+        }
         let configuration = runtime.load().snapshot.configuration
         // The admin listener is bound first, so the workers know its real port (it may be 0 in the config) and
         // refuse to proxy to it.

@@ -55,4 +55,7 @@ long dm_splice(int fd_in, int fd_out, size_t length);
 /** A non-blocking, close-on-exec pipe for splice, its capacity raised to `size` when possible. */
 int dm_splice_pipe(int fds[2], int size);
 
+/** glibc's mallopt(M_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD); 1 when both were set (see MemoryTuning.swift). */
+int dm_malloc_thresholds(int mmap_threshold, int trim_threshold);
+
 #endif
