@@ -29,7 +29,7 @@ import https  # noqa: E402
 import pageweight  # noqa: E402
 import policy  # noqa: E402
 import procs  # noqa: E402
-from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening  # noqa: E402
+from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_cpu, per_cpu_busy, tree, wait_listening, port_free  # noqa: E402
 
 SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
 PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
@@ -217,6 +217,9 @@ class Bench:
         """cpu: what taskset gets (default: the proxy core; the scale row passes every core)."""
         t = Target(name, label, connect=connect, connect_note=connect_note)
         t.port = port
+        # how to start it again (section 3 measures idle memory on a fresh process)
+        t.spec = dict(name=name, label=label, argv=argv, port=port, cwd=cwd, connect=connect,
+                      connect_note=connect_note, env=env, cpu=cpu, probe=probe)
         self.targets[name] = t
         try:
             t.proc = self.procs.start(name, argv, cpu=self.a.proxy_cpu if cpu is None else cpu, cwd=cwd, env=env)
@@ -244,6 +247,19 @@ class Bench:
         t.available = True
         log(f"{name} pid {t.proc.pid} on 127.0.0.1:{port} ({why})")
         return t
+
+    def restart(self, t):
+        """Stops t's process and starts the same command again; the new Target replaces it."""
+        self.procs.stop(t.proc)
+        port = t.spec["port"]
+        deadline = time.time() + 10
+        while time.time() < deadline and not port_free(port):
+            time.sleep(0.1)
+        new = self.start_proxy(**t.spec)
+        for attr in ("admin_port",):
+            if hasattr(t, attr):
+                setattr(new, attr, getattr(t, attr))
+        return new
 
     def log_line(self, msg):
         log(msg)
@@ -556,6 +572,13 @@ class Bench:
             if t.is_direct:
                 addr, target = f"127.0.0.1:{self.origin_port}", "/1k.bin"
             else:
+                # A fresh process: memory a proxy kept from sections 1-2 (malloc's free space, buffer pools) would
+                # otherwise be reused by the idle connections and not counted.
+                t = self.restart(t)
+                if not t.available:
+                    res[t.name] = {"available": False, "reason": "restart: " + t.reason}
+                    log(f"m3-idle {t.name}: restart failed: {t.reason}")
+                    continue
                 addr, target = f"127.0.0.1:{t.port}", f"http://{self.origin_hostport()}/1k.bin"
             time.sleep(1.0)
             rss0 = rss_kib(t.pids())

@@ -168,6 +168,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def port_free(port):
+    """Nothing listens on 127.0.0.1:port any more (a stopped proxy's port, before it is started again)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return False
+    except OSError:
+        return True
+
+
 def wait_listening(port, timeout=15.0, proc=None):
     deadline = time.time() + timeout
     while time.time() < deadline:

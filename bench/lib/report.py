@@ -437,7 +437,8 @@ def markdown(res, png):
             download_table(res, "download_100m"),
             "## 3. Idle keep-alive client connections", "",
             f"{p.get('idle_conns'):,} client connections, one request each, then held idle; growth of the proxy's RSS "
-            "(VmRSS, summed over its processes) divided by the connections still open. Direct = the origin nginx.", "",
+            "(VmRSS, summed over its processes) divided by the connections still open. Each proxy is restarted first "
+            "(memory kept from sections 1-2 would be reused and not counted); direct = the origin nginx, not restarted.", "",
             idle_table(res),
             "## 4. datamode-proxy policy cost (1 KiB, URL mix)", "", policy_section(res),
             "## 5. CONNECT tunnel, 100 MiB", "",
