@@ -27,9 +27,8 @@ final class ClientConnection {
     private(set) var output: OpaquePointer
     /// The socket, for the read event that wakes a parked connection.
     let fd: Int32
-    /// A parked connection's read event (created on the first park, kept for the next ones).
-    /// While parked, the only event of the connection: its socket's next byte or EOF, with the rest of `client-idle`
-    /// as timeout (monotonic nanoseconds: `parkedUntil`).
+    /// While parked, the only event of the connection (made at `park`, freed when it fires): its socket's next
+    /// byte or EOF, with the rest of `client-idle` as timeout (monotonic nanoseconds: `parkedUntil`).
     private var parkedRead: OpaquePointer?
     private var parkedUntil: UInt64 = 0
     /// The bufferevent was freed by `park()` and not yet replaced (the resource, as `machine.isParked` is the

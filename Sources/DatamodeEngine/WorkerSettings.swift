@@ -42,27 +42,19 @@ final class WorkerSettings {
     let shapingScope: ShapingScope
     let apiProfile: String?
     let link: LinkSection
-    /// Per mode (indexed by `modeIndex`): the link profile in force, the manifest cap and whether images are
+    /// Per mode (indexed by `DataMode.index`): the link profile in force, the manifest cap and whether images are
     /// transcoded, for a request judged by another mode than the global one (a session's, a spent budget's):
     /// resolving them per request built arrays and copied sections (1,000-session policy row, issue 15).
     private let profileByMode: [LinkProfile?]
     private let manifestCapByMode: [UInt64?]
     private let imagesApplyByMode: [Bool]
 
-    static func modeIndex(_ mode: DataMode) -> Int {
-        (mode.constrained ? 1 : 0) | (mode.expensive ? 2 : 0) | (mode.ultraConstrained ? 4 : 0)
-    }
-
-    static let allModes: [DataMode] = (0..<8).map {
-        DataMode(constrained: $0 & 1 != 0, expensive: $0 & 2 != 0, ultraConstrained: $0 & 4 != 0)
-    }
-
     /// The profile in force for a request judged by `mode` (SPEC §10 precedence; `PUT /conditions` first).
-    func profile(for mode: DataMode) -> LinkProfile? { profileByMode[Self.modeIndex(mode)] }
+    func profile(for mode: DataMode) -> LinkProfile? { profileByMode[mode.index] }
     /// The manifest bitrate cap under `mode` (SPEC §13), nil when none applies.
-    func manifestCap(in mode: DataMode) -> UInt64? { manifestCapByMode[Self.modeIndex(mode)] }
+    func manifestCap(in mode: DataMode) -> UInt64? { manifestCapByMode[mode.index] }
     /// Whether images are transcoded under `mode` (SPEC §13).
-    func imagesApply(in mode: DataMode) -> Bool { imagesApplyByMode[Self.modeIndex(mode)] }
+    func imagesApply(in mode: DataMode) -> Bool { imagesApplyByMode[mode.index] }
 
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
@@ -89,11 +81,11 @@ final class WorkerSettings {
         shapingScope = configuration.link.scope
         apiProfile = snapshot.apiProfile
         link = configuration.link
-        profileByMode = Self.allModes.map { [apiProfile = snapshot.apiProfile] mode in
+        profileByMode = DataMode.all.map { [apiProfile = snapshot.apiProfile] mode in
             ProfileResolution(api: apiProfile, mode: mode, link: configuration.link).profile
         }
-        manifestCapByMode = Self.allModes.map { configuration.media.manifestCap(in: $0) }
-        imagesApplyByMode = Self.allModes.map { configuration.images.applies(in: $0) }
+        manifestCapByMode = DataMode.all.map { configuration.media.manifestCap(in: $0) }
+        imagesApplyByMode = DataMode.all.map { configuration.images.applies(in: $0) }
     }
 }
 

@@ -88,7 +88,7 @@ public struct Rejection: Sendable, Hashable {
     /// only on the violated conditions and the mode, so it is written once per pair (a quarter of the requests in
     /// the policy row of bench/run are refused, and building each document showed in its profile).
     public func problemBody(mode: DataMode, url: String) -> [UInt8] {
-        let prefix = Self.prefixes[Self.conditionBits(reasons) * 8 + Self.modeBits(mode)]
+        let prefix = Self.prefixes[Self.conditionBits(reasons) * 8 + mode.index]
         var out: [UInt8] = []
         out.reserveCapacity(prefix.count + url.utf8.count + 10)
         out.append(contentsOf: prefix)
@@ -110,16 +110,11 @@ public struct Rejection: Sendable, Hashable {
         }
     }
 
-    static func modeBits(_ mode: DataMode) -> Int {
-        (mode.constrained ? 1 : 0) | (mode.expensive ? 2 : 0) | (mode.ultraConstrained ? 4 : 0)
-    }
-
-    /// By condition bits × 8 + mode bits: the document up to (not including) `,"url":…}`.
+    /// By condition bits × 8 + `DataMode.index`: the document up to (not including) `,"url":…}`.
     static let prefixes: [[UInt8]] = (0..<64).map { index in
-        let bits = index / 8, modeBits = index % 8
+        let bits = index / 8
         let reasons = DataCondition.allCases.enumerated().filter { bits & (1 << $0.offset) != 0 }.map(\.element)
-        let mode = DataMode(constrained: modeBits & 1 != 0, expensive: modeBits & 2 != 0, ultraConstrained: modeBits & 4 != 0)
-        var problem = Rejection(reasons: reasons).problem(mode: mode, url: "")
+        var problem = Rejection(reasons: reasons).problem(mode: DataMode.all[index % 8], url: "")
         problem.extra.removeLast()
         return Array(problem.json.utf8.dropLast())
     }

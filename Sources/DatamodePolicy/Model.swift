@@ -26,6 +26,15 @@ public struct DataMode: Hashable, Sendable, CustomStringConvertible {
 
     public static let normal = DataMode(constrained: false, expensive: false)
 
+    /// The mode as a number below 8 (constrained 1, expensive 2, ultra-constrained 4): an index into per-mode tables
+    /// made once per snapshot or once per process, so the request path does not resolve them again.
+    public var index: Int { (constrained ? 1 : 0) | (expensive ? 2 : 0) | (ultraConstrained ? 4 : 0) }
+
+    /// The eight modes, by `index`.
+    public static let all: [DataMode] = (0..<8).map {
+        DataMode(constrained: $0 & 1 != 0, expensive: $0 & 2 != 0, ultraConstrained: $0 & 4 != 0)
+    }
+
     /// Parses a mode name (case-insensitive): one of the eight canonical names of SPEC §2 and §15 (`normal`,
     /// `constrained`, `expensive`, `constrained-expensive`, `ultra-constrained`, `constrained-ultra-constrained`,
     /// `expensive-ultra-constrained`, `constrained-expensive-ultra-constrained`) or an alias: `low-data`

@@ -40,3 +40,14 @@ struct ProblemBodyTests {
         #expect(text.hasSuffix(",\"url\":\"http://x/\\\"q\\\"\"}"))
     }
 }
+
+@Suite("DataMode index")
+struct DataModeIndexTests {
+    @Test("all[i].index == i for the eight modes, and every mode is among them once")
+    func roundTrip() {
+        #expect(DataMode.all.count == 8)
+        for (i, mode) in DataMode.all.enumerated() { #expect(mode.index == i) }
+        #expect(Set(DataMode.all).count == 8)
+        #expect(DataMode.normal.index == 0)
+    }
+}
