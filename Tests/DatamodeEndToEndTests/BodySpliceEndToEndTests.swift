@@ -94,6 +94,29 @@ import Testing
         #expect(origin.connectionCount == 1)
     }
 
+    /// While what was read of a large body drains before the splice, the origin is not read. A request pipelined
+    /// behind it while that happens is answered after the whole body, on the same connections, in order.
+    @Test func aRequestPipelinedDuringTheDrainIsAnsweredAfterTheBody() throws {
+        let pattern = PatternBody(length: 8 << 20, seed: 24)
+        let body = pattern.bytes
+        let origin = try RecordingOrigin { request in
+            request.target == "/big" ? .respond(status: 200, body: body) : .ok("after")
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+
+        try client.send(RequestText.make("GET", origin.url("/big")))
+        // Nothing read yet: the proxy's output toward the client is full, a write event is armed, the drain begins.
+        Thread.sleep(forTimeInterval: 0.3)
+        try client.send(RequestText.make("GET", origin.url("/next")))
+        let first = try client.readResponse()
+        #expect(first.status == 200)
+        #expect(StreamChecksum.of(first.body) == StreamChecksum.of(body))
+        #expect(try client.readResponse().bodyText == "after")
+    }
+
     /// A client that resets its connection in the middle of a spliced body: the relay stops, the origin connection
     /// (mid-body, unusable) is closed rather than pooled, the exchange is counted as `client-aborted`, and the
     /// proxy goes on serving.
