@@ -28,7 +28,7 @@ public struct DataMode: Hashable, Sendable, CustomStringConvertible {
 
     /// The mode as a number below 8 (constrained 1, expensive 2, ultra-constrained 4): an index into per-mode tables
     /// made once per snapshot or once per process, so the request path does not resolve them again.
-    public var index: Int { (constrained ? 1 : 0) | (expensive ? 2 : 0) | (ultraConstrained ? 4 : 0) }
+    @inlinable public var index: Int { (constrained ? 1 : 0) | (expensive ? 2 : 0) | (ultraConstrained ? 4 : 0) }
 
     /// The eight modes, by `index`.
     public static let all: [DataMode] = (0..<8).map {
