@@ -78,7 +78,7 @@ extension ClientConnection {
         // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on.
         writer = SpeculativeWriter()
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                                          Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+                                                          TLSBuffereventOptions) else {
             SSL_free(ssl)
             worker.metrics.tlsHandshakeFailed(.client, .protocolError)
             exchange.outcome = .error

@@ -1,5 +1,8 @@
 import CDatamodeShims
 import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
 
 // The one place where libevent calls back into Swift.
 //
@@ -19,38 +22,95 @@ func context<T: AnyObject>(_ object: T) -> UnsafeMutableRawPointer {
     Unmanaged.passUnretained(object).toOpaque()
 }
 
+// MARK: re-entrancy
+
+/// Swift code must never be re-entered by libevent while it is inside a call into libevent: a method that holds an
+/// exclusive access (a `mutating` call on a struct field of a connection, an `inout`) and calls, say,
+/// `evbuffer_remove_buffer` would meet itself again in the nested callback, and the runtime aborts the whole process
+/// ("Simultaneous accesses ... Fatal access conflict", found from outside with a chunked upload inside intercepted
+/// TLS: draining a `bufferevent_openssl`'s input unsuspends its reading, which runs `SSL_read` and the read callback
+/// on the spot). Two rules keep callbacks at the loop's top level:
+/// - every TLS bufferevent is made with `BEV_OPT_DEFER_CALLBACKS` (`TLSBuffereventOptions`): libevent_openssl runs
+///   its read, write and event callbacks from inside evbuffer calls (a drain unsuspends reading; an add writes at
+///   once), plain socket bufferevents only ever from the loop;
+/// - in debug builds each connection callback below checks that no other one is running on this worker's thread
+///   (`CallbackNesting`), so a new path back in fails every test that takes it, not one production run in five.
+/// DNS (`evdns_getaddrinfo` answers numeric hosts at once), OpenSSL's SNI and ALPN callbacks and evbuffer callbacks
+/// are synchronous by design and are not connection callbacks; they touch no connection state that a caller holds.
+enum CallbackNesting {
+    #if DEBUG
+    /// How many connection callbacks are running on this thread (0 or 1 when all is well).
+    nonisolated(unsafe) static var depthKey: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
+
+    @inline(__always)
+    static func enter(_ name: StaticString) {
+        let depth = Int(bitPattern: pthread_getspecific(depthKey))
+        precondition(depth == 0, "libevent re-entered Swift: \(name) inside another connection callback")
+        pthread_setspecific(depthKey, UnsafeRawPointer(bitPattern: depth + 1))
+    }
+
+    @inline(__always)
+    static func leave() {
+        let depth = Int(bitPattern: pthread_getspecific(depthKey))
+        pthread_setspecific(depthKey, UnsafeRawPointer(bitPattern: depth - 1))
+    }
+    #else
+    @inline(__always) static func enter(_: StaticString) {}
+    @inline(__always) static func leave() {}
+    #endif
+}
+
+/// The options of every TLS bufferevent: see `CallbackNesting` for why its callbacks are deferred to the loop.
+let TLSBuffereventOptions = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue | BEV_OPT_DEFER_CALLBACKS.rawValue)
+
 // MARK: client side
 
 // Every callback ends with `flushPendingWrites()`: writes are speculative (SpeculativeWriter), so whatever a
 // handler queued is written before control returns to the loop.
 
 let clientReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("clientReadCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.clientReadable()
     client.flushPendingWrites()
 }
 let clientWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("clientWriteCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.clientWritable()
     client.flushPendingWrites()
 }
 let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
+    CallbackNesting.enter("clientEventCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.clientEvent(what)
     client.flushPendingWrites()
 }
 let clientParkedReadCallback: event_callback_fn = { _, what, ctx in
+    CallbackNesting.enter("clientParkedReadCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.parkedReadFired(timedOut: what & Int16(EV_TIMEOUT) != 0)
     client.flushPendingWrites()
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("clientTimerCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.clientTimerFired()
     client.flushPendingWrites()
 }
 
 let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("clientShapingTimerCallback")
+    defer { CallbackNesting.leave() }
     let client = owner(ctx, as: ClientConnection.self)
     client.shapingTimerFired()
     client.flushPendingWrites()
@@ -71,24 +131,32 @@ func flushAfterUpstreamCallback(_ upstream: UpstreamConnection, _ client: Client
 }
 
 let upstreamReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("upstreamReadCallback")
+    defer { CallbackNesting.leave() }
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamReadable()
     flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("upstreamWriteCallback")
+    defer { CallbackNesting.leave() }
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamWritable()
     flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamEventCallback: bufferevent_event_cb = { _, what, ctx in
+    CallbackNesting.enter("upstreamEventCallback")
+    defer { CallbackNesting.leave() }
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamEvent(what)
     flushAfterUpstreamCallback(upstream, client)
 }
 let upstreamTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("upstreamTimerCallback")
+    defer { CallbackNesting.leave() }
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
     upstream.upstreamTimerFired()
@@ -146,9 +214,13 @@ let adminRequestCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointe
 // MARK: splice tunnels (on by default; DATAMODE_TUNNEL_SPLICE=0 turns them off)
 
 let spliceReadableCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("spliceReadableCallback")
+    defer { CallbackNesting.leave() }
     owner(ctx, as: SpliceRelay.self).sourceReadable()
 }
 let spliceWritableCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("spliceWritableCallback")
+    defer { CallbackNesting.leave() }
     owner(ctx, as: SpliceRelay.self).sinkWritable()
 }
 

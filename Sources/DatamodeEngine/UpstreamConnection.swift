@@ -86,7 +86,8 @@ final class UpstreamConnection {
         var ssl: OpaquePointer?
         let bev: OpaquePointer
         if key.tls, let context = worker.tlsContext, let state = context.makeSSL(host: key.host),
-           let tlsBev = bufferevent_openssl_socket_new(worker.base, -1, state, BUFFEREVENT_SSL_CONNECTING, options) {
+           let tlsBev = bufferevent_openssl_socket_new(worker.base, -1, state, BUFFEREVENT_SSL_CONNECTING,
+                                                       TLSBuffereventOptions) {
             ssl = state
             bev = tlsBev
         } else {

@@ -10,9 +10,13 @@ import Glibc
 ///
 /// Paths:
 /// - `/echo-headers`: the request head as the origin received it (text), to see what the proxy forwarded;
+/// - `POST` anything: `received N bytes sha256 HEX` of the body (by `Content-Length` or chunked); `POST /slow-read`
+///   reads the body slowly (16 KiB every 2 ms);
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
 /// - `/close-delimited/N`, `/cut/N`: N bytes without `Content-Length`, then a clean TLS close (close_notify) or a
 ///   dropped TCP connection (a truncation the client must be able to see);
+/// - `/cut-mid-record/N`: as `/cut/N`, but the last thing on the wire is half a TLS record (a record header that
+///   announces more bytes than follow), the shape of a connection cut inside a record;
 /// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
 /// - any other path: the file of that name under `directory/www`, else 404.
 /// Every response carries `X-Origin-Connections`: how many TLS connections the origin has accepted so far.
@@ -93,7 +97,7 @@ public final class HTTPSOrigin: @unchecked Sendable {
     deinit { stop() }
 
     static let script = #"""
-    import http.server, socket, socketserver, ssl, sys, os, threading
+    import hashlib, http.server, socket, socketserver, ssl, sys, os, threading, time
 
     cert, key, root = sys.argv[1], sys.argv[2], sys.argv[3]
     lock = threading.Lock()
@@ -128,10 +132,35 @@ public final class HTTPSOrigin: @unchecked Sendable {
         def do_HEAD(self):
             self.do_GET()
 
+        def read_body(self, n):
+            # /slow-read: an origin that takes its time (16 KiB every 2 ms), so the proxy's buffers fill toward it.
+            if not self.path.startswith("/slow-read"):
+                return self.rfile.read(n)
+            out = bytearray()
+            while len(out) < n:
+                out += self.rfile.read(min(16384, n - len(out)))
+                time.sleep(0.002)
+            return bytes(out)
+
         def do_POST(self):
-            length = int(self.headers.get("Content-Length", "0"))
-            body = self.rfile.read(length)
-            self.reply(200, ("received %d bytes\n" % len(body)).encode())
+            digest = hashlib.sha256()
+            received = 0
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        break
+                    chunk = self.read_body(size)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    self.rfile.readline()
+            else:
+                body = self.read_body(int(self.headers.get("Content-Length", "0")))
+                digest.update(body)
+                received = len(body)
+            self.reply(200, ("received %d bytes sha256 %s\n" % (received, digest.hexdigest())).encode())
 
         def do_GET(self):
             if self.path == "/echo-headers":
@@ -139,7 +168,7 @@ public final class HTTPSOrigin: @unchecked Sendable {
                 self.reply(200, text.encode(), "text/plain")
             elif self.path.startswith("/bytes/"):
                 self.reply(200, pattern(int(self.path[7:])))
-            elif self.path.startswith("/close-delimited/") or self.path.startswith("/cut/"):
+            elif self.path.startswith(("/close-delimited/", "/cut/", "/cut-mid-record/")):
                 # No Content-Length: the body ends with the connection. /close-delimited/N ends it properly
                 # (close_notify), /cut/N just drops the TCP connection after N bytes (a truncation).
                 n = int(self.path.rsplit("/", 1)[1])
@@ -151,7 +180,11 @@ public final class HTTPSOrigin: @unchecked Sendable {
                 self.wfile.flush()
                 self.close_connection = True
                 try:
-                    if self.path.startswith("/cut/"):
+                    if self.path.startswith("/cut-mid-record/"):
+                        # An application-data record header announcing 16 KiB, then 100 bytes of it, then the cut.
+                        os.write(self.connection.fileno(), b"\x17\x03\x03\x40\x00" + b"\x5a" * 100)
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    elif self.path.startswith("/cut/"):
                         self.connection.shutdown(socket.SHUT_RDWR)
                     else:
                         self.connection.unwrap()
