@@ -326,8 +326,12 @@ final class Worker {
         let duration = Double(now &- exchange.startedAt) / 1_000_000_000
         let outcome = exchange.outcome ?? .error
         let outcomeReason = metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
-        metrics.add(bytesIn: Int(exchange.bytesIn))
-        metrics.add(bytesOut: Int(exchange.bytesOut))
+        // A tunnel's bytes are counted while they flow (a tunnel may live for hours; the counter must move with
+        // it), by `pumpTunnel` and `spliceProgressed`; every other exchange's here, once, when it ends.
+        if exchange.tunnel == nil {
+            metrics.add(bytesIn: Int(exchange.bytesIn))
+            metrics.add(bytesOut: Int(exchange.bytesOut))
+        }
         if let session = exchange.session {
             sessionTallies.record(session, outcomeReason: outcomeReason, bytesIn: exchange.bytesIn,
                                   bytesOut: exchange.bytesOut, variant: exchange.variant,

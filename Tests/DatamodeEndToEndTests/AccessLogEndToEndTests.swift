@@ -207,6 +207,28 @@ import Testing
         #expect(line["bytesOut"] as? Int == 4)
     }
 
+    /// `datamode_bytes_total` counts a tunnel's bytes once: they were added while flowing and again when its line
+    /// was written (found by reading; a tunnel of 10,000 bytes each way counted 20,000). Both relays, the splice(2)
+    /// one and the evbuffer one.
+    @Test(arguments: [true, false])
+    func aTunnelsBytesReachTheByteCounterOnce(splice: Bool) throws {
+        let echo = try EchoServer()
+        defer { echo.stop() }
+        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
+                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
+        let payload = [UInt8]((0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        #expect(try client.echoRoundTrip(payload) == payload)
+        client.close()
+        let line = try #require(Self.lines(proxy, method: "CONNECT").first)
+        #expect(line["bytesIn"] as? Int == 10_000)
+        let metrics = try AdminAPIClient(port: proxy.adminPort).scrape()
+        #expect(metrics.value("datamode_bytes_total", ["direction": "in"]) == 10_000, "\(metrics.text)")
+        #expect(metrics.value("datamode_bytes_total", ["direction": "out"]) == 10_000, "\(metrics.text)")
+    }
+
     /// SPEC §8: a line carries the resolved `tags` with the `rule` that set them, so a refusal says why.
     @Test func aRejectionsLineSaysWhichRuleSetItsTags() throws {
         let origin = try RecordingOrigin { _ in .ok() }
