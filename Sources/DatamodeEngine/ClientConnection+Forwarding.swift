@@ -179,6 +179,24 @@ extension ClientConnection {
         }
     }
 
+    /// The upstream's connection failed (reset, TLS error, a record cut short) while it was busy. If its response
+    /// has begun, or bytes of it wait unread, they are relayed as after an EOF and the response then ends
+    /// truncated (`ExchangeStateMachine.originBrokeOffAfterSending`); returns false when there is nothing to relay
+    /// and the failure is answered as such (`upstreamFailed`).
+    func upstreamBrokeOff(_ upstream: UpstreamConnection) -> Bool {
+        guard let exchange = forwardedExchange(of: upstream),
+              exchange.response != nil || evbuffer_get_length(upstream.input) > 0 else { return false }
+        if exchange.response != nil {
+            perform(exchange, exchange.machine.originBrokeOffAfterSending())
+            return true
+        }
+        // No head relayed yet (held for a link profile's latency, or not read): mark the break, then take the
+        // EOF path, which reads the head when it may and relays the body behind it.
+        _ = exchange.machine.originBrokeOffAfterSending()
+        upstreamClosed(upstream)
+        return true
+    }
+
     /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than
     /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
     /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).

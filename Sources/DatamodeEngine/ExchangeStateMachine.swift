@@ -76,6 +76,9 @@ struct ExchangeStateMachine {
     private(set) var clientEnded = false
     /// The origin closed its side (EOF).
     private(set) var originEnded = false
+    /// The origin's connection ended without a proper close: a reset, or TLS cut short or without close_notify
+    /// (RFC 8446 §6.1). What it sent before is relayed all the same, but a body delimited by the close is not whole.
+    private(set) var originBrokeOff = false
     /// The client connection may carry another request after this one.
     private(set) var keepAlive: Bool
     /// The origin said it keeps the connection, and nothing since made reuse unsafe.
@@ -153,6 +156,15 @@ struct ExchangeStateMachine {
         return .none  // no head yet: the executor reads one from what arrived, or reports the failure
     }
 
+    /// The origin's connection failed after it had sent something: drain it as after an EOF (every byte it sent
+    /// reaches the client, SPEC §6), then end the response as truncated, never as complete. A close-delimited
+    /// body inside TLS would otherwise end with the proxy's own close_notify and look whole to the client.
+    mutating func originBrokeOffAfterSending() -> Action {
+        guard phase != .done else { return .none }
+        originBrokeOff = true
+        return originSentEOF()
+    }
+
     /// A response body relay step ran. `unwritten`: not one byte of this response has been written to the
     /// client yet (it can still be taken back whole).
     mutating func responseBodyStep(_ step: RelayStep, unwritten: Bool) -> Action {
@@ -173,7 +185,7 @@ struct ExchangeStateMachine {
         case .moving:
             guard originEnded, step.left == 0 || step.isStalled else { return .none }
             phase = .done
-            if untilClose && step.left == 0 { return .finish(recycleUpstream: false) }
+            if untilClose && step.left == 0 && !originBrokeOff { return .finish(recycleUpstream: false) }
             keepAlive = false
             return .truncate(.upstreamAborted)
         }

@@ -323,6 +323,8 @@ final class UpstreamConnection {
         case .busy:
             if what & Int16(BEV_EVENT_EOF) != 0 {
                 client?.upstreamClosed(self)
+            } else if let client, client.upstreamBrokeOff(self) {
+                // What the origin sent before the failure is still relayed; the response then ends truncated.
             } else {
                 client?.upstreamFailed(self, code: .upstreamUnreachable, detail: "connection to \(key.host):\(key.port) failed")
                 close()

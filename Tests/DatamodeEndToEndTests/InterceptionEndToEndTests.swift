@@ -154,40 +154,67 @@ import Testing
         #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
     }
 
+    /// A client inside an intercepted tunnel that reads a response to its end and says how it ended: "N bytes,
+    /// clean end" (close_notify) or "TLS error after N bytes" (N counts the head too). Arguments: proxy port,
+    /// origin port, CA file, path, and optionally `close` (send `Connection: close`).
+    static let closeDelimitedClient = """
+        import socket, ssl, sys
+        proxy_port, port, ca, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+        close = b"Connection: close\\r\\n" if sys.argv[5:] == ["close"] else b""
+        raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+        raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            head += raw.recv(1)
+        context = ssl.create_default_context(cafile=ca)
+        context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+        tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+        tls.sendall(b"GET %s HTTP/1.1\\r\\nHost: localhost:%d\\r\\n%s\\r\\n" % (path.encode(), port, close))
+        data = b""
+        try:
+            while True:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            body = data.split(b"\\r\\n\\r\\n", 1)[1]
+            print("%d bytes, clean end" % len(body))
+        except ssl.SSLError:
+            print("TLS error after %d bytes" % len(data))
+        """
+
     /// A body delimited by the close is whole only if the origin closed cleanly: the proxy passes a clean end on as
-    /// close_notify and a cut as a cut, so a truncated response is never presented as complete (SPEC §6, §9).
-    @Test(arguments: [("/close-delimited/300000", "300000 bytes, clean end"), ("/cut/300000", "TLS error after")])
+    /// close_notify and a cut as a cut, so a truncated response is never presented as complete (SPEC §6, §9). Cuts
+    /// at a record boundary and inside a record (half a record, then the TCP close), of several sizes.
+    @Test(arguments: [("/close-delimited/300000", "300000 bytes, clean end"), ("/cut/300000", "TLS error after 300"),
+                      ("/cut/100000", "TLS error after 100"), ("/cut/10", "TLS error after"),
+                      ("/cut-mid-record/100000", "TLS error after 100"), ("/cut-mid-record/300000", "TLS error after 300"),
+                      ("/cut-mid-record/1000", "TLS error after 1"), ("/cut-mid-record/0", "TLS error after")])
     func aCloseDelimitedBodyEndsAsTheOriginEndedIt(path: String, expected: String) throws {
         let rig = try Rig()
-        let script = """
-            import socket, ssl, sys
-            proxy_port, port, ca, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
-            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
-            head = b""
-            while b"\\r\\n\\r\\n" not in head:
-                head += raw.recv(1)
-            context = ssl.create_default_context(cafile=ca)
-            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
-            tls.sendall(b"GET %s HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (path.encode(), port))
-            data = b""
-            try:
-                while True:
-                    chunk = tls.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                body = data.split(b"\\r\\n\\r\\n", 1)[1]
-                print("%d bytes, clean end" % len(body))
-            except ssl.SSLError:
-                print("TLS error after %d bytes" % len(data))
-            """
-        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", script, String(rig.proxy.port), String(rig.origin.port),
-                                                                   rig.caPath, path], timeout: 60)
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", Self.closeDelimitedClient, String(rig.proxy.port),
+                                                                   String(rig.origin.port), rig.caPath, path], timeout: 60)
         #expect(result.stdout.hasPrefix(expected), "\(result.output)")
         let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
         #expect(line?["outcome"] as? String == (path.hasPrefix("/cut") ? "error" : "forwarded"), "\(String(describing: line))")
+    }
+
+    /// The same while a link profile holds the response head back for its latency (SPEC §10): the origin's cut
+    /// arrives during the hold. It was answered with a 502 and a clean close_notify, the origin's 100,000 bytes
+    /// dropped; now every byte is relayed after the hold and the session then ends without close_notify.
+    @Test(arguments: ["/cut/100000", "/cut-mid-record/100000"], [false, true])
+    func aCutDuringALinkProfilesLatencyStillRelaysEveryByteAndEndsCut(path: String, close: Bool) throws {
+        let rig = try Rig("mode: constrained\nconditions: {constrained: {profile: nlc-lte}}\n")
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", Self.closeDelimitedClient, String(rig.proxy.port),
+                                                                   String(rig.origin.port), rig.caPath, path]
+                                                 + (close ? ["close"] : []), timeout: 60)
+        // 100,000 body bytes and a head of at least 100 bytes, then the cut.
+        let words = result.stdout.split(separator: " ")
+        let got = words.firstIndex(of: "after").flatMap { $0 + 1 < words.count ? Int(words[$0 + 1]) : nil } ?? 0
+        #expect(result.stdout.hasPrefix("TLS error after") && got > 100_100, "\(result.output)")
+        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+        #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
+        #expect(line?["status"] as? Int == 200, "\(String(describing: line))")
     }
 
     @Test func pythonRequestsVerifiesTheLeafAgainstTheExportedCA() throws {

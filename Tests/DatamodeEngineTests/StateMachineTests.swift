@@ -194,6 +194,23 @@ import Testing
         #expect(machine.responseBodyStep(step(.moving, before: 4, left: 0), unwritten: false) == .finish(recycleUpstream: false))
     }
 
+    /// An origin whose connection failed (reset, TLS cut without close_notify) after it began a close-delimited
+    /// body: its bytes are drained as after an EOF, and the response then ends truncated, never complete.
+    @Test func aCloseDelimitedBodyCutByTheOriginIsRelayedThenTruncated() {
+        var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        _ = machine.responseHead(untilClose: true, originKeepsConnection: true, clientKeepsConnection: true)
+        #expect(machine.originBrokeOffAfterSending() == .pumpResponseBody)
+        #expect(machine.responseBodyStep(step(.moving, before: 10, left: 4), unwritten: false) == .none)
+        #expect(machine.responseBodyStep(step(.moving, before: 4, left: 0), unwritten: false) == .truncate(.upstreamAborted))
+
+        // Before any head: the break is remembered, and the body read later ends the same way.
+        var held = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        _ = held.upstreamConnected()
+        #expect(held.originBrokeOffAfterSending() == .none)
+        #expect(held.responseHead(untilClose: true, originKeepsConnection: true, clientKeepsConnection: true) == .pumpResponseBody)
+        #expect(held.responseBodyStep(step(.moving, before: 7, left: 0), unwritten: false) == .truncate(.upstreamAborted))
+    }
+
     @Test func aShortBodyIsTruncatedAndAStalledChunkLineToo() {
         var short = ExchangeStateMachine(requestComplete: true, keepAlive: true)
         _ = short.responseHead(untilClose: false, originKeepsConnection: true, clientKeepsConnection: true)
