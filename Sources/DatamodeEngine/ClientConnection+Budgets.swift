@@ -4,35 +4,6 @@ import DatamodePolicy
 /// Data budgets on a client connection (SPEC §11): which budgets an exchange counts against, what spent ones do
 /// to it (conditions joining its mode, or a refusal), and the origin bytes it counts.
 extension ClientConnection {
-    /// What the spent budgets matching a request do to it.
-    struct BudgetJudgement {
-        /// The global mode with the conditions of every spent matching budget.
-        var mode: DataMode
-        /// The first spent budget that added a condition.
-        var joinedBy: String?
-        /// A spent budget with `then: reject`, if any.
-        var rejectedBy: Int?
-    }
-
-    /// Marks which budgets `exchange` counts against and judges it by the spent ones.
-    func judgeBudgets(_ exchange: Exchange, host: String, mode: DataMode) -> BudgetJudgement {
-        let ledger = worker.budgets
-        var judgement = BudgetJudgement(mode: mode)
-        let now = worker.clock.wallNanoseconds() / 1_000_000_000
-        for (index, budget) in ledger.budgets.enumerated() where budget.match.matches(client: peerAddress, host: host) {
-            exchange.budgetMask |= 1 << UInt64(index)
-            guard ledger.isSpent(index, now: now) else { continue }
-            switch budget.then {
-            case .reject:
-                if judgement.rejectedBy == nil { judgement.rejectedBy = index }
-            case .join(let joined):
-                if judgement.joinedBy == nil && !joined.isSubset(of: judgement.mode) { judgement.joinedBy = budget.name }
-                judgement.mode = judgement.mode.union(joined)
-            }
-        }
-        return judgement
-    }
-
     /// `403 budget-exhausted`, naming the budget and when it resets.
     func refuseForBudget(_ exchange: Exchange, _ index: Int, url: String) {
         let ledger = worker.budgets

@@ -158,46 +158,4 @@ extension ClientConnection {
         evbuffer_write(pending, fd)
         evbuffer_freeze(pending, 1)
     }
-
-    /// What a request inside an intercepted tunnel is: an absolute-form `https://` request for the tunnel's
-    /// authority (SPEC §9). Origin-form is what clients send inside TLS; absolute-form is accepted when it names the
-    /// same authority. A `Host` (or absolute URL) naming another authority is `421`: this tunnel's TLS session was
-    /// made for one origin, and a client that reuses it for another (connection coalescing) must retry elsewhere
-    /// (RFC 9110 §15.5.20).
-    static func targetInside(_ tunnel: InterceptedTunnel, _ target: RequestTarget, host: String?)
-        -> Result<RequestTarget, InsideRefusal> {
-        switch target.form {
-        case .authority:
-            return .failure(InsideRefusal(code: .badRequest, detail: "CONNECT inside an intercepted tunnel is not supported"))
-        case .asterisk:
-            return .failure(InsideRefusal(code: .badRequest, detail: "OPTIONS * inside an intercepted tunnel is not supported"))
-        case .absolute:
-            guard target.scheme == "https", target.host == tunnel.host, target.port == tunnel.port else {
-                return .failure(InsideRefusal(code: .misdirectedRequest,
-                                              detail: "\(target.absoluteURL) is not on this tunnel's origin https://\(tunnel.authority)"))
-            }
-        case .origin:
-            break
-        }
-        if let host, !Self.sameAuthority(host, tunnel) {
-            return .failure(InsideRefusal(code: .misdirectedRequest,
-                                          detail: "Host \(host) is not this tunnel's origin \(tunnel.authority)"))
-        }
-        if target.form == .absolute { return .success(target) }
-        return .success(RequestTarget(form: .absolute, scheme: "https", host: tunnel.host, port: tunnel.port, path: target.path,
-                                      hostHeaderValue: tunnel.authority, absoluteURL: "https://" + tunnel.authority + target.path))
-    }
-
-    /// `Host` names the tunnel's authority: the same host (case-insensitive), with its port or, for 443, without.
-    static func sameAuthority(_ host: String, _ tunnel: InterceptedTunnel) -> Bool {
-        let value = host.lowercased()
-        if value == tunnel.authority { return true }
-        let bracketed = tunnel.host.contains(":") ? "[\(tunnel.host)]" : tunnel.host
-        return value == "\(bracketed):\(tunnel.port)" || (tunnel.port == 443 && value == bracketed)
-    }
-
-    struct InsideRefusal: Error {
-        var code: ProxyErrorCode
-        var detail: String
-    }
 }

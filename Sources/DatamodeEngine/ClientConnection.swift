@@ -405,177 +405,100 @@ final class ClientConnection {
 
     // MARK: deciding
 
+    /// Where this connection's requests come from, as admission takes it.
+    var requestSource: RequestSource {
+        guard let intercepted else { return .forwardProxy }
+        return .intercepted(InterceptedOrigin(host: intercepted.host, port: intercepted.port, authority: intercepted.authority,
+                                              proxyUser: intercepted.proxyUser))
+    }
+
+    /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
     func begin(_ head: RequestHead, startedAt: UInt64) {
         worker.refreshSnapshot()
         let settings = worker.settings
         // A reload's timeouts apply to connections already open from their next request on, as before.
         machine.timeouts = settings.clientTimeouts
         let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
-        let tokens = head.connectionTokens
-        exchange.connectionTokens = tokens
-        // A client that half-closed still gets every request it sent before answered (pipelining, SPEC §6);
-        // the connection closes once nothing complete is left to read.
-        let keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
-
-        // Framing first: a request whose body boundaries are ambiguous must never be answered on a kept-alive
-        // connection, whatever else is wrong with it (RFC 9112 §6.3, request smuggling).
-        let framing: BodyFraming
-        switch head.bodyFraming() {
-        case .success(let f): framing = f
-        case .failure(let error):
+        exchange.connectionTokens = head.connectionTokens
+        let tlsServer = worker.tlsServer
+        let admission = Admission.admit(head, source: requestSource, client: peerAddress, clientText: peerText,
+                                        settings: settings, budgets: worker.budgets,
+                                        intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
+                                        now: worker.clock.wallNanoseconds() / 1_000_000_000)
+        guard let framing = admission.framing else {
+            // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
             exchange.outcome = .error
-            respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+            carryOut(admission.verdict, exchange, head)
             return
         }
         exchange.requestBody = BodyRelay(framing: framing)
         exchange.requestFraming = framing
-        exchange.machine = ExchangeStateMachine(requestComplete: exchange.requestBody.isComplete, keepAlive: keepAlive)
+        exchange.machine = ExchangeStateMachine(requestComplete: exchange.requestBody.isComplete, keepAlive: admission.keepAlive)
         if !exchange.requestBody.isComplete {
             exchange.expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
         }
-
-        if head.count(of: "host") > 1 {
-            respondError(exchange, .badRequest, detail: "more than one Host header field (RFC 9112 §3.2)", close: true)
-            return
-        }
-        guard worker.accessAllowed(peerAddress) else {
-            respondError(exchange, .accessDenied, detail: "client \(peerText) is not in access.allow", close: true)
-            return
-        }
-        // Inside an intercepted tunnel the client authenticated on its CONNECT; its requests carry no credentials,
-        // and the CONNECT's user stands for them (a session chosen by the proxy user, SPEC §12).
-        var proxyUser = intercepted?.proxyUser
-        if intercepted == nil && !settings.users.isEmpty {
-            proxyUser = ProxyAuthorization.user(head.values(of: "proxy-authorization"), users: settings.users)
-            if proxyUser == nil {
-                respondError(exchange, .proxyAuthRequired, detail: nil, close: false,
-                             extraFields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
-                return
-            }
-        }
-        var target: RequestTarget
-        switch RequestTarget.parse(head.target, method: head.method) {
-        case .success(let t): target = t
-        case .failure(let error):
-            respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
-            return
-        }
-        if let intercepted {
-            switch Self.targetInside(intercepted, target, host: head.values(of: "host").first) {
-            case .success(let inside): target = inside
-            case .failure(let refusal):
-                respondError(exchange, refusal.code, detail: refusal.detail, close: refusal.code == .badRequest)
-                return
-            }
-        }
-        switch target.form {
-        case .origin, .asterisk:
-            respondError(exchange, .notAProxyRequest,
-                         detail: "this is a forward proxy: send absolute-form requests (http://host/path), e.g. curl -x",
-                         close: false)
-            return
-        case .absolute, .authority:
-            break
-        }
-        exchange.url = target.absoluteURL
-        if MessageHeads.hasOwnVia(head) {
-            respondError(exchange, .loopDetected, detail: "the request already passed through this proxy", close: false)
-            return
-        }
-
-        // The session's mode replaces the global one (SPEC §12); the policy stays a function of the mode it is given.
-        var mode = settings.mode
-        if settings.sessions.enabled {
-            switch settings.sessions.membership(fields: head.fields, proxyUser: proxyUser, client: peerAddress) {
-            case .none:
-                break
-            case .session(let membership, let sessionMode):
-                mode = sessionMode
-                exchange.session = membership
-            case .refused(let code, let detail):
-                respondError(exchange, code, detail: detail, close: false)
-                return
-            }
-        }
-        // Spent budgets that match the request join their conditions to it, or refuse it (SPEC §11).
-        let baseMode = mode
-        var budgetJudgement: BudgetJudgement?
-        if !worker.budgets.isEmpty {
-            let judgement = judgeBudgets(exchange, host: target.host, mode: mode)
-            if let index = judgement.rejectedBy {
-                refuseForBudget(exchange, index, url: target.absoluteURL)
-                return
-            }
-            mode = judgement.mode
-            budgetJudgement = judgement
-        }
-        exchange.mode = mode
-
-        let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
-                                 path: target.path, isConnect: target.form == .authority, client: peerAddress,
-                                 fields: head.fields.map { (name: $0.name, value: $0.value) })
-        var provenance = TagProvenance()
-        let decision = decide(facts, mode: mode, policy: settings.policy, provenance: &provenance)
-        if let tags = decision.tags {
+        if let url = admission.url { exchange.url = url }
+        exchange.session = admission.session
+        exchange.budgetMask = admission.budgetMask
+        if let mode = admission.mode { exchange.mode = mode }
+        if let tags = admission.tags {
             exchange.tags = tags
-            exchange.tagSources = provenance
-            exchange.rule = settings.policy.ruleName(for: decision, provenance: provenance)
+            exchange.tagSources = admission.tagSources
+            exchange.rule = admission.rule
         }
+        switch admission.verdict {
+        case .refuse, .reject, .budgetExhausted:
+            break
+        case .intercept, .tunnel, .forward, .serveVariant:
+            applyLinkProfile(exchange, linkProfile(for: exchange, mode: exchange.mode))
+            if let intercepted {
+                // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first
+                // request's response head, not every request's.
+                if intercepted.latencyAdded {
+                    exchange.latency = .none
+                } else if case .pending = exchange.latency {
+                    intercepted.latencyAdded = true
+                }
+            }
+        }
+        carryOut(admission.verdict, exchange, head)
+        // The requests inside an intercepted tunnel act as the user of its CONNECT.
+        if case .intercept = admission.verdict { intercepted?.proxyUser = admission.proxyUser }
+    }
 
-        // Refusals are the same for a CONNECT and any other request.
-        switch decision {
-        case .invalidTag(let detail):
-            respondError(exchange, .invalidTag, detail: detail, close: false)
-            return
-        case .reject(_, let rejection):
+    /// Carries out what admission decided.
+    private func carryOut(_ verdict: Admission.Verdict, _ exchange: Exchange, _ head: RequestHead) {
+        switch verdict {
+        case .refuse(let code, let detail, let close, let fields):
+            respondError(exchange, code, detail: detail, close: close, extraFields: fields)
+        case .reject(let rejection, let budget):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
             let reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
-            // A refusal a spent budget caused names it (SPEC §11).
-            if let name = budgetJudgement?.joinedBy, rejection.reasons.contains(where: { !baseMode.has($0) }) {
-                var problem = rejection.problem(mode: mode, url: target.absoluteURL)
-                problem.extra.append(("budget", JSONText.quote(name)))
+            if let budget {
+                var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
+                problem.extra.append(("budget", JSONText.quote(budget)))
                 respondProblem(exchange, problem, close: false, extraFields: reasonField)
             } else {
-                respondProblem(exchange, rejection.code, body: rejection.problemBody(mode: mode, url: target.absoluteURL),
+                respondProblem(exchange, rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
                                close: false, extraFields: reasonField)
             }
-            if head.method == "GET", let known = worker.knownLengths[target.absoluteURL] {
+            if head.method == "GET", let known = worker.knownLengths[exchange.url] {
                 worker.metrics.saved(.rejected, bytes: Int(known))
             }
-            return
-        case .forward, .serveVariant:
-            break
-        }
-        applyLinkProfile(exchange, linkProfile(for: exchange, mode: mode))
-        if let intercepted {
-            // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first request's
-            // response head, not every request's.
-            if intercepted.latencyAdded {
-                exchange.latency = .none
-            } else if case .pending = exchange.latency {
-                intercepted.latencyAdded = true
-            }
-        }
-        if target.form == .authority {
-            if settings.tls.intercepts(host: target.host) && worker.tlsServer != nil {
-                beginInterception(exchange, target: target)
-                intercepted?.proxyUser = proxyUser
-            } else {
-                beginTunnel(exchange, target: target)
-            }
-            return
-        }
-        switch decision {
-        case .forward(let tags):
+        case .budgetExhausted(let index):
+            refuseForBudget(exchange, index, url: exchange.url)
+        case .intercept(let target):
+            beginInterception(exchange, target: target)
+        case .tunnel(let target):
+            beginTunnel(exchange, target: target)
+        case .forward(let target, let tags):
             exchange.outcome = .forwarded
             forward(exchange, head, to: target, tags: tags, variant: nil)
-        case .serveVariant(let tags, let rewrite):
+        case .serveVariant(let target, let tags, let rewrite):
             exchange.outcome = .rewritten
             exchange.variant = rewrite.id
             serveVariant(exchange, head, tags: tags, rewrite: rewrite)
-        case .invalidTag, .reject:
-            break  // answered above
         }
     }
 

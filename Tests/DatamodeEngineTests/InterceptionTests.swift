@@ -110,14 +110,14 @@ import Testing
         #expect(cache.minted == count)
     }
 
-    static func tunnel(_ host: String = "cdn.example", _ port: UInt16 = 443) -> InterceptedTunnel {
-        InterceptedTunnel(host: host, port: port)
+    static func tunnel(_ host: String = "cdn.example", _ port: UInt16 = 443) -> InterceptedOrigin {
+        InterceptedOrigin(host: host, port: port)
     }
 
-    static func inside(_ tunnel: InterceptedTunnel, _ target: String, method: String = "GET", host: String?)
-        -> Result<RequestTarget, ClientConnection.InsideRefusal> {
+    static func inside(_ tunnel: InterceptedOrigin, _ target: String, method: String = "GET", host: String?)
+        -> Result<RequestTarget, Admission.InsideRefusal> {
         guard case .success(let parsed) = RequestTarget.parse(target, method: method) else { fatalError("bad target \(target)") }
-        return ClientConnection.targetInside(tunnel, parsed, host: host)
+        return Admission.targetInside(tunnel, parsed, host: host)
     }
 
     @Test func aRequestInsideIsAnHTTPSRequestForTheTunnelsAuthorityWithoutTheDefaultPort() throws {
