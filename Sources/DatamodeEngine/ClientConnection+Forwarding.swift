@@ -341,14 +341,11 @@ extension ClientConnection {
         let length = outputLength
         guard queued > 0, length >= queued else { return }
         let earlier = evbuffer_new()!
-        // The front of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter); a TLS
-        // filter's is not.
-        let frozen = clientIsPlain
-        if frozen { evbuffer_unfreeze(output, 1) }
-        evbuffer_remove_buffer(output, earlier, length - queued)
-        evbuffer_drain(output, queued)
-        evbuffer_add_buffer(output, earlier)
-        if frozen { evbuffer_freeze(output, 1) }
+        transport.withOutputFrontUnfrozen {
+            evbuffer_remove_buffer(output, earlier, length - queued)
+            evbuffer_drain(output, queued)
+            evbuffer_add_buffer(output, earlier)
+        }
         evbuffer_free(earlier)
         exchange.response = nil
     }
@@ -372,7 +369,7 @@ extension ClientConnection {
     /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer
     /// read while the client is being written to: what was read drains, then the rest is spliced.
     func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, clientIsPlain, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
+        guard Self.bodySpliceEnabled, transport.isPlain, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
               exchange.response != nil, exchange.capture == nil,
               case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
               !exchange.machine.originEnded,
@@ -386,21 +383,19 @@ extension ClientConnection {
         guard evbuffer_get_length(upstream.input) == 0, outputLength == 0 else {
             // Only while a write event is armed: it comes when the client takes bytes, and the pump then moves
             // what was read. Without one, nothing would wake the exchange once the origin is no longer read.
-            if !exchange.drainingForSplice && writer.waiting {
+            if !exchange.drainingForSplice && transport.isWaitingToWrite {
                 exchange.drainingForSplice = true
                 upstream.suspendIO()
             }
             return
         }
-        guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: bufferevent_getfd(bev),
+        guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: transport.socket,
                                       limit: remaining) else {
             stopDrainingForSplice(exchange)
             return
         }
         exchange.drainingForSplice = false
-        // The output is empty: the speculative writer must not stay parked on a write event it will not get.
-        writer.drained(bev, output: output)
-        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        transport.suspendForSplice()
         upstream.suspendIO()
         exchange.splicedBytes = .zero
         relay.onProgress = { [unowned self, unowned exchange] relay in self.bodySpliceProgressed(exchange, relay) }
@@ -432,7 +427,7 @@ extension ClientConnection {
         // The body is over, or the origin closed before its end: libevent takes both sockets back.
         relay.stop()
         exchange.splices = []
-        bufferevent_enable(bev, Int16(EV_READ))
+        transport.resumeAfterSplice()
         exchange.upstream?.resumeIO()
         if relay.complete {
             perform(exchange, exchange.machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0),

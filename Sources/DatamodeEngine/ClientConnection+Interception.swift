@@ -13,11 +13,9 @@ import Glibc
 /// each as an absolute-form `https://` request for the tunnel's authority. Anything that is not a ClientHello is
 /// relayed blind, as without interception.
 ///
-/// Transport: `bufferevent_openssl` as a filter over the client's socket bufferevent. The ClientHello is already in
-/// that bufferevent's input when the decision is made (the first byte was read to make it), and a filter consumes
-/// bytes already buffered, where a new socket TLS bufferevent would have lost them. The HTTP path keeps working on
-/// an input and an output evbuffer of plaintext; what it must not do under TLS (speculative writes, bulk reads and
-/// splice(2) straight on the socket) is switched off by `clientIsPlain`.
+/// Transport: `ClientTransport.startTLS` puts a `bufferevent_openssl` filter over the client's socket bufferevent.
+/// The HTTP path keeps working on an input and an output evbuffer of plaintext; what it must not do under TLS
+/// (speculative writes, bulk reads and splice(2) straight on the socket) the transport refuses (`isPlain`).
 extension ClientConnection {
     /// How long the whole thing may take: the ClientHello and the handshake, like a request head.
     func beginInterception(_ exchange: Exchange, target: RequestTarget) {
@@ -40,7 +38,7 @@ extension ClientConnection {
     /// The first bytes after the 200 decide: a TLS handshake record (content type 22, RFC 8446 §5.1) is terminated;
     /// anything else is relayed blind to the CONNECT target.
     func clientHelloReadable(_ exchange: Exchange) {
-        guard intercepted?.ssl == nil, exchange.tunnel == nil, evbuffer_get_length(input) > 0 else { return }
+        guard transport.isPlain, exchange.tunnel == nil, evbuffer_get_length(input) > 0 else { return }
         var first: UInt8 = 0
         evbuffer_copyout(input, &first, 1)
         if first == 0x16 {
@@ -74,43 +72,13 @@ extension ClientConnection {
             close()
             return
         }
-        let socketBev = bev
-        // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on.
-        writer = SpeculativeWriter()
-        guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                                          TLSBuffereventOptions) else {
-            SSL_free(ssl)
+        guard transport.startTLS(ssl) else {
             worker.metrics.tlsHandshakeFailed(.client, .protocolError)
             exchange.outcome = .error
             exchange.reason = AbortReason.tlsClientRejected.rawValue
             close()
             return
         }
-        tunnel.ssl = ssl
-        socketOutput = bufferevent_get_output(socketBev)
-        // The filter encrypts only while its socket holds less than this (libevent checks the underlying's write
-        // high watermark), so a slow client keeps the plaintext in the filter's output, where backpressure sees it,
-        // and at most this much ciphertext waits for the socket.
-        bufferevent_setwatermark(socketBev, Int16(EV_WRITE), Flow.lowWater, Flow.highWater)
-        // Many clients end a TLS connection without close_notify once they have what they wanted; between
-        // requests that is an ordinary close, not an error. (Origins do not get this leniency: see UpstreamConnection.)
-        bufferevent_openssl_set_allow_dirty_shutdown(filter, 1)
-        adoptBufferevent(filter)
-        // The ClientHello already sits in the socket bufferevent's input, and no new byte will come before the
-        // client hears from us: run the handshake on it now.
-        bufferevent_trigger(socketBev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
-    }
-
-    /// Makes `filter` the client's bufferevent, with the same callbacks, watermarks and limits as the socket's.
-    private func adoptBufferevent(_ filter: OpaquePointer) {
-        replaceBufferevent(filter)
-        bufferevent_setcb(filter, clientReadCallback, clientWriteCallback, clientEventCallback, context(self))
-        bufferevent_setwatermark(filter, Int16(EV_READ), 0, Flow.highWater)
-        bufferevent_setwatermark(filter, Int16(EV_WRITE), Flow.lowWater, 0)
-        bufferevent_set_max_single_read(filter, Flow.maxSingleIO)
-        bufferevent_set_max_single_write(filter, Flow.maxSingleIO)
-        // TLS keeps libevent's own write path (its output is plaintext, see SpeculativeWriter).
-        bufferevent_enable(filter, Int16(EV_READ | EV_WRITE))
     }
 
     func interceptionHandshakeCompleted(_ exchange: Exchange) {
@@ -126,8 +94,7 @@ extension ClientConnection {
     /// The client's handshake failed: it refused the leaf (an alert such as unknown_ca), closed, or spoke
     /// something else. Logged as `tls-client-rejected` and counted (SPEC §9).
     func interceptionHandshakeFailed(_ exchange: Exchange, _ what: Int16) {
-        var messages: [String] = []
-        while case let code = bufferevent_get_openssl_error(bev), code != 0 { messages.append(TLSClientContext.errorString(code)) }
+        let messages = transport.tlsErrors()
         let reason: TLSFailureReason
         if messages.contains(where: { $0.contains("alert") && ($0.contains("unknown ca") || $0.contains("certificate")) }) {
             reason = .rejectedCertificate
@@ -144,18 +111,5 @@ extension ClientConnection {
             "reason": "\(reason.rawValue)", "detail": "\(messages.joined(separator: "; "))",
         ])
         close()
-    }
-
-    /// Sends close_notify and writes it to the socket at once (the connection is being freed; the alert is a
-    /// few dozen bytes, which an idle socket's buffer always takes).
-    func sendCloseNotify(_ ssl: OpaquePointer) {
-        SSL_shutdown(ssl)
-        guard let underlying = bufferevent_get_underlying(bev) else { return }
-        let pending = bufferevent_get_output(underlying)!
-        let fd = bufferevent_getfd(underlying)
-        guard fd >= 0, evbuffer_get_length(pending) > 0 else { return }
-        evbuffer_unfreeze(pending, 1)
-        evbuffer_write(pending, fd)
-        evbuffer_freeze(pending, 1)
     }
 }

@@ -49,7 +49,7 @@ extension ClientConnection {
             if head.method == "GET", let saving = worker.knownLengths.saving(exchange.url, replacement: UInt64(size)) {
                 worker.metrics.saved(.variant, bytes: saving)
             }
-            writer.queuedFile()
+            transport.queuedFile()
             exchange.bytesOut = UInt64(size)
         }
         finishLocalResponse(exchange)

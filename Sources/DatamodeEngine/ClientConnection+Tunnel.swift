@@ -89,17 +89,17 @@ extension ClientConnection {
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle(_ exchange: Exchange) {
-        guard clientIsPlain, exchange.tunnel?.canSplice == true, exchange.link == nil, !hasHardBudget(exchange),
+        guard transport.isPlain, exchange.tunnel?.canSplice == true, exchange.link == nil, !hasHardBudget(exchange),
               let upstream = exchange.upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
-        let clientFD = bufferevent_getfd(bev)
+        let clientFD = transport.socket
         let upstreamFD = upstream.socket
         guard let up = SpliceRelay(base: worker.base, source: clientFD, sink: upstreamFD),
               let down = SpliceRelay(base: worker.base, source: upstreamFD, sink: clientFD),
               exchange.tunnel?.spliced() == true else { return }
-        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        transport.suspendForSplice()
         upstream.suspendIO()
         up.onProgress = { [unowned self, unowned exchange] relay in self.spliceProgressed(exchange, relay, index: 0) }
         down.onProgress = { [unowned self, unowned exchange] relay in self.spliceProgressed(exchange, relay, index: 1) }
@@ -149,7 +149,7 @@ extension ClientConnection {
                 upstream.shutdownWrite()
             case .shutDownClientWrite:
                 // TLS has its own half-close: close_notify (RFC 8446 §6.1); the socket stays open for the other way.
-                if let ssl = intercepted?.ssl { sendCloseNotify(ssl) } else { shutdown(bufferevent_getfd(bev), Int32(SHUT_WR)) }
+                transport.shutdownWrite()
             case .close:
                 close()
                 return

@@ -20,20 +20,11 @@ final class ClientConnection {
     typealias StateMachine = ClientConnectionStateMachine<Exchange>
 
     unowned let worker: Worker
-    /// The client's bufferevent: its socket's, or (once a tunnel is intercepted) the TLS filter over it. While parked
-    /// (`machine.isParked`) they are freed and must not be used.
-    private(set) var bev: OpaquePointer
-    private(set) var input: OpaquePointer
-    private(set) var output: OpaquePointer
-    /// The socket, for the read event that wakes a parked connection.
-    let fd: Int32
-    /// While parked, the only event of the connection (made at `park`, freed when it fires): its socket's next
-    /// byte or EOF, with the rest of `client-idle` as timeout (monotonic nanoseconds: `parkedUntil`).
-    private var parkedRead: OpaquePointer?
-    private var parkedUntil: UInt64 = 0
-    /// The bufferevent was freed by `park()` and not yet replaced (the resource, as `machine.isParked` is the
-    /// phase: `close()` moves the machine to `.closed` before `release()` frees what is left).
-    private var bufferEventFreed = false
+    /// The wire to the client: plain TCP or TLS, its buffers, speculative writes, parking.
+    let transport: ClientTransport
+    /// What the client sent (plaintext under TLS), and what is queued for it.
+    @inline(__always) var input: OpaquePointer { transport.input }
+    @inline(__always) var output: OpaquePointer { transport.output }
     let peerAddress: IPAddress?
     let peerText: String
     private var timer: OpaquePointer?
@@ -42,20 +33,12 @@ final class ClientConnection {
     private var processing = false
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
-    var writer = SpeculativeWriter()
     /// Where this connection's requests come from: nil for the proxy port itself (absolute-form requests), or the
     /// intercepted tunnel whose TLS the proxy terminated (origin-form requests for its authority, SPEC §9). The
     /// HTTP path below is the same for both; SPEC §16's transparent listener and HTTP/2 will be further sources.
     var intercepted: InterceptedTunnel?
     /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
     var truncated = false
-    /// Under TLS, the socket bufferevent's output (encrypted records waiting for the socket); nil on plain TCP.
-    var socketOutput: OpaquePointer?
-    /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
-    var watchingSocketOutput = false
-    /// Plain TCP to the client: speculative writes, bulk reads and splice(2) work on its socket. Not under TLS,
-    /// whose socket carries records, not the payload.
-    var clientIsPlain: Bool { intercepted?.ssl == nil }
     /// Wakes the connection when a link profile's bucket refills or its added latency passes (created on first use).
     var shapingTimer: OpaquePointer?
     /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
@@ -63,10 +46,7 @@ final class ClientConnection {
 
     init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
         self.worker = worker
-        self.bev = bev
-        self.input = bufferevent_get_input(bev)
-        self.output = bufferevent_get_output(bev)
-        self.fd = bufferevent_getfd(bev)
+        transport = ClientTransport(worker: worker, bev: bev)
         self.peerAddress = peer.ipAddress
         self.peerText = peer.hostText
         let settings = worker.settings
@@ -74,87 +54,42 @@ final class ClientConnection {
     }
 
     func start() {
-        configureBufferevent()
+        transport.configure(owner: context(self))
         timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
         apply(machine.started())
     }
 
-    private func configureBufferevent() {
-        bufferevent_setcb(bev, clientReadCallback, clientWriteCallback, clientEventCallback, context(self))
-        // Read high watermark: a client cannot make us buffer more than this while we are busy with its
-        // previous request (pipelining) or while the upstream is slower than the client (request bodies).
-        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
-        bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
-        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
-        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
-        // EV_WRITE stays off: writes are speculative (see SpeculativeWriter).
-        bufferevent_disable(bev, Int16(EV_WRITE))
-        bufferevent_enable(bev, Int16(EV_READ))
-    }
-
     // MARK: parking (an idle connection gives its buffers back)
 
-    /// Frees the bufferevent, its buffers and the timer while the connection waits idle; one read event on the
-    /// socket, which also carries the rest of `client-idle` as its timeout, brings them back (`unpark`) or ends the
-    /// connection. Only when nothing is buffered either way. Returns whether it parked.
+    /// Gives the buffers and the timer back while the connection waits idle between requests (the transport
+    /// parks when it can: plain TCP, nothing buffered); its socket's next byte or the end of `client-idle` brings
+    /// the connection back. Returns whether it parked.
     private func park(idleLeft milliseconds: Int64) -> Bool {
-        // Never under TLS: the filter's bufferevent holds the session, which a socket bufferevent cannot bring back.
-        guard clientIsPlain, machine.isReadingHead, !writer.waiting, fd >= 0,
-              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0,
-              let parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, context(self))
-        else { return false }
-        self.parkedRead = parkedRead
-        // The socket stays open: the bufferevent forgets it before it is freed (BEV_OPT_CLOSE_ON_FREE).
-        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
-        bufferevent_setfd(bev, -1)
-        bufferevent_free(bev)
-        bufferEventFreed = true
+        guard machine.isReadingHead, transport.park(idleFor: milliseconds) else { return false }
         if let timer { event_free(timer) }
         timer = nil
-        dm_event_add_ms(parkedRead, milliseconds)
-        parkedUntil = worker.clock.nowNanoseconds() + UInt64(max(0, milliseconds)) * 1_000_000
         machine.parked()
-        worker.metrics.connectionParked()
         return true
     }
 
     /// The parked socket is readable (a request's first byte, or EOF), or `client-idle` ran out (`timedOut`).
     func parkedReadFired(timedOut: Bool) {
         guard machine.isParked else { return }
-        if let parkedRead { event_free(parkedRead) }
-        parkedRead = nil
+        transport.parkedReadFired()
         timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
         if timedOut {
             clientTimerFired()
         } else {
             // The idle clock keeps running until a head's first byte arrives (which arms client-header).
             let now = worker.clock.nowNanoseconds()
-            armTimer(Int64((parkedUntil > now ? parkedUntil - now : 0) / 1_000_000))
-            unpark()
+            let until = transport.parkedUntil
+            armTimer(Int64((until > now ? until - now : 0) / 1_000_000))
+            guard transport.unpark() else {
+                close()
+                return
+            }
+            machine.unparked()
         }
-    }
-
-    /// A new bufferevent reads the socket.
-    private func unpark() {
-        guard let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
-            close()
-            return
-        }
-        bev = new
-        bufferEventFreed = false
-        input = bufferevent_get_input(new)
-        output = bufferevent_get_output(new)
-        writer = SpeculativeWriter()
-        machine.unparked()
-        worker.metrics.connectionUnparked()
-        configureBufferevent()
-    }
-
-    /// The TLS filter of an intercepted tunnel takes the socket bufferevent's place (which it now owns).
-    func replaceBufferevent(_ filter: OpaquePointer) {
-        bev = filter
-        input = bufferevent_get_input(filter)
-        output = bufferevent_get_output(filter)
     }
 
     /// Carries out a connection-level action.
@@ -163,15 +98,8 @@ final class ClientConnection {
         case .none:
             break
         case .armTimer(let milliseconds):
-            // Closing: the write callback must fire when the output is empty, not at the low watermark.
-            if case .closing = machine.state {
-                bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
-                if let socketOutput, !watchingSocketOutput {
-                    // Under TLS the filter's write callback says nothing about the socket: watch its buffer.
-                    watchingSocketOutput = true
-                    evbuffer_add_cb(socketOutput, tlsSocketOutputCallback, context(self))
-                }
-            }
+            // Closing: the write callback must fire once everything is written (to the socket, under TLS).
+            if case .closing = machine.state { transport.closeWhenWritten() }
             armTimer(milliseconds)
         case .disarmTimer:
             disarmTimer()
@@ -183,16 +111,10 @@ final class ClientConnection {
     }
 
     /// What is queued in the client's output (plaintext under TLS): what backpressure and the pumps measure.
-    var outputLength: Int { evbuffer_get_length(output) }
+    @inline(__always) var outputLength: Int { transport.outputLength }
 
-    /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
-    /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
-    /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
-    /// A parked connection has no buffers (they were freed with the bufferevent): nothing is unsent.
-    var unsentOutput: Int {
-        guard !bufferEventFreed else { return 0 }
-        return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
-    }
+    /// What is queued for the client and not yet written to its socket (see `ClientTransport.unsentOutput`).
+    var unsentOutput: Int { transport.unsentOutput }
 
     // MARK: libevent events
 
@@ -226,7 +148,7 @@ final class ClientConnection {
         while !machine.isClosed && !machine.isParked {
             flushed = machine.exchange?.upstream
             flushed?.flushPendingWrites()
-            if clientIsPlain { writer.flush(bev, output: output) }
+            transport.flush()
             rounds += 1
             guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
         }
@@ -280,7 +202,7 @@ final class ClientConnection {
     }
 
     func clientWritable() {
-        defer { if !released && clientIsPlain { writer.drained(bev, output: output) } }
+        defer { if !released { transport.writeCallbackRan() } }
         switch machine.state {
         case .closing:
             if unsentOutput == 0 { apply(machine.outputDrained()) }
@@ -299,7 +221,7 @@ final class ClientConnection {
             if case .openingInterception(let exchange) = machine.state { interceptionHandshakeCompleted(exchange) }
             return
         }
-        if case .openingInterception(let exchange) = machine.state, intercepted?.ssl != nil {
+        if case .openingInterception(let exchange) = machine.state, !transport.isPlain {
             interceptionHandshakeFailed(exchange, what)
             return
         }
@@ -341,12 +263,7 @@ final class ClientConnection {
 
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
     @inline(__always)
-    func readMoreIfPending() {
-        guard clientIsPlain else { return }
-        let buffered = evbuffer_get_length(input)
-        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
-        BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
-    }
+    func readMoreIfPending() { transport.readMoreIfPending() }
 
     /// Whether `exchange` is still the one this connection is busy with (an upstream callback may arrive for
     /// one that has just ended).
@@ -573,13 +490,9 @@ final class ClientConnection {
     func release(_ exchange: Exchange? = nil, graceful: Bool = false) {
         guard !released else { return }
         released = true
-        if watchingSocketOutput, let socketOutput {
-            watchingSocketOutput = false
-            evbuffer_remove_cb(socketOutput, tlsSocketOutputCallback, context(self))
-        }
         // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
         // the close from a cut one; an abort or a truncated response ends without it (RFC 8446 §6.1).
-        if graceful && !truncated, let ssl = intercepted?.ssl, intercepted?.established == true { sendCloseNotify(ssl) }
+        let cleanTLSEnd = graceful && !truncated && intercepted?.established == true
         if let exchange {
             for relay in exchange.splices { relay.stop() }
             exchange.splices = []
@@ -592,15 +505,7 @@ final class ClientConnection {
         if let timer { event_free(timer) }
         timer = nil
         releaseShapingTimer()
-        if let parkedRead { event_free(parkedRead) }
-        parkedRead = nil
-        if bufferEventFreed {
-            // The bufferevent is gone already; the socket is still ours.
-            Glibc.close(fd)
-            worker.metrics.connectionUnparked()
-        } else {
-            bufferevent_free(bev)
-        }
+        transport.release(cleanTLSEnd: cleanTLSEnd)
         worker.clientClosed(self)
     }
 

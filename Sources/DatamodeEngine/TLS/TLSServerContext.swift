@@ -96,8 +96,6 @@ final class InterceptedTunnel {
     /// The CONNECT target: lowercased host (IPv6 without brackets) and port.
     let host: String
     let port: UInt16
-    /// The TLS state (owned by the bufferevent, freed with it); nil until the ClientHello arrived.
-    var ssl: OpaquePointer?
     /// The SNI name the client asked for, when it differs from `host`.
     var serverName: String?
     /// The handshake completed.

@@ -1,0 +1,273 @@
+import CDatamodeShims
+import CLibevent
+import COpenSSL
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The client's end of the wire: a plain TCP socket, or a TLS session over it once an intercepted tunnel's
+/// ClientHello was terminated (SPEC §9). It owns the bufferevent(s), the speculative writes, bulk reads, parking
+/// (an idle plain connection gives its buffers back) and the close of either kind (close_notify or a cut).
+///
+/// It is the only type that knows which kind it is. The session above it reads `input`, writes `output`, and
+/// asks what the wire allows (`isPlain`: splice(2), bulk reads and parking work on the socket itself; under TLS
+/// the socket carries records, not the payload). Its libevent callbacks go to its owner, the session
+/// (`ClientConnection`), through the context pointer given at `configure`.
+final class ClientTransport {
+    unowned let worker: Worker
+    /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it. Freed while parked.
+    private(set) var bev: OpaquePointer
+    private(set) var input: OpaquePointer
+    private(set) var output: OpaquePointer
+    /// The socket, for the read event that wakes a parked connection.
+    let fd: Int32
+    /// Writes are speculative on plain TCP (`SpeculativeWriter`); TLS keeps libevent's own write path.
+    private(set) var writer = SpeculativeWriter()
+    /// The TLS state once a ClientHello was terminated (owned by the filter bufferevent, freed with it).
+    private(set) var ssl: OpaquePointer?
+    /// Under TLS, the socket bufferevent's output (encrypted records waiting for the socket).
+    private var socketOutput: OpaquePointer?
+    /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
+    private var watchingSocketOutput = false
+    /// While parked, the only event of the connection: its socket's next byte or EOF, with the rest of
+    /// `client-idle` as its timeout (monotonic nanoseconds: `parkedUntil`).
+    private var parkedRead: OpaquePointer?
+    private(set) var parkedUntil: UInt64 = 0
+    /// The bufferevent was freed by `park` and not yet replaced.
+    private(set) var isParked = false
+    /// The owner's context pointer, for the callbacks.
+    private var owner: UnsafeMutableRawPointer?
+
+    init(worker: Worker, bev: OpaquePointer) {
+        self.worker = worker
+        self.bev = bev
+        input = bufferevent_get_input(bev)
+        output = bufferevent_get_output(bev)
+        fd = bufferevent_getfd(bev)
+    }
+
+    /// Plain TCP: the session may splice, bulk-read and park on the socket itself.
+    var isPlain: Bool { ssl == nil }
+
+    /// Registers `owner`'s callbacks and the connection's watermarks and limits; reading on, writing speculative.
+    func configure(owner: UnsafeMutableRawPointer) {
+        self.owner = owner
+        bufferevent_setcb(bev, clientReadCallback, clientWriteCallback, clientEventCallback, owner)
+        // Read high watermark: a client cannot make us buffer more than this while we are busy with its
+        // previous request (pipelining) or while the upstream is slower than the client (request bodies).
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
+        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
+        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
+        if isPlain {
+            // EV_WRITE stays off: writes are speculative (see SpeculativeWriter).
+            bufferevent_disable(bev, Int16(EV_WRITE))
+            bufferevent_enable(bev, Int16(EV_READ))
+        } else {
+            bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+        }
+    }
+
+    // MARK: writing
+
+    /// Writes what is queued (plain TCP: at once, speculatively; TLS: libevent's write event does it).
+    @inline(__always)
+    func flush() {
+        if isPlain { writer.flush(bev, output: output) }
+    }
+
+    /// The write callback ran: the speculative writer turns its write event off once the output is empty.
+    @inline(__always)
+    func writeCallbackRan() {
+        if isPlain && !isParked { writer.drained(bev, output: output) }
+    }
+
+    /// A file segment was queued (`evbuffer_add_file`): its bytes are not in memory.
+    func queuedFile() { writer.queuedFile() }
+
+    /// A write event is armed: the client's taking of bytes will call back.
+    var isWaitingToWrite: Bool { writer.waiting }
+
+    /// What is queued in the output (plaintext under TLS): what backpressure and the pumps measure.
+    var outputLength: Int { evbuffer_get_length(output) }
+
+    /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
+    /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
+    /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
+    /// A parked connection has no buffers: nothing is unsent.
+    var unsentOutput: Int {
+        guard !isParked else { return 0 }
+        return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
+    }
+
+    /// Takes bytes out of the front of the output (a response taken back before any of it was written). The front
+    /// of a socket bufferevent's output is frozen outside its own writes (see SpeculativeWriter); a TLS filter's is not.
+    func withOutputFrontUnfrozen(_ body: () -> Void) {
+        if isPlain { evbuffer_unfreeze(output, 1) }
+        body()
+        if isPlain { evbuffer_freeze(output, 1) }
+    }
+
+    // MARK: reading
+
+    /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv (plain only).
+    @inline(__always)
+    func readMoreIfPending() {
+        guard isPlain else { return }
+        let buffered = evbuffer_get_length(input)
+        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
+        BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
+    }
+
+    // MARK: splice(2)
+
+    /// The socket, for a splice relay (plain TCP only).
+    var socket: Int32 { bufferevent_getfd(bev) }
+
+    /// A splice relay takes the socket: libevent stops reading and writing it (until `resumeAfterSplice`), and the
+    /// speculative writer must not stay parked on a write event it will not get (the output is empty).
+    func suspendForSplice() {
+        writer.drained(bev, output: output)
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+    }
+
+    /// libevent takes the socket back after a body splice.
+    func resumeAfterSplice() {
+        bufferevent_enable(bev, Int16(EV_READ))
+    }
+
+    // MARK: parking (an idle connection gives its buffers back)
+
+    /// Frees the bufferevent and its buffers while the connection waits idle; one read event on the socket, which
+    /// also carries `milliseconds` as its timeout, brings them back (`unpark`). Only on plain TCP with nothing
+    /// buffered either way (the TLS filter holds the session, which a socket bufferevent cannot bring back).
+    func park(idleFor milliseconds: Int64) -> Bool {
+        guard isPlain, !isParked, !writer.waiting, fd >= 0,
+              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0,
+              let parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, owner)
+        else { return false }
+        self.parkedRead = parkedRead
+        // The socket stays open: the bufferevent forgets it before it is freed (BEV_OPT_CLOSE_ON_FREE).
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        bufferevent_setfd(bev, -1)
+        bufferevent_free(bev)
+        isParked = true
+        dm_event_add_ms(parkedRead, milliseconds)
+        parkedUntil = worker.clock.nowNanoseconds() + UInt64(max(0, milliseconds)) * 1_000_000
+        worker.metrics.connectionParked()
+        return true
+    }
+
+    /// The parked read event fired: it is gone.
+    func parkedReadFired() {
+        if let parkedRead { event_free(parkedRead) }
+        parkedRead = nil
+    }
+
+    /// A new bufferevent reads the socket. False when none could be made (the connection is to be closed).
+    func unpark() -> Bool {
+        guard let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return false }
+        bev = new
+        isParked = false
+        input = bufferevent_get_input(new)
+        output = bufferevent_get_output(new)
+        writer = SpeculativeWriter()
+        worker.metrics.connectionUnparked()
+        if let owner { configure(owner: owner) }
+        return true
+    }
+
+    // MARK: TLS
+
+    /// Terminates TLS with `ssl` (SPEC §9): a `bufferevent_openssl` filter over the socket's bufferevent takes its
+    /// place. The ClientHello already sits in the socket bufferevent's input (the first byte was read to decide),
+    /// and a filter consumes bytes already buffered, where a new socket TLS bufferevent would have lost them.
+    /// False when no filter could be made (`ssl` is freed).
+    func startTLS(_ ssl: OpaquePointer) -> Bool {
+        let socketBev = bev
+        // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on.
+        writer = SpeculativeWriter()
+        guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                          TLSBuffereventOptions) else {
+            SSL_free(ssl)
+            return false
+        }
+        self.ssl = ssl
+        socketOutput = bufferevent_get_output(socketBev)
+        // The filter encrypts only while its socket holds less than this (libevent checks the underlying's write
+        // high watermark), so a slow client keeps the plaintext in the filter's output, where backpressure sees it,
+        // and at most this much ciphertext waits for the socket.
+        bufferevent_setwatermark(socketBev, Int16(EV_WRITE), Flow.lowWater, Flow.highWater)
+        // Many clients end a TLS connection without close_notify once they have what they wanted; between
+        // requests that is an ordinary close, not an error. (Origins do not get this leniency: see UpstreamConnection.)
+        bufferevent_openssl_set_allow_dirty_shutdown(filter, 1)
+        bev = filter
+        input = bufferevent_get_input(filter)
+        output = bufferevent_get_output(filter)
+        if let owner { configure(owner: owner) }
+        // The ClientHello already sits in the socket bufferevent's input, and no new byte will come before the
+        // client hears from us: run the handshake on it now.
+        bufferevent_trigger(socketBev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
+        return true
+    }
+
+    /// OpenSSL's errors for this connection, oldest first (a failed handshake says why).
+    func tlsErrors() -> [String] {
+        var messages: [String] = []
+        while case let code = bufferevent_get_openssl_error(bev), code != 0 { messages.append(TLSClientContext.errorString(code)) }
+        return messages
+    }
+
+    /// Sends close_notify and writes it to the socket at once (the connection is being freed, or half-closed; the
+    /// alert is a few dozen bytes, which an idle socket's buffer always takes).
+    private func sendCloseNotify(_ ssl: OpaquePointer) {
+        SSL_shutdown(ssl)
+        guard let underlying = bufferevent_get_underlying(bev) else { return }
+        let pending = bufferevent_get_output(underlying)!
+        let fd = bufferevent_getfd(underlying)
+        guard fd >= 0, evbuffer_get_length(pending) > 0 else { return }
+        evbuffer_unfreeze(pending, 1)
+        evbuffer_write(pending, fd)
+        evbuffer_freeze(pending, 1)
+    }
+
+    /// Ends the client's sending direction of a tunnel: close_notify under TLS (its own half-close, RFC 8446 §6.1),
+    /// `shutdown(SHUT_WR)` on TCP; the other way stays open.
+    func shutdownWrite() {
+        if let ssl { sendCloseNotify(ssl) } else { shutdown(bufferevent_getfd(bev), Int32(SHUT_WR)) }
+    }
+
+    // MARK: closing
+
+    /// The connection closes once its output is written: the write callback must fire when the output is empty,
+    /// not at the low watermark; under TLS the filter's write callback says nothing about the socket, so its buffer
+    /// is watched too (`socketOutputDrained`).
+    func closeWhenWritten() {
+        guard !isParked else { return }
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
+        if let socketOutput, !watchingSocketOutput {
+            watchingSocketOutput = true
+            evbuffer_add_cb(socketOutput, tlsSocketOutputCallback, owner)
+        }
+    }
+
+    /// Frees everything. `cleanTLSEnd`: a TLS session that ends normally says so (close_notify), so the client can
+    /// tell a response delimited by the close from a cut one; an abort or a truncated response ends without it
+    /// (RFC 8446 §6.1).
+    func release(cleanTLSEnd: Bool) {
+        if watchingSocketOutput, let socketOutput {
+            watchingSocketOutput = false
+            evbuffer_remove_cb(socketOutput, tlsSocketOutputCallback, owner)
+        }
+        if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
+        if let parkedRead { event_free(parkedRead) }
+        parkedRead = nil
+        if isParked {
+            // The bufferevent is gone already; the socket is still ours.
+            Glibc.close(fd)
+            worker.metrics.connectionUnparked()
+        } else {
+            bufferevent_free(bev)
+        }
+    }
+}
