@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <jpeglib.h>
 #include <png.h>
 #include <webp/decode.h>
@@ -94,6 +95,29 @@ int dm_image_probe(const uint8_t *data, size_t length, dm_image_info *info) {
     return -1;
 }
 
+/* ---------- limits on the work of one transcode ---------- */
+
+/* The limits while a transcode runs. The budget is the thread's CPU time, not the wall clock: the pool runs at a
+   lower priority than the event loops, so on a busy machine a wall-clock budget would measure the load, not the
+   image, and give up on ordinary images. */
+typedef struct {
+    int max_scans;
+    uint64_t deadline; /* on the thread's CPU clock, in ns; 0: none */
+    int exceeded;      /* DM_IMAGE_TOO_MANY_SCANS or DM_IMAGE_TOO_SLOW once a limit is hit */
+} work_limits;
+
+static uint64_t thread_cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* 1 (and noted) when the budget is used up. */
+static int out_of_time(work_limits *limits) {
+    if (limits->deadline != 0 && thread_cpu_ns() > limits->deadline) limits->exceeded = DM_IMAGE_TOO_SLOW;
+    return limits->exceeded != 0;
+}
+
 /* ---------- decoding to 8-bit RGB or RGBA ---------- */
 
 typedef struct { uint8_t *pixels; uint32_t width, height; int channels; } raster;
@@ -102,17 +126,33 @@ struct jpeg_failure { struct jpeg_error_mgr manager; jmp_buf jump; };
 static void jpeg_fail(j_common_ptr cinfo) { longjmp(((struct jpeg_failure *)cinfo->err)->jump, 1); }
 static void jpeg_quiet(j_common_ptr cinfo, int level) { (void)cinfo; (void)level; }
 
+/* libjpeg calls its progress monitor before each scan is taken in, after each row of blocks and for each row
+   decoded or encoded: the place to stop a decode that takes too many passes over the image (a progressive JPEG may
+   repeat scans that add nothing; the decoder only warns, as djpeg does without -maxscans) or too long. Stopping is
+   the error path: longjmp to the setjmp of the caller, which frees everything. */
+struct jpeg_watch { struct jpeg_progress_mgr manager; work_limits *limits; };
+static void jpeg_check_limits(j_common_ptr cinfo) {
+    work_limits *limits = ((struct jpeg_watch *)cinfo->progress)->limits;
+    if (cinfo->is_decompressor && limits->max_scans > 0
+        && ((j_decompress_ptr)cinfo)->input_scan_number > limits->max_scans)
+        limits->exceeded = DM_IMAGE_TOO_MANY_SCANS;
+    if (limits->exceeded || out_of_time(limits)) jpeg_fail(cinfo);
+}
+
 /* Decodes a JPEG, letting libjpeg-turbo scale by 1/2, 1/4 or 1/8 while decoding when the image is at least
    that much wider than the target (the cheapest resize there is). */
-static int decode_jpeg(const uint8_t *d, size_t n, const dm_image_info *info, uint32_t max_width, raster *out) {
+static int decode_jpeg(const uint8_t *d, size_t n, const dm_image_info *info, uint32_t max_width, work_limits *limits,
+                       raster *out) {
     struct jpeg_decompress_struct cinfo;
     struct jpeg_failure failure;
+    struct jpeg_watch watch = {.manager = {.progress_monitor = jpeg_check_limits}, .limits = limits};
     volatile uint8_t *pixels = NULL;
     cinfo.err = jpeg_std_error(&failure.manager);
     failure.manager.error_exit = jpeg_fail;
     failure.manager.emit_message = jpeg_quiet;
     if (setjmp(failure.jump)) { jpeg_destroy_decompress(&cinfo); free((void *)pixels); return -1; }
     jpeg_create_decompress(&cinfo);
+    cinfo.progress = &watch.manager;
     jpeg_mem_src(&cinfo, d, (unsigned long)n);
     jpeg_read_header(&cinfo, TRUE);
     /* The size the caller checked (max-pixels) must be the size decoded. */
@@ -179,7 +219,7 @@ static int decode_webp(const uint8_t *d, size_t n, const dm_image_info *info, in
 
 /* ---------- resizing: area averaging (box filter over the source pixels each target pixel covers) ---------- */
 
-static int resize(raster *r, uint32_t max_width) {
+static int resize(raster *r, uint32_t max_width, work_limits *limits) {
     if (r->width <= max_width) return 0;
     uint32_t tw = max_width;
     uint32_t th = (uint32_t)(((uint64_t)r->height * tw + r->width / 2) / r->width);
@@ -188,6 +228,7 @@ static int resize(raster *r, uint32_t max_width) {
     uint8_t *dst = malloc((size_t)tw * th * c);
     if (!dst) return -1;
     for (uint32_t y = 0; y < th; y++) {
+        if (out_of_time(limits)) { free(dst); return -1; }
         uint32_t y0 = (uint32_t)((uint64_t)y * r->height / th);
         uint32_t y1 = (uint32_t)((uint64_t)(y + 1) * r->height / th);
         if (y1 <= y0) y1 = y0 + 1;
@@ -215,9 +256,10 @@ static int resize(raster *r, uint32_t max_width) {
 
 /* ---------- encoding ---------- */
 
-static int encode_jpeg(const raster *r, int quality, uint8_t **out, size_t *out_length) {
+static int encode_jpeg(const raster *r, int quality, work_limits *limits, uint8_t **out, size_t *out_length) {
     struct jpeg_compress_struct cinfo;
     struct jpeg_failure failure;
+    struct jpeg_watch watch = {.manager = {.progress_monitor = jpeg_check_limits}, .limits = limits};
     unsigned char *volatile buffer = NULL;
     unsigned long size = 0;
     volatile uint8_t *rgb = NULL;
@@ -226,6 +268,7 @@ static int encode_jpeg(const raster *r, int quality, uint8_t **out, size_t *out_
     failure.manager.emit_message = jpeg_quiet;
     if (setjmp(failure.jump)) { jpeg_destroy_compress(&cinfo); free(buffer); free((void *)rgb); return -1; }
     jpeg_create_compress(&cinfo);
+    cinfo.progress = &watch.manager;
     jpeg_mem_dest(&cinfo, (unsigned char **)&buffer, &size);
     cinfo.image_width = r->width;
     cinfo.image_height = r->height;
@@ -294,26 +337,34 @@ static int encode_png(const raster *r, uint8_t **out, size_t *out_length) {
 }
 
 int dm_image_transcode(const uint8_t *data, size_t length, const dm_image_info *info, uint32_t max_width,
-                       int quality, int out_format, uint8_t **out, size_t *out_length) {
+                       int quality, int out_format, const dm_image_limits *limits, uint8_t **out, size_t *out_length) {
+    work_limits work = {
+        .max_scans = limits->max_scans,
+        .deadline = limits->cpu_budget_ns ? thread_cpu_ns() + limits->cpu_budget_ns : 0,
+    };
     raster r = {0};
     int ok;
     int keep_alpha = out_format != DM_IMAGE_JPEG;
     switch (info->format) {
-    case DM_IMAGE_JPEG: ok = decode_jpeg(data, length, info, max_width, &r); break;
+    case DM_IMAGE_JPEG: ok = decode_jpeg(data, length, info, max_width, &work, &r); break;
     case DM_IMAGE_PNG: ok = decode_png(data, length, info, &r); break;
     case DM_IMAGE_WEBP: ok = decode_webp(data, length, info, keep_alpha, &r); break;
-    default: return -1;
+    default: return DM_IMAGE_FAILED;
     }
-    if (ok != 0) return -1;
-    if (resize(&r, max_width) != 0) { free(r.pixels); return -1; }
+    if (ok != 0) return work.exceeded ? work.exceeded : DM_IMAGE_FAILED;
+    if (out_of_time(&work) || resize(&r, max_width, &work) != 0 || out_of_time(&work)) {
+        free(r.pixels);
+        return work.exceeded ? work.exceeded : DM_IMAGE_FAILED;
+    }
     switch (out_format) {
-    case DM_IMAGE_JPEG: ok = encode_jpeg(&r, quality, out, out_length); break;
+    case DM_IMAGE_JPEG: ok = encode_jpeg(&r, quality, &work, out, out_length); break;
     case DM_IMAGE_WEBP: ok = encode_webp(&r, quality, out, out_length); break;
     case DM_IMAGE_PNG: ok = encode_png(&r, out, out_length); break;
     default: ok = -1;
     }
     free(r.pixels);
-    return ok;
+    if (ok != 0) return work.exceeded ? work.exceeded : DM_IMAGE_FAILED;
+    return DM_IMAGE_OK;
 }
 
 void dm_image_free(uint8_t *buffer) { free(buffer); }

@@ -73,7 +73,8 @@ struct MetricsEndpoint {
         out += "datamode_image_cache_hits_total \(metrics.imageCacheHits)\n"
         out += "# HELP datamode_images_untouched_total Images under transcoding passed through unchanged, by reason.\n"
         out += "# TYPE datamode_images_untouched_total counter\n"
-        for reason in ["too-large", "too-many-pixels", "animated", "undecodable", "not-smaller", "busy"] {
+        for reason in ["too-large", "too-many-pixels", "animated", "undecodable", "not-smaller", "busy",
+                       "too-many-scans", "too-slow"] {
             out += "datamode_images_untouched_total{reason=\"\(reason)\"} \(metrics.imagesUntouched[reason, default: 0])\n"
         }
         out += "# HELP datamode_log_dropped_total Access log lines dropped because their destination did not keep up.\n"

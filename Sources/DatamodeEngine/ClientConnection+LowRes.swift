@@ -337,20 +337,31 @@ extension ClientConnection {
         }
     }
 
-    /// A result from the pool, on this connection's worker loop.
-    func imageTranscoded(_ exchange: Exchange, output: [UInt8]?) {
+    /// A result from the pool, on this connection's worker loop. Whatever did not become a smaller image (a
+    /// failure, a limit hit) sends the original bytes, counted by why.
+    func imageTranscoded(_ exchange: Exchange, outcome: TranscodeOutcome) {
         guard !released, machine.exchange === exchange, let capture = exchange.capture,
               let pending = capture.pendingImage else { return }
         capture.pendingImage = nil
-        if let output, output.count < pending.body.count {
+        switch outcome {
+        case .encoded(let output) where output.count < pending.body.count:
             if let key = pending.key { ImageCache.shared.put(key, output) }
             writeTranscoded(exchange, capture, body: pending.body, output: output, format: pending.format)
-        } else {
-            worker.metrics.imagePassed(output == nil ? .undecodable : .notSmaller)
+        case .encoded, .failed, .tooManyScans, .tooSlow:
+            worker.metrics.imagePassed(Self.passReason(outcome))
             passCaptureThrough(exchange, capture)
         }
         finishExchange(exchange, recycleUpstream: false)
         flushPendingWrites()
+    }
+
+    private static func passReason(_ outcome: TranscodeOutcome) -> WorkerMetrics.ImagePassReason {
+        switch outcome {
+        case .encoded: .notSmaller
+        case .failed: .undecodable
+        case .tooManyScans: .tooManyScans
+        case .tooSlow: .tooSlow
+        }
     }
 
     private func writeTranscoded(_ exchange: Exchange, _ capture: ResponseCapture, body: [UInt8], output: [UInt8],

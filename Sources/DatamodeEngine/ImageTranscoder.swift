@@ -73,8 +73,47 @@ final class ImageJobToken: @unchecked Sendable {
 
 struct ImageResult: @unchecked Sendable {
     var token: ImageJobToken
-    /// The encoded image, or nil when transcoding failed.
-    var output: [UInt8]?
+    var outcome: TranscodeOutcome
+}
+
+/// Bounds on the work of one transcode (issue 24). `max-pixels` bounds the pixels of an image, not the passes a
+/// decoder makes over them: a 50 KB progressive JPEG of 6000×6000 with 3,000 scans that add nothing kept a pool
+/// thread decoding for tens of seconds (and every image queued behind it waiting). Fixed, not configured
+/// (README "Images"): an image that runs into one passes untouched and is counted.
+struct ImageLimits: Sendable {
+    /// More scans than this and a JPEG is given up, as djpeg's `-maxscans` and TurboJPEG's scan limit do. Encoders
+    /// write 1 (baseline) to about a dozen (libjpeg's progressive script: 10 for colour); 100 is far above them,
+    /// and 100 scans over 6000×6000 cost about 0.8 s of CPU (the time budget below still applies).
+    var maxScans: Int
+    /// CPU time of the pool thread for the whole transcode (decode, resize, encode). The most expensive images
+    /// max-pixels lets through (40 Mpx PNG or WebP, a progressive 40 Mpx JPEG) took 0.3–0.8 s of CPU on the 2-core
+    /// machine of the README's measurements: 2 s leaves room for a slower one. CPU time, not wall time: the pool
+    /// runs below the event loops' priority, so on a busy machine a wall-clock budget would measure the load and
+    /// give up on ordinary images.
+    var cpuBudget: Duration
+
+    static let standard = ImageLimits(maxScans: 100, cpuBudget: .seconds(2))
+}
+
+/// How a transcode ended.
+enum TranscodeOutcome: Sendable, Equatable, CustomStringConvertible {
+    /// The encoded image (maybe not smaller than the original: the caller decides).
+    case encoded([UInt8])
+    /// Not decodable or encodable: corrupt, another size than probed, out of memory.
+    case failed
+    /// A JPEG with more scans than `ImageLimits.maxScans`.
+    case tooManyScans
+    /// `ImageLimits.cpuBudget` used up.
+    case tooSlow
+
+    var description: String {
+        switch self {
+        case .encoded(let bytes): "encoded(\(bytes.count) bytes)"
+        case .failed: "failed"
+        case .tooManyScans: "tooManyScans"
+        case .tooSlow: "tooSlow"
+        }
+    }
 }
 
 /// A bounded pool of threads that decode, resize and encode images off the event loops (SPEC §13). Jobs wait in
@@ -89,7 +128,7 @@ final class ImageTranscoder: @unchecked Sendable {
     private var queue: [ImageJob] = []
     private var head = 0
     private let queueLimit: Int
-    private let threadCount: Int
+    let threadCount: Int
     private var started = false
 
     init(threads: Int, queueLimit: Int) {
@@ -144,30 +183,40 @@ final class ImageTranscoder: @unchecked Sendable {
         dm_image_lower_thread_priority(10)
         while true {
             let job = next()
-            let output = Self.transcode(job)
-            job.worker.imageTranscoded(ImageResult(token: job.token, output: output))
+            let outcome = Self.transcode(job)
+            job.worker.imageTranscoded(ImageResult(token: job.token, outcome: outcome))
         }
     }
 
-    static func transcode(_ job: ImageJob) -> [UInt8]? {
+    static func transcode(_ job: ImageJob) -> TranscodeOutcome {
         transcode(job.input, probe: job.probe, maxWidth: job.maxWidth, quality: job.quality, output: job.output)
     }
 
-    /// Decode, resize, encode (on a pool thread). The C side refuses an image whose decoder sees another size
-    /// than `probe` (the one checked against max-pixels).
+    /// Decode, resize, encode (on a pool thread), within `limits`. The C side refuses an image whose decoder sees
+    /// another size than `probe` (the one checked against max-pixels).
     static func transcode(_ input: [UInt8], probe: ImageProbe, maxWidth: Int, quality: Int,
-                          output: ImageProbe.Format) -> [UInt8]? {
+                          output: ImageProbe.Format, limits: ImageLimits = .standard) -> TranscodeOutcome {
         var info = dm_image_info(format: probe.format.rawValue, width: UInt32(probe.width),
                                  height: UInt32(probe.height), animated: 0)
+        let budget = limits.cpuBudget.components
+        var bounds = dm_image_limits(max_scans: Int32(clamping: limits.maxScans),
+                                     cpu_budget_ns: UInt64(budget.seconds) * 1_000_000_000
+                                         + UInt64(budget.attoseconds / 1_000_000_000))
         var out: UnsafeMutablePointer<UInt8>?
         var length = 0
         let status = input.withUnsafeBufferPointer {
             dm_image_transcode($0.baseAddress, $0.count, &info, UInt32(maxWidth), Int32(quality),
-                               output.rawValue, &out, &length)
+                               output.rawValue, &bounds, &out, &length)
         }
-        guard status == 0, let out else { return nil }
-        defer { dm_image_free(out) }
-        return Array(UnsafeBufferPointer(start: out, count: length))
+        switch status {
+        case DM_IMAGE_OK.rawValue:
+            guard let out else { return .failed }
+            defer { dm_image_free(out) }
+            return .encoded(Array(UnsafeBufferPointer(start: out, count: length)))
+        case DM_IMAGE_TOO_MANY_SCANS.rawValue: return .tooManyScans
+        case DM_IMAGE_TOO_SLOW.rawValue: return .tooSlow
+        default: return .failed
+        }
     }
 }
 

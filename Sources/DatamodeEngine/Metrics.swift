@@ -120,9 +120,10 @@ public final class WorkerMetrics: @unchecked Sendable {
     func imageCacheHit() { imageCacheHits.add(1, ordering: .relaxed) }
 
     /// Why an image under transcoding was passed through untouched (`datamode_images_untouched_total{reason}`).
+    /// `too-many-scans` and `too-slow`: the transcode ran into `ImageLimits` and was given up.
     enum ImagePassReason: String, CaseIterable {
         case tooLarge = "too-large", tooManyPixels = "too-many-pixels", animated, undecodable,
-             notSmaller = "not-smaller", busy
+             notSmaller = "not-smaller", busy, tooManyScans = "too-many-scans", tooSlow = "too-slow"
     }
     func imagePassed(_ reason: ImagePassReason) {
         imagesUntouched[ImagePassReason.allCases.firstIndex(of: reason)!].add(1, ordering: .relaxed)

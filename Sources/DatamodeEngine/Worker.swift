@@ -189,7 +189,7 @@ final class Worker {
         }
         for result in results {
             guard let connection = result.token.connection, let exchange = result.token.exchange else { continue }
-            connection.imageTranscoded(exchange, output: result.output)
+            connection.imageTranscoded(exchange, outcome: result.outcome)
         }
     }
 

@@ -11,10 +11,12 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     guard info.width > 0, info.height > 0 else { fatalError("probe reported a zero size") }
     // Decode only what a small max-pixels would let through, as the proxy does.
     guard UInt64(info.width) * UInt64(info.height) <= 1 << 20, info.animated == 0 else { return 0 }
+    // The proxy's limits (ImageLimits.standard): 100 scans, 2 s of CPU.
+    var limits = dm_image_limits(max_scans: 100, cpu_budget_ns: 2_000_000_000)
     for format in [Int32(1), 2, 3] {
         var out: UnsafeMutablePointer<UInt8>?
         var length = 0
-        if dm_image_transcode(data, size, &info, 64, 50, format, &out, &length) == 0 {
+        if dm_image_transcode(data, size, &info, 64, 50, format, &limits, &out, &length) == 0 {
             guard let out, length > 0 else { fatalError("success without output") }
             dm_image_free(out)
         }

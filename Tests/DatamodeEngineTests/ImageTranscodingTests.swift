@@ -193,6 +193,57 @@ import Testing
         try client.send(RequestText.make("GET", origin.url("/p.jpg")))
         #expect(try client.readResponse().value(of: "Data-Mode-Variant") == "transcoded")
     }
+
+    @Test("a progressive JPEG with 3,000 empty scans (issue 24) is given up at the scan limit: passed untouched, counted")
+    func scanBomb() throws {
+        // The outside testers' file: 6000×6000 (under max-pixels), 3,000 scans that add nothing; tens of seconds of
+        // decoding when nothing stops it. The client's 30 s timeout is only a safety net: the assertions are on
+        // what came back and on the counter.
+        let bomb = SampleImages.progressiveScanBomb(width: 6000, height: 6000, scans: 3000)
+        let origin = try Self.origin(["/bomb.jpg": (bomb, [("Content-Type", "image/jpeg")])])
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml, mode: Self.constrained)
+        defer { proxy.stop() }
+        let response = try Self.get(proxy, origin.url("/bomb.jpg"), headers: [("Accept", "image/webp")])
+        #expect(response.status == 200)
+        #expect(response.body == bomb ? true : false, "the original bytes, untouched")
+        #expect(!response.contains("Data-Mode-Variant"))
+        let metrics = try Self.metrics(proxy)
+        #expect(metrics.counter("datamode_images_untouched_total", ["reason": "too-many-scans"]) == 1)
+        #expect(metrics.counter("datamode_images_transcoded_total") == 0)
+    }
+
+    @Test("while every pool thread holds a scan bomb, an ordinary PNG through the proxy still gets its answer (issue 24)")
+    func pngBesideScanBombs() throws {
+        // One bomb more than the pool has threads, as the testers sent three on two cores. Many scans over a moderate
+        // area: about a minute of decoding each when nothing stops it, a tenth of a second at the scan limit.
+        let bombs = ImageTranscoder.shared.threadCount + 1
+        let bomb = SampleImages.progressiveScanBomb(width: 2000, height: 2000, scans: 60_000)
+        let png = try SampleImages.make(.png, width: 1200, height: 900)
+        let origin = try Self.origin(["/bomb.jpg": (bomb, [("Content-Type", "image/jpeg")]),
+                                      "/photo.png": (png, [("Content-Type", "image/png")])])
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml, mode: Self.constrained)
+        defer { proxy.stop() }
+        let clients = try (0..<bombs).map { _ in try proxy.connect(timeout: .seconds(60)) }
+        defer { clients.forEach { $0.close() } }
+        for client in clients { try client.send(RequestText.make("GET", origin.url("/bomb.jpg"))) }
+        // The origin has answered every bomb: the proxy holds their bodies and hands them to the pool (the pause lets
+        // it get there first; the outcome asserted below does not depend on it).
+        #expect(origin.waitForRequests(bombs).count == bombs)
+        Thread.sleep(forTimeInterval: 0.3)
+        let answer = try Self.get(proxy, origin.url("/photo.png"))  // 30 s: a safety net, not a measurement
+        #expect(answer.status == 200)
+        #expect(answer.value(of: "Data-Mode-Variant") == "transcoded")
+        #expect(try #require(ImageProbe(answer.body)).width == 800)
+        for client in clients {
+            let response = try client.readResponse()
+            #expect(response.body == bomb ? true : false, "each bomb passes untouched")
+            #expect(!response.contains("Data-Mode-Variant"))
+        }
+        #expect(try Self.metrics(proxy).counter("datamode_images_untouched_total", ["reason": "too-many-scans"])
+            == Double(bombs))
+    }
 }
 
 /// The C layer on its own: header probing and the size check that keeps a decompression bomb from being decoded.
@@ -224,13 +275,62 @@ import Testing
         webp[24...29] = [39, 0, 0, 29, 0, 0]
         let lying = try #require(ImageProbe(webp))
         #expect(lying.width == 40 && lying.height == 30)
-        #expect(ImageTranscoder.transcode(webp, probe: lying, maxWidth: 800, quality: 60, output: .webp) == nil)
+        #expect(ImageTranscoder.transcode(webp, probe: lying, maxWidth: 800, quality: 60, output: .webp) == .failed)
         // And a probe that does not match the bytes at all (what the max-pixels check saw is not the image).
         let png = try SampleImages.make(.png, width: 400, height: 300)
         var small = try #require(ImageProbe(png))
         small.width = 40
-        #expect(ImageTranscoder.transcode(png, probe: small, maxWidth: 800, quality: 60, output: .png) == nil)
-        #expect(ImageTranscoder.transcode(png, probe: try #require(ImageProbe(png)), maxWidth: 800, quality: 60,
-                                          output: .png) != nil)
+        #expect(ImageTranscoder.transcode(png, probe: small, maxWidth: 800, quality: 60, output: .png) == .failed)
+        #expect(Self.encoded(ImageTranscoder.transcode(png, probe: try #require(ImageProbe(png)), maxWidth: 800,
+                                                       quality: 60, output: .png)))
+    }
+
+    static func encoded(_ outcome: TranscodeOutcome) -> Bool {
+        if case .encoded(let bytes) = outcome { return !bytes.isEmpty }
+        return false
+    }
+
+    @Test("a progressive JPEG with 3,000 empty scans is given up at the scan limit instead of decoded for tens of seconds")
+    func scanLimit() throws {
+        let bomb = SampleImages.progressiveScanBomb(width: 6000, height: 6000, scans: 3000)
+        let probe = try #require(ImageProbe(bomb))
+        Self.expect(probe, .jpeg, 6000, 6000)
+        #expect(ImageTranscoder.transcode(bomb, probe: probe, maxWidth: 800, quality: 60, output: .jpeg) == .tooManyScans)
+    }
+
+    @Test("the scan limit is exact: 100 scans decode, 101 do not; a real progressive JPEG is far below it")
+    func scanLimitBoundary() throws {
+        for (scans, limited) in [(ImageLimits.standard.maxScans, false), (ImageLimits.standard.maxScans + 1, true)] {
+            let bomb = SampleImages.progressiveScanBomb(width: 256, height: 256, scans: scans)
+            let outcome = ImageTranscoder.transcode(bomb, probe: try #require(ImageProbe(bomb)), maxWidth: 800, quality: 60,
+                                                    output: .png)
+            #expect(limited ? outcome == .tooManyScans : Self.encoded(outcome), "\(scans) scans: \(outcome)")
+        }
+        let progressive = try SampleImages.make(.jpeg, width: 1600, height: 1200, progressive: true)
+        let scans = zip(progressive, progressive.dropFirst()).filter { $0 == 0xFF && $1 == 0xDA }.count  // SOS markers
+        #expect(scans == 10, "Pillow's progressive JPEG: libjpeg's script, 10 scans")
+        let probe = try #require(ImageProbe(progressive))
+        #expect(Self.encoded(ImageTranscoder.transcode(progressive, probe: probe, maxWidth: 800, quality: 60, output: .jpeg)))
+    }
+
+    @Test("a transcode that uses up its CPU budget is given up, inside libjpeg or between stages")
+    func timeBudget() throws {
+        let tiny = ImageLimits(maxScans: ImageLimits.standard.maxScans, cpuBudget: .microseconds(1))
+        // Under the scan limit, but 90 passes over 36 Mpx: most of a second of CPU; stopped inside libjpeg.
+        let slow = SampleImages.progressiveScanBomb(width: 6000, height: 6000, scans: 90)
+        let slowProbe = try #require(ImageProbe(slow))
+        #expect(ImageTranscoder.transcode(slow, probe: slowProbe, maxWidth: 800, quality: 60, output: .jpeg,
+                                          limits: ImageLimits(maxScans: 100, cpuBudget: .milliseconds(50))) == .tooSlow)
+        // Ordinary images of each format, with a budget nothing fits in: given up, never a broken result.
+        let jpeg = try SampleImages.make(.jpeg, width: 2000, height: 1500)
+        let png = try SampleImages.make(.png, width: 1600, height: 1200)
+        let webp = try SampleImages.make(.webp, width: 1600, height: 900)
+        for (image, output) in [(jpeg, ImageProbe.Format.jpeg), (png, .png), (webp, .webp), (png, .jpeg)] {
+            let probe = try #require(ImageProbe(image))
+            #expect(ImageTranscoder.transcode(image, probe: probe, maxWidth: 800, quality: 60, output: output,
+                                              limits: tiny) == .tooSlow, "\(probe.format) → \(output)")
+            #expect(Self.encoded(ImageTranscoder.transcode(image, probe: probe, maxWidth: 800, quality: 60, output: output)),
+                    "\(probe.format) → \(output) within the standard limits")
+        }
     }
 }
