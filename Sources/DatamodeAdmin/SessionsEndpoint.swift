@@ -50,6 +50,14 @@ struct SessionsEndpoint {
     }
 
     private func put(_ request: AdminRequest, id: String) -> AdminResponse {
+        // SPEC §12: while sessions are off the session header is ignored; a session created now would be believed in
+        // by a rig and honoured by nothing. Refused before the body is looked at: nothing in it could change that.
+        guard api.runtime.load().snapshot.configuration.sessions.enabled else {
+            let code = ProxyErrorCode.sessionsDisabled
+            return AdminProblem.response(code.status, code.rawValue,
+                                         "sessions are off (sessions.enabled: false): no request would be judged by "
+                                             + "session \(id); set sessions: {enabled: true} in the configuration")
+        }
         let object: [String: Any]
         switch AdminJSON.object(request.body) {
         case .success(let o): object = o

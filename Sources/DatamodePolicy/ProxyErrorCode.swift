@@ -3,7 +3,8 @@
 /// This is the one place where a failure of the proxy port becomes a status code: the engine and the policy
 /// produce `ProxyErrorCode` values and render them with `ProblemDetail` (`urn:datamode:<code>`). The admin plane
 /// answers with its own problem documents (`AdminProblem` in DatamodeAdmin: `urn:datamode:admin:<code>`, codes such
-/// as `unauthorized`, `not-found`, `conflict`); it borrows only `invalidVariant`'s code and status from here.
+/// as `unauthorized`, `not-found`, `conflict`); it borrows only `invalidVariant`'s and `sessionsDisabled`'s code and
+/// status from here.
 public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case badRequest = "bad-request"
     case invalidTag = "invalid-tag"
@@ -36,6 +37,9 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     case unknownProfile = "unknown-profile"
     /// SPEC §11: a data budget with `then: reject` is spent for this request's traffic.
     case budgetExhausted = "budget-exhausted"
+    /// SPEC §12: `PUT /sessions/{id}` while sessions are off: a rig must not believe it has a session that nothing
+    /// honours (the session header is ignored while they are off).
+    case sessionsDisabled = "sessions-disabled"
 
     public var status: Int {
         switch self {
@@ -47,6 +51,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .loopDetected: 508
         case .dnsFailure, .upstreamUnreachable, .upstreamProtocolError, .upstreamTLSError: 502
         case .misdirectedRequest: 421
+        case .sessionsDisabled: 409
         case .upstreamTimeout: 504
         case .overloaded: 503
         }
@@ -77,6 +82,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .misdirectedRequest: "Request sent to the wrong tunnel"
         case .unknownProfile: "Unknown link profile"
         case .budgetExhausted: "Data budget exhausted"
+        case .sessionsDisabled: "Sessions are off"
         }
     }
 
@@ -86,6 +92,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case 400: "Bad Request"
         case 403: "Forbidden"
         case 407: "Proxy Authentication Required"
+        case 409: "Conflict"
         case 414: "URI Too Long"
         case 421: "Misdirected Request"
         case 431: "Request Header Fields Too Large"

@@ -13,7 +13,8 @@ struct SessionsCommand: ParsableCommand {
         discussion: """
             Without ID: every session with its mode and counters. With ID: that session; with --mode (and \
             --profile) it is created or changed; with --delete it is removed and its final counters printed. \
-            Requests join a session with the header Data-Mode-Session: ID (sessions.enabled must be true).
+            Requests join a session with the header Data-Mode-Session: ID (sessions.enabled must be true; while it \
+            is false, setting a session fails with 409 sessions-disabled).
             """
     )
 

@@ -48,7 +48,7 @@ struct SessionsEndpointTests {
 
     @Test("bad input: id, mode, profile, keys, method")
     func badInput() throws {
-        let fixture = try AdminFixture()
+        let fixture = try AdminFixture("sessions: {enabled: true}\n")
         #expect(fixture.handle("PUT", "/sessions/a%20b", #"{"mode": "normal"}"#).status == 400)
         #expect(fixture.handle("PUT", "/sessions/global", #"{"mode": "normal"}"#).status == 400)
         #expect(fixture.handle("PUT", "/sessions/" + String(repeating: "x", count: 129), #"{"mode": "normal"}"#).status == 400)
@@ -65,7 +65,7 @@ struct SessionsEndpointTests {
 
     @Test("idle expiry counts from the last API call or request, on the injected clock")
     func idleExpiry() throws {
-        let fixture = try AdminFixture()
+        let fixture = try AdminFixture("sessions: {enabled: true}\n")
         #expect(fixture.handle("PUT", "/sessions/a", #"{"mode": "constrained"}"#).status == 201)
         #expect(fixture.handle("PUT", "/sessions/b", #"{"mode": "expensive"}"#).status == 201)
         fixture.elapse(milliseconds: 900)
@@ -83,6 +83,22 @@ struct SessionsEndpointTests {
         #expect(fixture.api.expireIdleSessions(after: .seconds(1)).isEmpty)
         fixture.elapse(milliseconds: 100)
         #expect(fixture.api.expireIdleSessions(after: .seconds(1)) == ["b"])
+    }
+
+    @Test("sessions off (the default): PUT answers 409 sessions-disabled and creates nothing; GET and DELETE find nothing")
+    func disabled() throws {
+        let fixture = try AdminFixture()
+        let refused = fixture.handle("PUT", "/sessions/rig-1", #"{"mode": "constrained"}"#)
+        expectProblem(refused, 409, "sessions-disabled")
+        #expect((refused.object["detail"] as? String)?.contains("sessions.enabled") == true, "\(refused.text)")
+        #expect(ProxyErrorCode(rawValue: "sessions-disabled")?.status == 409, "the one place codes map to statuses")
+        #expect(fixture.snapshot.sessions.isEmpty, "a rig must not believe it has a session that nothing honours")
+        #expect(fixture.emitted.value.isEmpty, "no mode event for it either")
+        // Refused whatever the body says, before looking at it.
+        expectProblem(fixture.handle("PUT", "/sessions/rig-1", "not json"), 409, "sessions-disabled")
+        #expect(fixture.handle("GET", "/sessions").object["enabled"] as? Bool == false)
+        expectProblem(fixture.handle("GET", "/sessions/rig-1"), 404, "unknown-session")
+        expectProblem(fixture.handle("DELETE", "/sessions/rig-1"), 404, "unknown-session")
     }
 
     @Test("SessionTally keeps the last 100 rejected URLs, and merging keeps the newest")
@@ -120,7 +136,7 @@ struct EventsEndpointTests {
 
     @Test("mode and variants changes are emitted; ids increase; ?session filters and names a live session")
     func emitted() throws {
-        let fixture = try AdminFixture()
+        let fixture = try AdminFixture("sessions: {enabled: true}\n")
         #expect(fixture.handle("GET", "/events?session=nope").errorCode == "unknown-session")
         #expect(fixture.handle("GET", "/events?colour=red").status == 400)
         #expect(fixture.handle("PUT", "/mode", #"{"mode": "constrained"}"#).status == 200)
@@ -186,7 +202,7 @@ struct ScheduleEndpointTests {
 
     @Test("a session's timeline changes that session only; deleting the session ends it")
     func sessionTimeline() throws {
-        let fixture = try AdminFixture()
+        let fixture = try AdminFixture("sessions: {enabled: true}\n")
         #expect(fixture.handle("PUT", "/schedule", #"{"steps": [{"after": "1s", "mode": "constrained"}], "session": "ghost"}"#).errorCode == "unknown-session")
         #expect(fixture.handle("PUT", "/sessions/s", #"{"mode": "normal"}"#).status == 201)
         #expect(fixture.handle("PUT", "/schedule", #"{"steps": [{"after": "0s", "mode": "constrained"}, {"after": "1s", "mode": "expensive"}], "session": "s"}"#).status == 200)

@@ -32,6 +32,17 @@ struct SessionsCLIEndToEndTests {
         }
     }
 
+    @Test("`sessions ID --mode M` with sessions off fails with the 409 and says why")
+    func sessionsCommandWhileDisabled() throws {
+        try withAdminProxy { proxy, admin throws in
+            let set = try ProxyProcess.runCLI(["sessions", "rig", "--mode", "constrained", "--admin", "127.0.0.1:\(proxy.adminPort)"])
+            #expect(set.status == 1, "\(set.output)")
+            #expect(set.stderr.contains("409") && set.stderr.contains("sessions.enabled"), "\(set.stderr)")
+            #expect(set.stdout.isEmpty, "\(set.stdout)")
+            #expect(try admin.get("/sessions/rig").status == 404)
+        }
+    }
+
     @Test("`watch` prints the current mode, then each change, one line per event")
     func watchCommand() throws {
         try withAdminProxy { proxy, admin throws in

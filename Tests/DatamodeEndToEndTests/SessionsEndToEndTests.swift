@@ -128,7 +128,7 @@ struct SessionsEndToEndTests {
         }
     }
 
-    @Test("sessions off: the header is ignored but still never forwarded")
+    @Test("sessions off: the header is ignored but still never forwarded; PUT /sessions/{id} is 409 sessions-disabled")
     func disabled() throws {
         let origin = try RecordingOrigin()
         defer { origin.stop() }
@@ -139,6 +139,12 @@ struct SessionsEndToEndTests {
             #expect(response.status == 200)
             #expect(origin.requests.first?.head.values(of: "data-mode-session").isEmpty == true)
             #expect(try admin.get("/sessions").object["enabled"] as? Bool == false)
+            // SPEC §12: a rig must not believe it has a session that nothing honours.
+            let refused = try admin.put("/sessions/whatever", #"{"mode": "constrained"}"#)
+            #expect(refused.status == 409 && refused.errorCode == "sessions-disabled", "\(refused.bodyText)")
+            #expect(refused.mediaType == "application/problem+json")
+            #expect(try admin.get("/sessions/whatever").status == 404)
+            #expect((try admin.get("/sessions").object["sessions"] as? [Any])?.isEmpty == true)
         }
     }
 

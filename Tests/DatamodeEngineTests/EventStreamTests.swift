@@ -51,7 +51,7 @@ struct EventStreamTests {
 
     @Test("a subscriber that stops reading is dropped; one that reads gets every event; the proxy serves on")
     func slowSubscriberDropped() throws {
-        let harness = try ProxyHarness()
+        let harness = try ProxyHarness(yaml: "sessions: {enabled: true}\n")
         defer { harness.stop() }
         let admin = harness.admin()
         let stalled = try EventStreamClient(port: harness.adminPort, receiveBuffer: 4096)
