@@ -36,8 +36,10 @@ import Testing
     context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
 
+    leftover = [b""]  # bytes read past the end of a response: the start of the next one (pipelining)
+
     def read_response():
-        data = b""
+        data, leftover[0] = leftover[0], b""
         while b"\r\n\r\n" not in data:
             chunk = tls.recv(65536)
             if not chunk:
@@ -52,9 +54,32 @@ import Testing
             if not chunk:
                 raise SystemExit("EOF after %d of %d body bytes" % (len(body), length))
             body += chunk
-        return head, body
+        leftover[0] = body[length:]
+        return head, body[:length]
 
-    if row in ("chunked-upload", "length-upload", "slow-origin-upload"):
+    def pattern_download(n):
+        return bytes(((i * 31 + 7) & 0xFF) for i in range(256)) * (n // 256) + bytes(((i * 31 + 7) & 0xFF) for i in range(n % 256))
+
+    if row == "pipelined":
+        # Three requests in one write, answered in order with every byte (pipelining inside TLS, SPEC §6).
+        sizes = [300_000, 17, 1_000_000]
+        tls.sendall(b"".join(b"GET /bytes/%d HTTP/1.1\r\nHost: localhost:%d\r\n\r\n" % (n, port) for n in sizes))
+        ok = all(read_response()[1] == pattern_download(n) for n in sizes)
+        print("ok" if ok and leftover[0] == b"" else "MISMATCH")
+    elif row == "expect-upload":
+        # Expect: 100-continue: the body goes only after the interim answer (RFC 9110 §10.1.1).
+        body = pattern(2_000_000, 9)
+        tls.sendall(b"POST /upload HTTP/1.1\r\nHost: localhost:%d\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+                    % (port, len(body)))
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += tls.recv(1)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        tls.sendall(body)
+        head, answer = read_response()
+        expected = b"received %d bytes sha256 %s\n" % (len(body), hashlib.sha256(body).hexdigest().encode())
+        print("ok" if answer == expected else "MISMATCH %r" % answer)
+    elif row in ("chunked-upload", "length-upload", "slow-origin-upload"):
         body = pattern(6_300_000, len(row))
         path = b"/slow-read" if row == "slow-origin-upload" else b"/upload"
         if row == "length-upload":
@@ -76,11 +101,11 @@ import Testing
         n = 5_000_000
         tls.sendall(b"GET /bytes/%d HTTP/1.1\r\nHost: localhost:%d\r\n\r\n" % (n, port))
         head, body = read_response()
-        want = bytes(((i * 31 + 7) & 0xFF) for i in range(256)) * (n // 256) + bytes(((i * 31 + 7) & 0xFF) for i in range(n % 256))
+        want = pattern_download(n)
         print("ok" if body == want else "MISMATCH at %d" % next(i for i in range(len(body)) if body[i] != want[i]))
     """#
 
-    static let rows = ["chunked-upload", "length-upload", "slow-origin-upload", "slow-download"]
+    static let rows = ["chunked-upload", "length-upload", "slow-origin-upload", "slow-download", "pipelined", "expect-upload"]
 
     /// Keeps both cores busy while it lives, as the outside suite did (the crash needed a loaded machine).
     final class CPULoad {
