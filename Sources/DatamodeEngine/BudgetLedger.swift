@@ -136,11 +136,3 @@ public final class BudgetLedger: Sendable {
         return (mode, name)
     }
 }
-
-extension DataMode {
-    /// Both modes' conditions.
-    public func union(_ other: DataMode) -> DataMode {
-        DataMode(constrained: constrained || other.constrained, expensive: expensive || other.expensive,
-                 ultraConstrained: ultraConstrained || other.ultraConstrained)
-    }
-}

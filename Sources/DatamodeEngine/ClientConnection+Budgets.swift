@@ -64,10 +64,3 @@ extension ClientConnection {
         }
     }
 }
-
-extension DataMode {
-    /// Whether every condition of this mode holds in `other`.
-    func isSubset(of other: DataMode) -> Bool {
-        (!constrained || other.constrained) && (!expensive || other.expensive) && (!ultraConstrained || other.ultraConstrained)
-    }
-}

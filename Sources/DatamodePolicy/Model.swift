@@ -10,30 +10,57 @@ public enum DataCondition: String, CaseIterable, Hashable, Sendable {
     case ultraConstrained = "ultra-constrained"
 }
 
-/// The active data mode: which conditions hold (SPEC §2, §15).
-public struct DataMode: Hashable, Sendable, CustomStringConvertible {
-    public var constrained: Bool
-    public var expensive: Bool
-    /// SPEC §15. Defaults to false in `init`, so a mode written with the first two conditions means what it did
-    /// before the third existed.
-    public var ultraConstrained: Bool
+/// The active data mode: the set of conditions that hold (SPEC §2, §15). A set, not three flags: modes join by
+/// union (a spent budget's conditions, SPEC §11), compare by inclusion, and index per-mode tables by their bits.
+public struct DataMode: OptionSet, Hashable, Sendable, CustomStringConvertible {
+    /// Bit 0 constrained, bit 1 expensive, bit 2 ultra-constrained.
+    public let rawValue: UInt8
 
-    public init(constrained: Bool, expensive: Bool, ultraConstrained: Bool = false) {
-        self.constrained = constrained
-        self.expensive = expensive
-        self.ultraConstrained = ultraConstrained
+    public init(rawValue: UInt8) { self.rawValue = rawValue & 0b111 }
+
+    /// Low Data Mode: `NWPath.isConstrained`.
+    public static let constrained = DataMode(rawValue: 1)
+    /// A metered path: `NWPath.isExpensive`.
+    public static let expensive = DataMode(rawValue: 2)
+    /// A satellite-class link (SPEC §15): `NWPath.isUltraConstrained`.
+    public static let ultraConstrained = DataMode(rawValue: 4)
+
+    /// The set holding `condition`.
+    public init(_ condition: DataCondition) {
+        switch condition {
+        case .constrained: self = .constrained
+        case .expensive: self = .expensive
+        case .ultraConstrained: self = .ultraConstrained
+        }
     }
 
-    public static let normal = DataMode(constrained: false, expensive: false)
+    public init(constrained: Bool, expensive: Bool, ultraConstrained: Bool = false) {
+        self.init(rawValue: (constrained ? 1 : 0) | (expensive ? 2 : 0) | (ultraConstrained ? 4 : 0))
+    }
+
+    public var constrained: Bool {
+        get { contains(.constrained) }
+        set { if newValue { insert(.constrained) } else { remove(.constrained) } }
+    }
+    public var expensive: Bool {
+        get { contains(.expensive) }
+        set { if newValue { insert(.expensive) } else { remove(.expensive) } }
+    }
+    /// SPEC §15. False unless stated, so a mode written with the first two conditions means what it did before
+    /// the third existed.
+    public var ultraConstrained: Bool {
+        get { contains(.ultraConstrained) }
+        set { if newValue { insert(.ultraConstrained) } else { remove(.ultraConstrained) } }
+    }
+
+    public static let normal: DataMode = []
 
     /// The mode as a number below 8 (constrained 1, expensive 2, ultra-constrained 4): an index into per-mode tables
     /// made once per snapshot or once per process, so the request path does not resolve them again.
-    @inlinable public var index: Int { (constrained ? 1 : 0) | (expensive ? 2 : 0) | (ultraConstrained ? 4 : 0) }
+    @inlinable public var index: Int { Int(rawValue) }
 
     /// The eight modes, by `index`.
-    public static let all: [DataMode] = (0..<8).map {
-        DataMode(constrained: $0 & 1 != 0, expensive: $0 & 2 != 0, ultraConstrained: $0 & 4 != 0)
-    }
+    public static let all: [DataMode] = (0..<8).map { DataMode(rawValue: UInt8($0)) }
 
     /// Parses a mode name (case-insensitive): one of the eight canonical names of SPEC §2 and §15 (`normal`,
     /// `constrained`, `expensive`, `constrained-expensive`, `ultra-constrained`, `constrained-ultra-constrained`,
@@ -72,13 +99,7 @@ public struct DataMode: Hashable, Sendable, CustomStringConvertible {
     public var description: String { name }
 
     /// Whether `condition` holds in this mode.
-    public func has(_ condition: DataCondition) -> Bool {
-        switch condition {
-        case .constrained: constrained
-        case .expensive: expensive
-        case .ultraConstrained: ultraConstrained
-        }
-    }
+    public func has(_ condition: DataCondition) -> Bool { contains(DataMode(condition)) }
 
     /// The eight canonical names, in the order of SPEC §15.
     public static let canonicalNames = [
