@@ -191,16 +191,10 @@ import Testing
     /// A tunnel the client resets was still forwarded; the reason says how it ended.
     @Test(arguments: [true, false])
     func aTunnelResetByTheClientIsForwardedAndClientAborted(splice: Bool) throws {
-        let echo = try EchoServer()
-        defer { echo.stop() }
-        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
-                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
-        defer { proxy.stop() }
-        let client = try RawHTTPClient(port: proxy.port)
-        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
-        #expect(try client.echoRoundTrip(Array("ping".utf8)) == Array("ping".utf8))
-        client.reset()
-        let line = try #require(Self.lines(proxy, method: "CONNECT").first)
+        let tunnel = try EchoTunnel(splice: splice)
+        #expect(try tunnel.client.echoRoundTrip(Array("ping".utf8)) == Array("ping".utf8))
+        tunnel.client.reset()
+        let line = try #require(Self.lines(tunnel.proxy, method: "CONNECT").first)
         #expect(line["outcome"] as? String == "forwarded")
         #expect(line["reason"] as? String == "client-aborted")
         #expect(line["bytesIn"] as? Int == 4)
@@ -212,19 +206,13 @@ import Testing
     /// one and the evbuffer one.
     @Test(arguments: [true, false])
     func aTunnelsBytesReachTheByteCounterOnce(splice: Bool) throws {
-        let echo = try EchoServer()
-        defer { echo.stop() }
-        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
-                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
-        defer { proxy.stop() }
-        let client = try RawHTTPClient(port: proxy.port)
-        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
+        let tunnel = try EchoTunnel(splice: splice)
         let payload = [UInt8]((0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
-        #expect(try client.echoRoundTrip(payload) == payload)
-        client.close()
-        let line = try #require(Self.lines(proxy, method: "CONNECT").first)
+        #expect(try tunnel.client.echoRoundTrip(payload) == payload)
+        tunnel.client.close()
+        let line = try #require(Self.lines(tunnel.proxy, method: "CONNECT").first)
         #expect(line["bytesIn"] as? Int == 10_000)
-        let metrics = try AdminAPIClient(port: proxy.adminPort).scrape()
+        let metrics = try AdminAPIClient(port: tunnel.proxy.adminPort).scrape()
         #expect(metrics.value("datamode_bytes_total", ["direction": "in"]) == 10_000, "\(metrics.text)")
         #expect(metrics.value("datamode_bytes_total", ["direction": "out"]) == 10_000, "\(metrics.text)")
     }

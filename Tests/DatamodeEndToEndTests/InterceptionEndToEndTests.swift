@@ -154,6 +154,21 @@ import Testing
         #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
     }
 
+    /// Python: `strict_tunnel(proxy_port, port, ca)` opens a CONNECT tunnel to `localhost:port` through the proxy and
+    /// starts TLS in it, trusting `ca`. Strict about the end: Debian's Python ignores a missing close_notify by
+    /// default, and the tests that use it are about exactly that. Interpolate it at a script's base indentation.
+    static let strictTunnel = """
+        def strict_tunnel(proxy_port, port, ca):
+            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += raw.recv(1)
+            context = ssl.create_default_context(cafile=ca)
+            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            return context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+        """
+
     /// A client inside an intercepted tunnel that reads a response to its end and says how it ended: "N bytes,
     /// clean end" (close_notify) or "TLS error after N bytes" (N counts the head too). Arguments: proxy port,
     /// origin port, CA file, path, and optionally `close` (send `Connection: close`).
@@ -161,14 +176,8 @@ import Testing
         import socket, ssl, sys
         proxy_port, port, ca, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
         close = b"Connection: close\\r\\n" if sys.argv[5:] == ["close"] else b""
-        raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
-        raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
-        head = b""
-        while b"\\r\\n\\r\\n" not in head:
-            head += raw.recv(1)
-        context = ssl.create_default_context(cafile=ca)
-        context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-        tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+        \(strictTunnel)
+        tls = strict_tunnel(proxy_port, port, ca)
         tls.sendall(b"GET %s HTTP/1.1\\r\\nHost: localhost:%d\\r\\n%s\\r\\n" % (path.encode(), port, close))
         data = b""
         try:
@@ -310,15 +319,8 @@ import Testing
         let script = """
             import os, signal, socket, ssl, sys
             proxy_port, port, ca, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
-            raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
-            head = b""
-            while b"\\r\\n\\r\\n" not in head:
-                head += raw.recv(1)
-            context = ssl.create_default_context(cafile=ca)
-            # Debian's Python ignores a missing close_notify by default; this test is about exactly that.
-            context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-            tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+            \(Self.strictTunnel)
+            tls = strict_tunnel(proxy_port, port, ca)
             tls.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % port)
             got = b""
             while not got.endswith(b"hello over tls\\n"):

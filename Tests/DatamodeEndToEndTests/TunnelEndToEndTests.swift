@@ -99,18 +99,12 @@ import Testing
     /// path with `DATAMODE_TUNNEL_SPLICE=0`; either way every byte arrives, and the metric says which ran.
     @Test(arguments: [true, false])
     func establishedTunnelsUseSpliceUnlessTurnedOff(splice: Bool) throws {
-        let echo = try EchoServer()
-        defer { echo.stop() }
-        let proxy = try ProxyProcess(config: "connect: {ports: [\(echo.port)]}\n",
-                                     environment: splice ? [:] : ["DATAMODE_TUNNEL_SPLICE": "0"])
-        defer { proxy.stop() }
-        let client = try RawHTTPClient(port: proxy.port)
-        #expect(try client.openTunnel(to: "127.0.0.1:\(echo.port)").status == 200)
+        let tunnel = try EchoTunnel(splice: splice)
         let payload = PatternBody(length: 4 << 20, seed: 5).bytes
-        let back = try client.echoRoundTrip(payload)
+        let back = try tunnel.client.echoRoundTrip(payload)
         #expect(back.count == payload.count)
         #expect(StreamChecksum.of(back) == StreamChecksum.of(payload))
-        let metrics = try AdminAPIClient(port: proxy.adminPort).get("/metrics").bodyText
+        let metrics = try AdminAPIClient(port: tunnel.proxy.adminPort).get("/metrics").bodyText
         let line = metrics.split(separator: "\n").first { $0.hasPrefix("datamode_tunnel_splices_total ") }
         #expect(line == (splice ? "datamode_tunnel_splices_total 1" : "datamode_tunnel_splices_total 0"))
     }
