@@ -103,10 +103,13 @@ public final class AdminAPI: @unchecked Sendable {
     }
 
     /// What `admin.read-token` grants (SPEC §7, §9): reading the mode, following the events and fetching the CA
-    /// certificate, nothing that changes state.
+    /// certificate, nothing that changes state, and only with a method the endpoint answers (`/events` has no HEAD).
     static func isMonitorRead(_ request: AdminRequest) -> Bool {
-        (request.method == "GET" || request.method == "HEAD") && (request.path == "/mode" || request.path == "/events"
-            || request.path == "/conditions" || request.path == "/budgets" || request.path == "/ca.pem")
+        switch request.method {
+        case "GET": ["/mode", "/events", "/conditions", "/budgets", "/ca.pem"].contains(request.path)
+        case "HEAD": ["/mode", "/conditions", "/budgets", "/ca.pem"].contains(request.path)
+        default: false
+        }
     }
 
     /// Emits a `budget` event (SPEC §12) for every budget that became spent, or whole again at a new period, since
