@@ -98,8 +98,16 @@ public final class AdminAPI: @unchecked Sendable {
                 let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
                 return VariantsEndpoint(api: self).handleItem(request, id: id)
             }
-            return AdminProblem.response(404, "not-found", "no admin endpoint at \(request.path); see GET /mode, /variants, /conditions, /budgets, /metrics, /sessions, /events, /schedule, /healthz, /ca.pem")
+            return Self.notFound(request.path)
         }
+    }
+
+    /// The 404 for a path no endpoint answers: every endpoint with its methods.
+    static func notFound(_ path: String) -> AdminResponse {
+        AdminProblem.response(404, "not-found", "no admin endpoint at \(path); see GET|HEAD|PUT|DELETE /mode, GET|HEAD /variants, "
+            + "GET|HEAD|PUT|DELETE /variants/{id}, GET|HEAD|PUT|DELETE /conditions, GET|HEAD /budgets, POST /budgets/{name}/reset, "
+            + "GET|HEAD /metrics, GET|HEAD /sessions, GET|HEAD|PUT|DELETE /sessions/{id}, GET /events, "
+            + "GET|HEAD|PUT|DELETE /schedule, GET|HEAD /healthz, GET|HEAD /ca.pem")
     }
 
     /// What `admin.read-token` grants (SPEC §7, §9): reading the mode, following the events and fetching the CA

@@ -17,7 +17,7 @@ struct BudgetsEndpoint {
     func handleItem(_ request: AdminRequest, path: String) -> AdminResponse {
         let parts = path.split(separator: "/", omittingEmptySubsequences: false)
         guard parts.count == 2, parts[1] == "reset", let name = String(parts[0]).removingPercentEncoding else {
-            return AdminProblem.response(404, "not-found", "no admin endpoint at /budgets/\(path); see GET /budgets, POST /budgets/{name}/reset")
+            return AdminAPI.notFound("/budgets/" + path)
         }
         guard request.method == "POST" else { return AdminProblem.methodNotAllowed("POST") }
         guard let index = api.budgets.index(named: name) else {

@@ -47,12 +47,22 @@ struct AdminAPITests {
         }
     }
 
-    @Test("an unknown path is a 404 problem that names the endpoints", arguments: ["/", "/modes", "/variant", "/metrics/x", "/mode/"])
+    /// Every endpoint with its methods, item paths included, and the same text for a path under `/budgets/` that is
+    /// not `{name}/reset` as for any other unknown path.
+    @Test("an unknown path is a 404 problem that names every endpoint and its methods",
+          arguments: ["/", "/modes", "/variant", "/metrics/x", "/mode/", "/budgets/daily", "/budgets/", "/budgets/daily/reset/x"])
     func unknownPath(_ path: String) throws {
         let response = try AdminFixture().handle("GET", path)
         expectProblem(response, 404, "not-found")
         #expect(response.header("Cache-Control") == "no-store")
-        #expect((response.object["detail"] as? String)?.contains("/mode, /variants, /conditions, /budgets, /metrics, /sessions, /events, /schedule, /healthz") == true)
+        let detail = response.object["detail"] as? String ?? ""
+        #expect(detail.hasPrefix("no admin endpoint at \(path); see "), "\(detail)")
+        for endpoint in ["GET|HEAD|PUT|DELETE /mode", "GET|HEAD /variants", "GET|HEAD|PUT|DELETE /variants/{id}",
+                         "GET|HEAD|PUT|DELETE /conditions", "GET|HEAD /budgets", "POST /budgets/{name}/reset",
+                         "GET|HEAD /metrics", "GET|HEAD /sessions", "GET|HEAD|PUT|DELETE /sessions/{id}", "GET /events",
+                         "GET|HEAD|PUT|DELETE /schedule", "GET|HEAD /healthz", "GET|HEAD /ca.pem"] {
+            #expect(detail.contains(" \(endpoint),") || detail.hasSuffix(" \(endpoint)"), "\(endpoint) missing from: \(detail)")
+        }
     }
 
     /// `/events` answers GET only: the read token's grant does not reach a method the endpoint does not answer, so
