@@ -65,59 +65,31 @@ public final class AdminAPI: @unchecked Sendable {
     }
 
     public func handle(_ request: AdminRequest) -> AdminResponse {
-        // Liveness reveals nothing and must work for a container HEALTHCHECK that has no token.
-        if request.path == "/healthz" { return HealthEndpoint.handle(request) }
-        if request.path == "/ca.pem" && CACertificateEndpoint.openWithoutToken(self) {
-            return CACertificateEndpoint(api: self).handle(request)
-        }
-        if let token, !Self.authorized(request.headers["authorization"], token: token),
-           !(Self.isMonitorRead(request) && readToken.map { Self.authorized(request.headers["authorization"], token: $0) } == true) {
+        let found = Self.route(for: request.path)
+        guard admits(request, to: found?.route) else {
             var response = AdminProblem.response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
             response.headers.append(("WWW-Authenticate", "Bearer realm=\"datamode-proxy admin\""))
             return response
         }
-        switch request.path {
-        case "/mode": return ModeEndpoint(api: self).handle(request)
-        case "/variants": return VariantsEndpoint(api: self).handleCollection(request)
-        case "/metrics": return MetricsEndpoint(api: self).handle(request)
-        case "/sessions": return SessionsEndpoint(api: self).handleCollection(request)
-        case "/events": return EventsEndpoint(api: self).handle(request)
-        case "/schedule": return ScheduleEndpoint(api: self).handle(request)
-        case "/ca.pem": return CACertificateEndpoint(api: self).handle(request)
-        case "/conditions": return ConditionsEndpoint(api: self).handle(request)
-        case "/budgets": return BudgetsEndpoint(api: self).handleCollection(request)
-        default:
-            if request.path.hasPrefix("/budgets/") {
-                return BudgetsEndpoint(api: self).handleItem(request, path: String(request.path.dropFirst("/budgets/".count)))
-            }
-            if request.path.hasPrefix("/sessions/") {
-                let id = String(request.path.dropFirst("/sessions/".count)).removingPercentEncoding ?? ""
-                return SessionsEndpoint(api: self).handleItem(request, id: id)
-            }
-            if request.path.hasPrefix("/variants/") {
-                let id = String(request.path.dropFirst("/variants/".count)).removingPercentEncoding ?? ""
-                return VariantsEndpoint(api: self).handleItem(request, id: id)
-            }
-            return Self.notFound(request.path)
-        }
+        guard let (route, parameters) = found else { return Self.notFound(request.path) }
+        return route.handler(self, request, parameters)
     }
 
-    /// The 404 for a path no endpoint answers: every endpoint with its methods.
-    static func notFound(_ path: String) -> AdminResponse {
-        AdminProblem.response(404, "not-found", "no admin endpoint at \(path); see GET|HEAD|PUT|DELETE /mode, GET|HEAD /variants, "
-            + "GET|HEAD|PUT|DELETE /variants/{id}, GET|HEAD|PUT|DELETE /conditions, GET|HEAD /budgets, POST /budgets/{name}/reset, "
-            + "GET|HEAD /metrics, GET|HEAD /sessions, GET|HEAD|PUT|DELETE /sessions/{id}, GET /events, "
-            + "GET|HEAD|PUT|DELETE /schedule, GET|HEAD /healthz, GET|HEAD /ca.pem")
-    }
-
-    /// What `admin.read-token` grants (SPEC §7, §9): reading the mode, following the events and fetching the CA
-    /// certificate, nothing that changes state, and only with a method the endpoint answers (`/events` has no HEAD).
-    static func isMonitorRead(_ request: AdminRequest) -> Bool {
-        switch request.method {
-        case "GET": ["/mode", "/events", "/conditions", "/budgets", "/ca.pem"].contains(request.path)
-        case "HEAD": ["/mode", "/conditions", "/budgets", "/ca.pem"].contains(request.path)
-        default: false
+    /// Whether the request's credentials reach `route` (nil: a path no route has the shape of, which needs
+    /// `admin.token` like any other, so that a 404 tells nothing to whoever has none). `admin.read-token` reaches the
+    /// methods that change nothing of a route its readers include (SPEC §7, §9).
+    func admits(_ request: AdminRequest, to route: AdminRoute?) -> Bool {
+        switch route?.readers {
+        case .anyone: return true
+        case .anyoneOnLoopback where runtime.load().snapshot.configuration.admin.listen.isLoopback: return true
+        default: break
         }
+        guard let token else { return true }
+        let authorization = request.headers["authorization"]
+        if Self.authorized(authorization, token: token) { return true }
+        guard let route, route.readers != .token, route.method(request.method)?.mutates == false,
+              let readToken else { return false }
+        return Self.authorized(authorization, token: readToken)
     }
 
     /// Emits a `budget` event (SPEC §12) for every budget that became spent, or whole again at a new period, since

@@ -13,12 +13,9 @@ struct BudgetsEndpoint {
         return AdminJSON.ok(api.budgets.budgets.indices.map { Self.document(api.budgets, $0, now: now) })
     }
 
-    /// `{name}/reset`.
-    func handleItem(_ request: AdminRequest, path: String) -> AdminResponse {
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
-        guard parts.count == 2, parts[1] == "reset", let name = String(parts[0]).removingPercentEncoding else {
-            return AdminAPI.notFound("/budgets/" + path)
-        }
+    /// `/budgets/{name}/reset`, `name` still percent-encoded.
+    func handleItem(_ request: AdminRequest, name encodedName: String) -> AdminResponse {
+        guard let name = encodedName.removingPercentEncoding else { return AdminAPI.notFound(request.path) }
         guard request.method == "POST" else { return AdminProblem.methodNotAllowed("POST") }
         guard let index = api.budgets.index(named: name) else {
             return AdminProblem.response(404, "not-found", "no budget named \"\(name)\"; see GET /budgets")

@@ -19,9 +19,4 @@ struct CACertificateEndpoint {
             ("Cache-Control", "no-store"),
         ], body: Array(pem.utf8))
     }
-
-    /// Whether `/ca.pem` may be served without a token: the admin API listens on loopback only.
-    static func openWithoutToken(_ api: AdminAPI) -> Bool {
-        api.runtime.load().snapshot.configuration.admin.listen.isLoopback
-    }
 }
