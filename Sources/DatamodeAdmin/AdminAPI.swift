@@ -72,6 +72,7 @@ public final class AdminAPI: @unchecked Sendable {
             return response
         }
         guard let (route, parameters) = found else { return Self.notFound(request.path) }
+        guard route.method(request.method) != nil else { return Self.methodNotAllowed(route) }
         return route.handler(self, request, parameters)
     }
 

@@ -3,7 +3,8 @@ import Foundation
 
 /// One admin endpoint, registered once (Envoy's `addHandler(prefix, help, handler, removable, mutates_state)`): its
 /// path, the methods it answers and whether each changes state, who may call the ones that do not, a line of help,
-/// and its handler. The router, the token check and the 404 text read `AdminAPI.routes` and nothing else.
+/// and its handler. The router, the token check, the 404 text and the 405's `Allow` read `AdminAPI.routes` and
+/// nothing else; a handler is called only with a method its row lists.
 struct AdminRoute: Sendable {
     /// `/mode`, or a pattern: `{name}` stands for one path segment, still percent-encoded; a `{name}` that ends the
     /// pattern takes the rest of the path, slashes included (`/sessions/a/b` is session `a/b`), and may be empty.
@@ -147,6 +148,17 @@ extension AdminAPI {
     /// The 404 for a path no route has the shape of: every route with its methods.
     static func notFound(_ path: String) -> AdminResponse {
         AdminProblem.response(404, "not-found", "no admin endpoint at \(path); see \(endpointList)")
+    }
+
+    /// The 405 for a method `route` does not answer: `Allow` lists the ones it does (HEAD too where it is answered).
+    static func methodNotAllowed(_ route: AdminRoute) -> AdminResponse {
+        AdminProblem.methodNotAllowed(route.methods.map(\.name).joined(separator: ", "))
+    }
+
+    /// The same 405, for an endpoint's `default:` branch (the router answers an unlisted method before any handler).
+    static func methodNotAllowed(_ request: AdminRequest) -> AdminResponse {
+        guard let (route, _) = route(for: request.path) else { return notFound(request.path) }
+        return methodNotAllowed(route)
     }
 
     private static let endpointList = routes.map { route in

@@ -8,7 +8,6 @@ struct BudgetsEndpoint {
     let api: AdminAPI
 
     func handleCollection(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET") }
         let now = api.now()
         return AdminJSON.ok(api.budgets.budgets.indices.map { Self.document(api.budgets, $0, now: now) })
     }
@@ -16,7 +15,6 @@ struct BudgetsEndpoint {
     /// `/budgets/{name}/reset`, `name` still percent-encoded.
     func handleItem(_ request: AdminRequest, name encodedName: String) -> AdminResponse {
         guard let name = encodedName.removingPercentEncoding else { return AdminAPI.notFound(request.path) }
-        guard request.method == "POST" else { return AdminProblem.methodNotAllowed("POST") }
         guard let index = api.budgets.index(named: name) else {
             return AdminProblem.response(404, "not-found", "no budget named \"\(name)\"; see GET /budgets")
         }

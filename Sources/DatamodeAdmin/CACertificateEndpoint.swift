@@ -8,7 +8,6 @@ struct CACertificateEndpoint {
     let api: AdminAPI
 
     func handle(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
         guard let pem = api.caCertificate() else {
             return AdminProblem.response(404, "not-found", "no CA is loaded: set tls.intercept (a CA is then created at start-up) "
                 + "or run `datamode-proxy ca init`, then restart")

@@ -14,7 +14,7 @@ struct ConditionsEndpoint {
         case "GET", "HEAD": return AdminJSON.ok(Self.document(api.runtime.load().snapshot))
         case "PUT": return put(request)
         case "DELETE": return delete()
-        default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+        default: return AdminAPI.methodNotAllowed(request)
         }
     }
 

@@ -59,7 +59,6 @@ struct EventsEndpoint {
     let api: AdminAPI
 
     func handle(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" else { return AdminProblem.methodNotAllowed("GET") }
         var scope: String?
         for pair in (request.query ?? "").split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1)

@@ -6,7 +6,6 @@ struct MetricsEndpoint {
     let api: AdminAPI
 
     func handle(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
         var text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
         text += Self.renderBudgets(api.budgets, now: api.now())
         return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))

@@ -16,7 +16,7 @@ public struct ModeEndpoint {
         case "GET", "HEAD": return AdminJSON.ok(Self.document(api.runtime.load().snapshot, budgets: api.budgets, now: api.now()))
         case "PUT": return put(request)
         case "DELETE": return delete()
-        default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+        default: return AdminAPI.methodNotAllowed(request)
         }
     }
 

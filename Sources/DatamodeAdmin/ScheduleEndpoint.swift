@@ -163,7 +163,7 @@ struct ScheduleEndpoint {
                 return AdminProblem.response(404, "not-found", "no schedule for \(scope.map { "session " + $0 } ?? "the global mode")")
             }
             return AdminResponse(status: 204)
-        default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+        default: return AdminAPI.methodNotAllowed(request)
         }
     }
 

@@ -20,7 +20,6 @@ struct SessionsEndpoint {
     }
 
     func handleCollection(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET") }
         let snapshot = api.runtime.load().snapshot
         let tallies = api.sessionTallies()
         let list = snapshot.sessions.keys.sorted().map { id in
@@ -38,7 +37,7 @@ struct SessionsEndpoint {
         case "GET", "HEAD": return get(id)
         case "PUT": return put(request, id: id)
         case "DELETE": return delete(id)
-        default: return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+        default: return AdminAPI.methodNotAllowed(request)
         }
     }
 

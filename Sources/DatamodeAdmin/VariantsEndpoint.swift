@@ -11,7 +11,6 @@ struct VariantsEndpoint {
     let api: AdminAPI
 
     func handleCollection(_ request: AdminRequest) -> AdminResponse {
-        guard request.method == "GET" || request.method == "HEAD" else { return AdminProblem.methodNotAllowed("GET, HEAD") }
         let variants = api.runtime.load().snapshot.policy.variants
         return AdminJSON.ok(variants.map(VariantJSON.document))
     }
@@ -47,7 +46,7 @@ struct VariantsEndpoint {
             let apiVariants = variants.filter { $0.source == .api && $0.id != id }
             return publish(apiVariants, status: 200, document: ["deleted": id])
         default:
-            return AdminProblem.methodNotAllowed("GET, PUT, DELETE")
+            return AdminAPI.methodNotAllowed(request)
         }
     }
 

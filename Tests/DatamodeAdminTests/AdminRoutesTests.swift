@@ -107,6 +107,18 @@ struct AdminRoutesTests {
         }
     }
 
+    @Test("a method a row does not answer is a 405 whose Allow lists exactly the row's methods", arguments: paths)
+    func methodNotAllowed(_ path: String) throws {
+        let row = Self.row(path)
+        let admin = try AdminFixture(Self.offLoopback, token: "all")
+        for method in Self.allMethods where row.method(method) == nil {
+            let response = admin.handle(method, Self.concrete(path), headers: ["authorization": "Bearer all"])
+            expectProblem(response, 405, "method-not-allowed")
+            #expect(response.header("Allow") == row.methods.map(\.name).joined(separator: ", "),
+                    "\(method) \(path): Allow \(response.header("Allow") ?? "none")")
+        }
+    }
+
     @Test("the 404 text names every row with its methods")
     func notFoundNamesEveryRow() throws {
         let detail = try AdminFixture().handle("GET", "/nowhere").object["detail"] as? String ?? ""

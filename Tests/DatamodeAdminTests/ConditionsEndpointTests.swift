@@ -108,7 +108,7 @@ struct ConditionsEndpointTests {
         let admin = try AdminFixture(Self.yaml)
         let response = admin.handle("POST", "/conditions", "{}")
         #expect(response.status == 405)
-        #expect(response.header("Allow") == "GET, PUT, DELETE")
+        #expect(response.header("Allow") == "GET, HEAD, PUT, DELETE")
     }
 
     @Test("/metrics shows the profile in force and its source")

@@ -126,6 +126,6 @@ struct ModeEndpointTests {
     func otherMethods(_ method: String) throws {
         let response = try AdminFixture().handle(method, "/mode")
         expectProblem(response, 405, "method-not-allowed")
-        #expect(response.header("Allow") == "GET, PUT, DELETE")
+        #expect(response.header("Allow") == "GET, HEAD, PUT, DELETE")
     }
 }

@@ -122,7 +122,7 @@ struct VariantsEndpointTests {
     @Test("other methods: 405 with Allow", arguments: [
         ("PUT", "/variants", "GET, HEAD"),
         ("DELETE", "/variants", "GET, HEAD"),
-        ("POST", "/variants/x", "GET, PUT, DELETE"),
+        ("POST", "/variants/x", "GET, HEAD, PUT, DELETE"),
     ])
     func otherMethods(_ method: String, _ path: String, _ allow: String) throws {
         let response = try AdminFixture().handle(method, path)
