@@ -130,9 +130,10 @@ public struct ReloadCounts: Sendable, Equatable {
 
 /// Problem documents of the admin API (RFC 9457), with admin-specific error codes.
 enum AdminProblem {
-    static func response(_ status: Int, _ code: String, _ detail: String) -> AdminResponse {
-        let body: [String: Any] = ["type": "urn:datamode:admin:\(code)", "title": title(status), "status": status,
-                                   "error": code, "detail": detail]
+    /// `members`: extension members of the problem (RFC 9457 §3.2), beside the standard ones.
+    static func response(_ status: Int, _ code: String, _ detail: String, members: [String: Any] = [:]) -> AdminResponse {
+        let body: [String: Any] = members.merging(["type": "urn:datamode:admin:\(code)", "title": title(status), "status": status,
+                                                   "error": code, "detail": detail]) { _, standard in standard }
         return AdminResponse(status: status, headers: [("Content-Type", "application/problem+json"), ("Cache-Control", "no-store")],
                              body: AdminJSON.encode(body))
     }

@@ -145,9 +145,13 @@ extension AdminAPI {
         return nil
     }
 
-    /// The 404 for a path no route has the shape of: every route with its methods.
+    /// The 404 for a path no route has the shape of: every route with its methods in `detail`, and as `endpoints`
+    /// with its help too (as Envoy's admin lists its handlers' help for an unknown path).
     static func notFound(_ path: String) -> AdminResponse {
-        AdminProblem.response(404, "not-found", "no admin endpoint at \(path); see \(endpointList)")
+        AdminProblem.response(404, "not-found", "no admin endpoint at \(path); see \(endpointList)",
+                              members: ["endpoints": routes.map { route -> [String: Any] in
+                                  ["path": route.path, "methods": route.methods.map(\.name), "help": route.help]
+                              }])
     }
 
     /// The 405 for a method `route` does not answer: `Allow` lists the ones it does (HEAD too where it is answered).

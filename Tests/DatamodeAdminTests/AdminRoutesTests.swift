@@ -128,6 +128,17 @@ struct AdminRoutesTests {
         }
     }
 
+    /// Envoy answers an unknown admin path with every handler's help; here it is a member of the problem document.
+    @Test("the 404 lists every row as an endpoint: path, methods, help")
+    func notFoundListsEveryRowWithItsHelp() throws {
+        let endpoints = try AdminFixture().handle("GET", "/nowhere").object["endpoints"] as? [[String: Any]] ?? []
+        #expect(endpoints.map { $0["path"] as? String ?? "" } == Self.paths)
+        for (endpoint, route) in zip(endpoints, AdminAPI.routes) {
+            #expect(endpoint["methods"] as? [String] == route.methods.map(\.name), "\(route.path)")
+            #expect(endpoint["help"] as? String == route.help, "\(route.path)")
+        }
+    }
+
     @Test("a pattern's {…}: one segment in the middle, the rest of the path at the end (possibly empty)", arguments: [
         ("/sessions/a", ["a"]), ("/sessions/a/b", ["a/b"]), ("/sessions/", [""]), ("/sessions/a%2Fb", ["a%2Fb"]),
         ("/sessions", nil), ("/session/a", nil),
