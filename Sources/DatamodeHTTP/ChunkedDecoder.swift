@@ -4,8 +4,8 @@
 /// framing (size lines, the CRLF after data, trailers), and how much chunk data follows (`dataRemaining`),
 /// which the caller moves itself and reports with `consumeData`. Framing is passed on verbatim, so the bytes the
 /// origin sees are exactly the ones validated here. Any chunk size or line ending that another parser could read
-/// differently (`0x5`, `+5`, ` 5`, a bare LF, a missing CRLF after data, 2^64 overflow) is the TE.TE / chunk-size
-/// smuggling family and is refused.
+/// differently (`0x5`, `+5`, ` 5`, a bare LF, a missing CRLF after data, a size past 63 or 64 bits) is the TE.TE /
+/// chunk-size smuggling family and is refused; see `scanChunkSize`, the one place a chunk size is read.
 public struct ChunkedDecoder: Sendable {
     /// Where in the chunked grammar the next framing element starts.
     enum State: Hashable, Sendable {
@@ -29,7 +29,19 @@ public struct ChunkedDecoder: Sendable {
     public private(set) var dataRemaining: UInt64 = 0
     public private(set) var isComplete: Bool = false
 
-    /// A chunk-size of more than 16 hex digits does not fit in 64 bits; parsers that wrap around are exploitable.
+    /// The largest chunk size accepted, inclusive: 2^60 - 1. SPEC §6 refuses anything above, as nginx and HAProxy
+    /// refuse such sizes.
+    ///
+    /// Chunk-size smuggling: a recipient that keeps the size in a signed 64-bit integer (an `off_t`) reads
+    /// `8000000000000005` as a negative number and `ffffffffffffffff` as -1; one that accumulates in 64 bits and
+    /// wraps reads `10000000000000005` as 5. Each then frames the rest of the stream differently from us, and what
+    /// we forward as chunk data is read as the next request. Up to 2^60 - 1 a 64-bit reading, signed or not, agrees
+    /// with ours, and a size, or a size added to any real offset, fits an `Int`.
+    public static let maxChunkSize: UInt64 = 0x0fff_ffff_ffff_ffff
+
+    /// At most 16 hex digits, leading zeros included. The value decides (`maxChunkSize`); the digit cap only bounds
+    /// the work per line and keeps the rule simple: `00000000000000005` is refused although its value is small (no
+    /// sender pads a size that far).
     public static let maxChunkSizeDigits = 16
 
     public init(maxLineLength: Int = 4096, maxTrailerSection: Int = 64 * 1024) {
@@ -75,16 +87,17 @@ public struct ChunkedDecoder: Sendable {
         let to = maxLineLength < n ? maxLineLength + 1 : n
         let ranOut: ChunkedFramingResult = to > maxLineLength ? .invalid(.malformed("chunk size line too long")) : .needMore
 
-        var i = 0
-        var size: UInt64 = 0
-        while i < to, let h = ByteClass.hexValue(p[i]) {
-            if i == Self.maxChunkSizeDigits { return .invalid(.malformed("chunk size has more than 16 hex digits")) }
-            size = size << 4 | UInt64(h)
-            i += 1
+        var i: Int
+        let size: UInt64
+        switch Self.scanChunkSize(p, upTo: to) {
+        case .size(let value, let end):
+            size = value
+            i = end
+        case .ranOut:
+            return ranOut
+        case .invalid(let reason):
+            return .invalid(.malformed(reason))
         }
-        if i == to { return ranOut }
-        // No sign, no "0x", no leading whitespace: `parseInt`-style readers accept those and would disagree.
-        if i == 0 { return .invalid(.malformed("invalid chunk size")) }
 
         var sawExtension = false
         while true {
@@ -166,6 +179,38 @@ public struct ChunkedDecoder: Sendable {
         case .end(let total): return .end(length: total)
         case let other: return other
         }
+    }
+
+    /// What `scanChunkSize` found at the front of a size line.
+    enum ChunkSizeScan: Equatable {
+        /// `value`, in hex digits that end before index `end` (where the extensions, BWS or the CRLF start).
+        case size(UInt64, end: Int)
+        /// Only (acceptable) digits up to the end of what is visible: more digits may follow.
+        case ranOut
+        case invalid(String)
+    }
+
+    /// `chunk-size = 1*HEXDIG` (RFC 9112 §7.1) at the front of `p[..<end]`, at most `maxChunkSizeDigits` digits and
+    /// at most `maxChunkSize`. Every chunk size the proxy reads goes through here, whatever way the bytes arrived,
+    /// so that no path can accept a size another refuses.
+    ///
+    /// A violation is reported as soon as it is visible (a 17th digit, a value past the bound): more bytes can
+    /// only add digits, never make the size smaller. No sign, no `0x`, no leading whitespace: `parseInt`-style
+    /// readers accept those and would disagree on where the chunk ends.
+    @inline(__always)
+    static func scanChunkSize(_ p: UnsafeRawBufferPointer, upTo end: Int) -> ChunkSizeScan {
+        var i = 0
+        var size: UInt64 = 0
+        while i < end, let h = ByteClass.hexValue(p[i]) {
+            if i == maxChunkSizeDigits { return .invalid("chunk size has more than 16 hex digits") }
+            // size <= maxChunkSize < 2^60 here, so the shift cannot overflow.
+            size = size << 4 | UInt64(h)
+            if size > maxChunkSize { return .invalid("chunk size above 0x0fffffffffffffff") }
+            i += 1
+        }
+        if i == end { return .ranOut }
+        if i == 0 { return .invalid("invalid chunk size") }
+        return .size(size, end: i)
     }
 
     /// `trailer-section = *( field-line CRLF )` then CRLF (RFC 9112 §7.1.2), with the header field-line rules.

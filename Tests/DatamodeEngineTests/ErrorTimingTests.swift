@@ -74,6 +74,12 @@ import Testing
         ("chunk size zz", "zz\r\nhello\r\n0\r\n\r\n"),
         ("a bad chunk after a good one, in the same packet", "5\r\nhello\r\n+3\r\nabc\r\n0\r\n\r\n"),
         ("chunk data longer than its size", "3\r\nhello\r\n0\r\n\r\n"),
+        // SPEC §6: a chunk size above 0x0fffffffffffffff, from an origin.
+        ("chunk size 2^64-1", "ffffffffffffffff\r\nhello\r\n0\r\n\r\n"),
+        ("chunk size 2^63+5", "8000000000000005\r\nhello\r\n0\r\n\r\n"),
+        ("chunk size 2^64, 17 digits", "10000000000000000\r\nhello\r\n0\r\n\r\n"),
+        ("chunk size 2^60, just above the bound", "1000000000000000\r\nhello\r\n0\r\n\r\n"),
+        ("chunk size 2^63+5 after a good chunk", "5\r\nhello\r\n8000000000000005\r\nabc\r\n0\r\n\r\n"),
     ]
 
     /// The client used to get its connection closed with zero bytes; while nothing of the response has been

@@ -134,6 +134,12 @@ import Testing
         ("bare LF after the chunk size", "5\nhello\r\n0\r\n\r\n", ""),
         ("chunk data longer than its size", "3\r\nhello\r\n0\r\n\r\n", "3\r\nhel"),
         ("chunk size over 64 bits", "10000000000000005\r\nhello\r\n0\r\n\r\n", ""),
+        // SPEC §6: above 0x0fffffffffffffff, as nginx and HAProxy refuse it. A recipient with a signed 64-bit size
+        // reads the first two as -1 and as negative; one that wraps reads 2^64 as 0 (the end of the body).
+        ("chunk size 2^64-1", "ffffffffffffffff\r\nhello\r\n0\r\n\r\n", ""),
+        ("chunk size 2^63+5", "8000000000000005\r\nhello\r\n0\r\n\r\n", ""),
+        ("chunk size 2^64, 17 digits", "10000000000000000\r\nhello\r\n0\r\n\r\n", ""),
+        ("chunk size 2^60, just above the bound", "1000000000000000\r\nhello\r\n0\r\n\r\n", ""),
     ]
 
     static let chunkedHead = "POST http://{o}/upload HTTP/1.1\r\nHost: {o}\r\nTransfer-Encoding: chunked\r\n\r\n"

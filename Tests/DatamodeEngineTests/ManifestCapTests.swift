@@ -194,4 +194,20 @@ import Testing
         #expect(response.status == 502)
         #expect(response.problem?.error == "upstream-protocol-error")
     }
+
+    /// A held-back manifest is dechunked to be sniffed; a chunk size above SPEC §6's bound (here 2^64-1 and 2^63+5,
+    /// more than an `Int` holds) must be refused by the relay before that, not reach the sniffer's arithmetic.
+    @Test("an origin's chunk size above 0x0fffffffffffffff in a manifest gets 502", arguments: ["ffffffffffffffff", "8000000000000005"])
+    func oversizedChunkInAManifest(_ size: String) throws {
+        let origin = try RecordingOrigin { _ in
+            .raw("HTTP/1.1 200 OK\r\nContent-Type: application/vnd.apple.mpegurl\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 + "8\r\n#EXTM3U\n\r\n\(size)\r\n#EXT-X-STREAM-INF:BANDWIDTH=1\nv1.m3u8\n", thenClose: false)
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(mode: Self.constrained)
+        defer { proxy.stop() }
+        let response = try Self.get(proxy, origin.url("/master.m3u8"))
+        #expect(response.status == 502)
+        #expect(response.problem?.error == "upstream-protocol-error")
+    }
 }

@@ -124,10 +124,27 @@ struct ChunkedDecoderTests {
         #expect(Array("\r\n".utf8).withUnsafeBytes { d.parseFraming($0) } == .framing(length: 2))
     }
 
-    @Test func sixteenHexDigitsFit() {
+    /// SPEC §6: the bound is inclusive. 0x0fffffffffffffff cannot be sent for real, so only the size line is checked.
+    @Test(arguments: ["0fffffffffffffff", "0FFFFFFFFFFFFFFF", "fffffffffffffff", "0000000000000001"])
+    func theLargestAllowedChunkSizeIsAccepted(_ size: String) {
         var d = ChunkedDecoder()
-        #expect(Array("ffffffffffffffff\r\n".utf8).withUnsafeBytes { d.parseFraming($0) } == .framing(length: 18))
-        #expect(d.dataRemaining == UInt64.max)
+        #expect(Array((size + "\r\n").utf8).withUnsafeBytes { d.parseFraming($0) } == .framing(length: size.utf8.count + 2))
+        #expect(d.dataRemaining == UInt64(size, radix: 16))
+        #expect(d.dataRemaining <= 0x0fff_ffff_ffff_ffff)
+    }
+
+    /// SPEC §6: a chunk size above 0x0fffffffffffffff is refused, as nginx and HAProxy refuse it. A recipient that
+    /// keeps sizes in a signed 64-bit integer reads `8000000000000005` as negative and `ffffffffffffffff` as -1,
+    /// one that wraps reads `10000000000000005` as 5: each frames the stream differently from us (smuggling).
+    @Test(arguments: ["ffffffffffffffff", "FFFFFFFFFFFFFFFF", "8000000000000005", "8000000000000000",
+                      "7fffffffffffffff", "1000000000000000", "1000000000000000;ext=1", "10000000000000000",
+                      "10000000000000005", "00000000000000001", "fffffffffffffffff"])
+    func aChunkSizeAboveTheBoundIsRefused(_ size: String) {
+        for reads in [[], [1], [3]] {
+            let h = ChunkedHarness(Array((size + "\r\nhello\r\n0\r\n\r\n").utf8), reads: reads)
+            #expect(h.outcome == .invalid, "\(size), reads \(reads)")
+            #expect(h.forwarded.isEmpty, "\(size), reads \(reads)")
+        }
     }
 
     static let badStreams: [Row<String, ChunkedHarness.Outcome>] = [
