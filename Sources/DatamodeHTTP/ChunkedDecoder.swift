@@ -13,8 +13,6 @@ public struct ChunkedDecoder: Sendable {
         case sizeLine
         /// The CRLF that ends chunk data (after `dataRemaining` reached 0).
         case dataCRLF
-        /// After `last-chunk`: `trailer-section CRLF`.
-        case trailers
         /// The message is over.
         case complete
     }
@@ -50,8 +48,8 @@ public struct ChunkedDecoder: Sendable {
     }
 
     /// Call only when dataRemaining == 0 && !isComplete. Looks at the front of `bytes` for ONE framing element:
-    /// a chunk-size line (with optional chunk extensions), the CRLF that must follow chunk data, or (after the last-chunk) the
-    /// trailer section and final CRLF.
+    /// a chunk-size line (with optional chunk extensions), the CRLF that must follow chunk data, or the last-chunk
+    /// line together with the trailer section and final CRLF.
     public mutating func parseFraming(_ bytes: UnsafeRawBufferPointer) -> ChunkedFramingResult {
         precondition(dataRemaining == 0 && !isComplete, "ChunkedDecoder.parseFraming called while chunk data is pending or after the end")
         switch state {
@@ -66,8 +64,6 @@ public struct ChunkedDecoder: Sendable {
             guard bytes[1] == ByteClass.lf else { return .invalid(.malformed("chunk data not followed by CRLF")) }
             state = .sizeLine
             return .framing(length: 2)
-        case .trailers:
-            return parseTrailers(bytes, from: 0)
         case .complete:
             return .invalid(.malformed("chunked message already complete"))
         }
@@ -171,14 +167,11 @@ public struct ChunkedDecoder: Sendable {
             state = .dataCRLF
             return .framing(length: length)
         }
-        // last-chunk: the trailer section follows. Report it together when it is already there
-        // (the common "0\r\n\r\n"), else hand out the last-chunk line alone.
-        state = .trailers
-        switch parseTrailers(p, from: length) {
-        case .needMore: return .framing(length: length)
-        case .end(let total): return .end(length: total)
-        case let other: return other
-        }
+        // last-chunk: one element with the trailer section and final CRLF that follow it, handed out only once
+        // all of it is here and valid (the common "0\r\n\r\n" at once). Were the last-chunk line passed on alone,
+        // a bad trailer seen later would leave the recipient with a body that ended, or did not, depending on how
+        // the bytes happened to arrive. Bounded: the line by maxLineLength, the section by maxTrailerSection.
+        return parseTrailers(p, from: length)
     }
 
     /// What `scanChunkSize` found at the front of a size line.
@@ -213,7 +206,8 @@ public struct ChunkedDecoder: Sendable {
         return .size(size, end: i)
     }
 
-    /// `trailer-section = *( field-line CRLF )` then CRLF (RFC 9112 §7.1.2), with the header field-line rules.
+    /// `trailer-section = *( field-line CRLF )` then CRLF (RFC 9112 §7.1.2) from `start`, with the header field-line
+    /// rules; the end reported includes everything before `start` (the last-chunk line).
     /// Trailers that would change framing or routing (Content-Length, Transfer-Encoding, Host) are refused:
     /// RFC 9110 §6.5.1 forbids them there, and a recipient that merges trailers into the head would be smuggled to.
     private mutating func parseTrailers(_ p: UnsafeRawBufferPointer, from start: Int) -> ChunkedFramingResult {

@@ -1,4 +1,5 @@
 import DatamodeTestSupport
+import Foundation
 import Testing
 
 /// SPEC §6: malformed or ambiguous framing from a client is refused with `400 bad-request`, the connection is
@@ -202,6 +203,32 @@ import Testing
         let received = String(decoding: origin.receivedBytes(onConnection: 1), as: UTF8.self)
         #expect(received.hasPrefix(before) && mayReach.hasPrefix(String(received.dropFirst(before.count))),
                 "\(name): origin got more: \(received.debugDescription)")
+    }
+
+    /// The last chunk arrives alone, its trailer section a moment later, and the trailer section is refused: the
+    /// last-chunk line must not have gone ahead on its own. An origin that saw `0\r\n` would take the body as
+    /// ended, or not, depending on how the client's bytes happened to arrive at the proxy.
+    @Test(arguments: ["Content-Length: 5\r\n\r\n", "Transfer-Encoding: chunked\r\n\r\n", "X: a\r\n  folded\r\n\r\n"])
+    func aLastChunkIsNotForwardedBeforeItsTrailerSectionIsValid(trailers: String) throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+
+        try client.send(Self.chunkedHead.replacingOccurrences(of: "{o}", with: origin.authority) + "5\r\nfirst\r\n")
+        let before = origin.waitForReceivedBytes(onConnection: 1) {
+            String(decoding: $0, as: UTF8.self).hasSuffix("5\r\nfirst\r\n")
+        }
+        try client.send("0\r\n")
+        Thread.sleep(forTimeInterval: 0.2)
+        try client.send(trailers)
+
+        expectProblem(try client.readResponse(), status: 400, error: "bad-request")
+        #expect(origin.waitUntilConnectionsClosed())
+        #expect(origin.requests.isEmpty)
+        let received = origin.receivedBytes(onConnection: 1)
+        #expect(received == before, "origin got more: \(String(decoding: received.dropFirst(before.count), as: UTF8.self).debugDescription)")
     }
 
     // MARK: limits (SPEC §6 defaults: request line 8 KiB, header section 64 KiB, 100 fields)

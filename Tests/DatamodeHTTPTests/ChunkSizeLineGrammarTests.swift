@@ -141,14 +141,16 @@ enum SizeLineGrammar {
         return .accept(size: size, length: end + 2)
     }
 
-    /// What `ChunkedDecoder` makes of the same line, given exactly the bytes up to the end of the line (so a
-    /// last-chunk is not judged together with trailers that are not part of the question).
+    /// What `ChunkedDecoder` makes of the same line, given the bytes up to the end of the line and then an empty
+    /// trailer section (so that a last-chunk is not judged together with trailers that are not the question).
     static func decoderVerdict(_ input: [UInt8], maxLineLength: Int) -> Verdict {
         let end = input.firstIndex(where: { $0 == 0x0D || $0 == 0x0A }) ?? input.count
-        let visible = Array(input[..<min(end + 2, input.count)])
+        let visible = Array(input[..<min(end + 2, input.count)]) + [0x0D, 0x0A]
         var decoder = ChunkedDecoder(maxLineLength: maxLineLength)
         switch visible.withUnsafeBytes({ decoder.parseFraming($0) }) {
-        case .framing(let length), .end(let length): return .accept(size: decoder.dataRemaining, length: length)
+        case .framing(let length): return .accept(size: decoder.dataRemaining, length: length)
+        // A last-chunk comes with its trailer section: here the empty one, 2 bytes.
+        case .end(let length): return .accept(size: 0, length: length - 2)
         case .invalid: return .refuse
         case .needMore: return .needMore
         }

@@ -105,13 +105,20 @@ struct ChunkedDecoderTests {
         #expect(d.isComplete)
     }
 
-    @Test func lastChunkAloneThenTrailer() {
+    /// The last-chunk line is handed out only with its whole trailer section, once that is known to be valid: were
+    /// it passed on alone, a recipient would see the body end, or not, depending on how the bytes arrived.
+    @Test func theLastChunkWaitsForItsTrailerSection() {
         var d = ChunkedDecoder()
-        #expect(Array("0\r\n".utf8).withUnsafeBytes { d.parseFraming($0) } == .framing(length: 3))
-        #expect(!d.isComplete)
-        #expect(Array("\r".utf8).withUnsafeBytes { d.parseFraming($0) } == .needMore)
-        #expect(Array("\r\n".utf8).withUnsafeBytes { d.parseFraming($0) } == .end(length: 2))
+        for partial in ["0\r\n", "0\r\n\r", "0;a=b\r\nX: 1\r\n", "0\r\nContent-Length: 5\r\n"] {
+            #expect(Array(partial.utf8).withUnsafeBytes { d.parseFraming($0) } == .needMore, "\(partial.debugDescription)")
+            #expect(!d.isComplete)
+        }
+        #expect(Array("0;a=b\r\nX: 1\r\n\r\nNEXT".utf8).withUnsafeBytes { d.parseFraming($0) } == .end(length: 15))
         #expect(d.isComplete)
+        d = ChunkedDecoder()
+        guard case .invalid = Array("0\r\nContent-Length: 5\r\n\r\n".utf8).withUnsafeBytes({ d.parseFraming($0) }) else {
+            Issue.record("a framing field in the trailer section was accepted"); return
+        }
     }
 
     @Test func sizeLineSetsDataRemaining() {
