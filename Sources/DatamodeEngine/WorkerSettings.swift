@@ -59,7 +59,7 @@ final class WorkerSettings {
     init(_ snapshot: RuntimeSnapshot) {
         let configuration = snapshot.configuration
         limits = configuration.limits
-        maxHeadBytes = configuration.limits.requestLine + 2 + configuration.limits.headerSection + 16
+        maxHeadBytes = configuration.limits.maxRequestHeadBytes
         clientHeaderMs = configuration.timeouts.clientHeader.milliseconds
         clientIdleMs = configuration.timeouts.clientIdle.milliseconds
         upstreamConnectMs = configuration.timeouts.upstreamConnect.milliseconds

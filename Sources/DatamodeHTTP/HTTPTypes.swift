@@ -40,6 +40,13 @@ public struct HTTPLimits: Hashable, Sendable {
         self.headerSection = headerSection
         self.headerCount = headerCount
     }
+
+    /// The most bytes a request head can take under these limits: leading empty lines, request line and CRLF,
+    /// header section. A parser given this many bytes has either a whole head or an exceeded limit, so an
+    /// in-place parse never needs to look further (the engine's window, its differential test, the fuzz target).
+    public var maxRequestHeadBytes: Int {
+        2 * HTTP1Parser.maxLeadingEmptyLines + requestLine + 2 + headerSection
+    }
 }
 
 /// A parsed request head.

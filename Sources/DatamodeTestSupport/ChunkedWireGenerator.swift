@@ -1,6 +1,6 @@
-/// Random chunk-size lines for differential tests of the chunked parsers: sizes of every length
+/// Random chunked bodies and chunk-size lines for differential tests of the chunked parsers: sizes of every length
 /// and around every bound that matters (SPEC §6's 0x0fffffffffffffff, 2^63, 2^64), chunk extensions with BWS,
-/// tokens and quoted strings, and byte mutations (flips, CR, LF, NUL, SP, HTAB, signs, deletions).
+/// tokens and quoted strings, trailers, and byte mutations (flips, CR, LF, NUL, SP, HTAB, signs, deletions).
 public enum ChunkedWireGenerator {
     static let hex = Array("0123456789abcdefABCDEF".utf8)
     static let tchars = Array("!#$%&'*+-.^_`|~09azAZ".utf8)
@@ -94,5 +94,63 @@ public enum ChunkedWireGenerator {
         var line = size(using: &rng) + extensions(using: &rng)
         mutate(&line, count: [0, 0, 0, 1, 1, 2, 3].randomElement(using: &rng)!, using: &rng)
         return line
+    }
+
+    /// A whole chunked body, usually well-formed before mutation, sometimes with a size that lies, a hard size, a
+    /// long size line (around `ChunkedDecoder`'s 4 KiB line limit) or a long trailer section (around its 64 KiB
+    /// limit), then maybe mutated and maybe followed by the next message's first bytes.
+    public static func body(using rng: inout SeededGenerator) -> [UInt8] {
+        var wire: [UInt8] = []
+        for _ in 0..<Int.random(in: 0...4, using: &rng) {
+            let data = (0..<Int.random(in: 1...40, using: &rng)).map { _ in
+                Int.random(in: 0..<8, using: &rng) == 0 ? [0x0D, 0x0A, 0x30, 0x3B].randomElement(using: &rng)!
+                    : UInt8.random(in: 0x61...0x7A, using: &rng)
+            }
+            switch Int.random(in: 0..<20, using: &rng) {
+            case 0: wire += size(using: &rng)
+            case 1: wire += digits(UInt64(max(0, data.count + Int.random(in: -2...2, using: &rng))), using: &rng)
+            default: wire += digits(UInt64(data.count), using: &rng)
+            }
+            wire += extensions(using: &rng)
+            if Int.random(in: 0..<200, using: &rng) == 0 {
+                wire += [0x3B] + [UInt8](repeating: UInt8(ascii: "x"), count: Int.random(in: 4090...4100, using: &rng))
+            }
+            wire += Array("\r\n".utf8) + data + Array("\r\n".utf8)
+        }
+        wire += [0x30] + extensions(using: &rng) + Array("\r\n".utf8)
+        for _ in 0..<[0, 0, 1, 2].randomElement(using: &rng)! {
+            let name = ["Trailer-One", "X-Checksum", "Content-Length", "Host", "X"].randomElement(using: &rng)!
+            wire += Array("\(name):\([" ", "", "  "].randomElement(using: &rng)!)v\(Int.random(in: 0...99, using: &rng))\r\n".utf8)
+        }
+        if Int.random(in: 0..<400, using: &rng) == 0 {
+            let length = Int.random(in: 65_520...65_540, using: &rng)
+            wire += Array("X-Long: ".utf8) + [UInt8](repeating: UInt8(ascii: "l"), count: length) + Array("\r\n".utf8)
+        }
+        wire += Array("\r\n".utf8)
+        mutate(&wire, count: [0, 0, 1, 1, 2, 4].randomElement(using: &rng)!, using: &rng)
+        if Bool.random(using: &rng) { wire += Array("GET http://next.example/ HTTP/1.1\r\n".utf8) }
+        return wire
+    }
+
+    /// Cut points that split `count` bytes the way reads from a socket do: single bytes, small and large pieces.
+    /// About `maxPieces` at most: a parser that starts over on every arrival costs their number times `count`.
+    public static func pieces(_ count: Int, maxPieces: Int = 128, using rng: inout SeededGenerator) -> [Range<Int>] {
+        var pieces: [Range<Int>] = []
+        var at = 0
+        let style = Int.random(in: 0..<4, using: &rng)
+        let shortest = max(1, count / maxPieces)
+        while at < count {
+            var length: Int
+            switch style {
+            case 0: length = count  // all at once
+            case 1: length = 1
+            case 2: length = Int.random(in: 1...8, using: &rng)
+            default: length = [1, 2, 3, 5, 17, 64, 300, 4096].randomElement(using: &rng)!
+            }
+            length = max(length, shortest)
+            pieces.append(at..<min(count, at + length))
+            at = min(count, at + length)
+        }
+        return pieces
     }
 }
