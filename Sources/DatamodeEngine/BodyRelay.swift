@@ -7,7 +7,8 @@ import DatamodeHTTP
 ///
 /// The framing is validated as it passes (RFC 9112 §7.1): a bad chunk size aborts the relay, so the peer on
 /// the other side never receives a stream that a different parser could split differently (smuggling).
-struct BodyRelay {
+/// `package`: the fuzz target (DatamodeFuzz) drives it beside the reference decoder.
+package struct BodyRelay {
     enum Mode {
         /// Exactly this many bytes remain.
         case length(UInt64)
@@ -19,7 +20,7 @@ struct BodyRelay {
         case done
     }
 
-    enum Progress: Equatable {
+    package enum Progress: Equatable {
         /// Some or no bytes moved; the body is not complete.
         case inProgress
         /// The body is complete (for `.untilClose`: never; the caller decides at EOF).
@@ -30,11 +31,11 @@ struct BodyRelay {
 
     private(set) var mode: Mode
     /// Bytes taken from the source so far (framing included).
-    private(set) var transferred: UInt64 = 0
+    package private(set) var transferred: UInt64 = 0
     /// Bytes put into the destination so far (framing that is stripped is not).
-    private(set) var delivered: UInt64 = 0
+    package private(set) var delivered: UInt64 = 0
 
-    init(framing: BodyFraming, stripChunkFraming: Bool = false) {
+    package init(framing: BodyFraming, stripChunkFraming: Bool = false) {
         switch framing {
         case .none, .contentLength(0): mode = .done
         case .contentLength(let n): mode = .length(n)
@@ -50,7 +51,7 @@ struct BodyRelay {
 
     /// Moves what `source` holds, at most `budget` bytes of payload (backpressure: the caller passes the room
     /// left in the destination). `destination == nil` discards (a rejected request's body).
-    mutating func pump(from source: OpaquePointer, to destination: OpaquePointer?, budget: Int) -> Progress {
+    package mutating func pump(from source: OpaquePointer, to destination: OpaquePointer?, budget: Int) -> Progress {
         var budget = budget
         while true {
             let available = evbuffer_get_length(source)

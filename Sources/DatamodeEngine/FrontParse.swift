@@ -7,10 +7,11 @@ import CLibevent
 /// spans chains is a prefix made contiguous, and then a growing one (256 bytes, doubling) up to `limit`: pulling
 /// up `limit` bytes at once copied whatever body followed the element (a whole 100 KiB response behind its head)
 /// into a fresh allocation on every message, and page-faulted it in (bench/results/2026-11-24-profile-100k.md).
-enum FrontParse {
-    static func parse<Result>(_ buffer: OpaquePointer, limit: Int, incomplete: Result,
-                              isIncomplete: (Result) -> Bool,
-                              _ body: (UnsafeRawBufferPointer) -> Result) -> Result {
+/// `package`: the fuzz target (DatamodeFuzz) drives it beside the reference parsers.
+package enum FrontParse {
+    package static func parse<Result>(_ buffer: OpaquePointer, limit: Int, incomplete: Result,
+                                      isIncomplete: (Result) -> Bool,
+                                      _ body: (UnsafeRawBufferPointer) -> Result) -> Result {
         let available = evbuffer_get_length(buffer)
         guard available > 0 else { return incomplete }
         let contiguous = evbuffer_get_contiguous_space(buffer)

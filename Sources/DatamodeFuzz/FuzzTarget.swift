@@ -8,8 +8,18 @@
 ///   and a prefix never completes differently from the whole;
 /// - round trip: a parsed head, serialised and re-parsed, is the same head (what we forward means what we checked);
 /// - request targets normalise idempotently;
-/// - chunked framing gives the same outcome whether the bytes arrive at once or in two reads.
+/// - chunked framing gives the same outcome whether the bytes arrive at once or in two reads;
+/// - the engine's in-place paths agree with the reference parsers: the input, arriving in pieces (derived from
+///   the input, so a finding reproduces) in an evbuffer's chains, through `FrontParse` (request and response
+///   heads) and `BodyRelay` (chunked bodies, framing kept and stripped, with small backpressure budgets), reaches
+///   the same verdict at the same byte, with the same head or the same bytes forwarded, as `HTTP1Parser` and
+///   `ChunkedDecoder` on the whole input.
+import CLibevent
+import DatamodeEngine
 import DatamodeHTTP
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
@@ -65,6 +75,22 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     let whole = driveChunked(bytes, firstRead: size)
     let twoReads = driveChunked(bytes, firstRead: split)
     guard whole == twoReads else { fatalError("chunked outcome differs by read size: \(whole) vs \(twoReads)") }
+
+    // MARK: the engine's in-place paths against the references above
+    var splitter = Splitter(bytes)
+    let requestInPlace = inPlaceHead(bytes, limit: small.maxRequestHeadBytes, &splitter) {
+        HTTP1Parser.parseRequestHead($0, limits: small)
+    }
+    checkSameHead(requestInPlace, request, what: "request head")
+    // No empty lines are skipped before a status line: status line, CRLF, header section.
+    let responseInPlace = inPlaceHead(bytes, limit: small.requestLine + 2 + small.headerSection, &splitter) {
+        HTTP1Parser.parseResponseHead($0, limits: small)
+    }
+    checkSameHead(responseInPlace, response, what: "response head")
+    let reference = ReferenceChunked(bytes)
+    for strip in [false, true] {
+        checkRelay(bytes, strip: strip, reference, &splitter)
+    }
 
     // MARK: request targets on raw input
     if size <= 1024, let s = String(validating: bytes, as: UTF8.self) {
@@ -132,5 +158,155 @@ private func driveChunked(_ bytes: UnsafeRawBufferPointer, firstRead: Int) -> Ch
             continue
         }
         return .needMore(position)
+    }
+}
+
+// MARK: - in place
+
+/// Piece lengths and budgets for the in-place runs, from a hash of the input: the same input always arrives the
+/// same way, so a finding reproduces from its file.
+private struct Splitter {
+    var state: UInt64
+
+    init(_ bytes: UnsafeRawBufferPointer) {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in bytes { h = (h ^ UInt64(b)) &* 0x0000_0100_0000_01b3 }
+        state = h
+    }
+
+    mutating func next(_ bound: Int) -> Int {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return Int((z ^ (z >> 31)) % UInt64(max(bound, 1)))
+    }
+
+    /// Up to 64 pieces: single bytes, a few bytes, or larger.
+    mutating func pieces(_ count: Int) -> [Range<Int>] {
+        var pieces: [Range<Int>] = []
+        var at = 0
+        let style = next(3)
+        while at < count {
+            var length = style == 0 ? 1 : style == 1 ? 1 + next(8) : 1 + next(512)
+            if pieces.count == 63 { length = count }
+            pieces.append(at..<min(count, at + length))
+            at = min(count, at + length)
+        }
+        return pieces
+    }
+}
+
+/// An evbuffer fed one piece at a time, each appended into the last chain or added as a chain of its own.
+private final class Arrivals {
+    let buffer = evbuffer_new()!
+
+    deinit { evbuffer_free(buffer) }
+
+    func arrive(_ bytes: UnsafeRawBufferPointer, ownChain: Bool) {
+        guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
+        if ownChain {
+            let copy = malloc(bytes.count)!
+            copy.copyMemory(from: base, byteCount: bytes.count)
+            evbuffer_add_reference(buffer, copy, bytes.count, { data, _, _ in free(UnsafeMutableRawPointer(mutating: data)) }, nil)
+        } else {
+            evbuffer_add(buffer, base, bytes.count)
+        }
+    }
+}
+
+/// What the engine decides: one `FrontParse` after each arrival; the first result that is not `.incomplete` is
+/// final. `stuck`: still `.incomplete` with `limit` bytes buffered, past which `FrontParse` never looks.
+private func inPlaceHead<H>(_ bytes: UnsafeRawBufferPointer, limit: Int, _ splitter: inout Splitter,
+                            _ parse: (UnsafeRawBufferPointer) -> HeadParseResult<H>) -> (result: HeadParseResult<H>, stuck: Bool) {
+    let arrivals = Arrivals()
+    for piece in splitter.pieces(bytes.count) {
+        arrivals.arrive(UnsafeRawBufferPointer(rebasing: bytes[piece]), ownChain: splitter.next(2) == 0)
+        let result = FrontParse.parse(arrivals.buffer, limit: limit, incomplete: .incomplete,
+                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }, parse)
+        if case .incomplete = result {
+            if evbuffer_get_length(arrivals.buffer) >= limit { return (result, true) }
+            continue
+        }
+        return (result, false)
+    }
+    return (.incomplete, false)
+}
+
+private func checkSameHead<H: Equatable>(_ inPlace: (result: HeadParseResult<H>, stuck: Bool), _ reference: HeadParseResult<H>,
+                                         what: String) {
+    if inPlace.stuck { fatalError("\(what) in place: incomplete with the limit buffered; reference \(reference)") }
+    switch (inPlace.result, reference) {
+    case (.incomplete, .incomplete): return
+    case (.complete(let a, let la), .complete(let b, let lb)) where a == b && la == lb: return
+    case (.invalid(let a), .invalid(let b)) where a == b: return
+    default: fatalError("\(what) in place \(inPlace.result), reference \(reference)")
+    }
+}
+
+/// `ChunkedDecoder` as the relay configures it, over the whole input at once.
+private struct ReferenceChunked {
+    enum Outcome { case complete, needMore, invalid }
+    var outcome = Outcome.needMore
+    var consumed = 0
+    var payload: [UInt8] = []
+
+    init(_ bytes: UnsafeRawBufferPointer) {
+        var decoder = ChunkedDecoder()
+        while consumed < bytes.count {
+            if decoder.dataRemaining > 0 {
+                let n = min(Int(clamping: decoder.dataRemaining), bytes.count - consumed)
+                payload += bytes[consumed..<(consumed + n)]
+                decoder.consumeData(n)
+                consumed += n
+                continue
+            }
+            switch decoder.parseFraming(UnsafeRawBufferPointer(rebasing: bytes[consumed...])) {
+            case .needMore: return
+            case .framing(let length): consumed += length
+            case .end(let length):
+                consumed += length
+                outcome = .complete
+                return
+            case .invalid:
+                outcome = .invalid
+                return
+            }
+        }
+    }
+}
+
+/// `BodyRelay` as the engine drives it: each arrival pumped with small budgets until nothing moves.
+private func checkRelay(_ bytes: UnsafeRawBufferPointer, strip: Bool, _ reference: ReferenceChunked, _ splitter: inout Splitter) {
+    var relay = BodyRelay(framing: .chunked, stripChunkFraming: strip)
+    let source = Arrivals()
+    let destination = evbuffer_new()!
+    defer { evbuffer_free(destination) }
+    var outcome = ReferenceChunked.Outcome.needMore
+    var arrived = 0
+    arrivals: for piece in splitter.pieces(bytes.count) {
+        source.arrive(UnsafeRawBufferPointer(rebasing: bytes[piece]), ownChain: splitter.next(2) == 0)
+        arrived = piece.upperBound
+        while true {
+            let before = relay.transferred
+            switch relay.pump(from: source.buffer, to: destination, budget: [1, 3, 64, 1 << 20][splitter.next(4)]) {
+            case .complete:
+                outcome = .complete
+                break arrivals
+            case .invalid:
+                outcome = .invalid
+                break arrivals
+            case .inProgress:
+                if relay.transferred == before { continue arrivals }
+            }
+        }
+    }
+    var delivered = [UInt8](repeating: 0, count: evbuffer_get_length(destination))
+    if !delivered.isEmpty { _ = delivered.withUnsafeMutableBytes { evbuffer_copyout(destination, $0.baseAddress, $0.count) } }
+    let expected = strip ? reference.payload : Array(bytes[..<reference.consumed])
+    guard outcome == reference.outcome, relay.transferred == UInt64(reference.consumed),
+          evbuffer_get_length(source.buffer) == arrived - reference.consumed, delivered == expected else {
+        fatalError("chunked in place (strip \(strip)): \(outcome) after \(relay.transferred) bytes, \(delivered.count) delivered; "
+                   + "reference: \(reference.outcome) after \(reference.consumed) bytes, \(expected.count) expected")
     }
 }
