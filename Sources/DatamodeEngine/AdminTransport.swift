@@ -1,5 +1,6 @@
 import CLibevent
 import DatamodeConfig
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -44,12 +45,26 @@ public struct AdminStream: Sendable {
     public init(scope: String?) { self.scope = scope }
 }
 
-/// One open `GET /events` reply.
+/// One open `GET /events` reply, and the events not yet handed to it.
+///
+/// What the proxy holds for a stream is what is queued here and the one batch evhttp is writing (`inFlight`): the
+/// next batch is handed over only once that one is all in the socket's send buffer (evhttp's write callback). Both
+/// are counted in bytes of memory, not of payload (`AdminTransport.queuedEventOverhead`, `.batchOverhead`). Before
+/// (issue 24), every event went to the connection's output as a chunk of its own, each in an evbuffer chain of at
+/// least 1 KiB: the 64 KiB the limit counted were ~330 events and held ~350 KB.
 final class EventSubscriber {
     let request: OpaquePointer
     let connection: OpaquePointer
     let scope: String?
     unowned let transport: AdminTransport
+    /// Events not handed to evhttp yet, oldest first. An event's bytes are one array, shared by every queue it is in.
+    var queue: [[UInt8]] = []
+    /// What `queue` costs.
+    var queued = 0
+    /// What the batch evhttp is writing costs; 0 once it is all in the socket's send buffer.
+    var inFlight = 0
+    /// What the proxy holds for this stream, in bytes.
+    var held: Int { queued + inFlight }
     init(request: OpaquePointer, connection: OpaquePointer, scope: String?, transport: AdminTransport) {
         self.request = request
         self.connection = connection
@@ -67,13 +82,24 @@ public final class AdminTransport {
     public private(set) var listenAddress: ListenAddress
     /// Open event streams, by connection. Only the control loop's thread touches them.
     private var subscribers: [OpaquePointer: EventSubscriber] = [:]
-    /// The most bytes queued for one subscriber: beyond it, the subscriber has stopped reading and is dropped
-    /// (SPEC §12: never buffered without bound). An event is a few hundred bytes.
+    /// The most memory held for one subscriber, in bytes (`EventSubscriber.held`): an event that would take it
+    /// beyond this means the subscriber has stopped reading, and it is dropped (SPEC §12: never buffered without
+    /// bound). An event is a few hundred bytes.
     public static let subscriberBacklogLimit = 64 << 10
+    /// What a queued event costs besides its bytes: its slot in the queue. (Its bytes are shared with the other
+    /// queues, but counted in each: what one stream holds does not depend on the others.)
+    static let queuedEventOverhead = MemoryLayout<[UInt8]>.stride
+    /// What libevent adds around a batch in the connection's output: the chunk-size line and the CRLF after the
+    /// batch each take a chain of their own (a chain is at least 1 KiB, and the chain that references the batch
+    /// cannot be appended to), plus that chain and malloc's headers.
+    static let batchOverhead = 2 * 1024 + 256
     /// Event streams open now.
     public var subscriberCount: Int { subscribers.count }
     /// Subscribers dropped for not reading.
     public private(set) var droppedSubscribers = 0
+    private let held = Atomic<Int>(0)
+    /// What all event streams hold now (queued events and batches being written), in bytes. Any thread.
+    public var heldBacklogBytes: Int { held.load(ordering: .relaxed) }
 
     public init(loop: ControlLoop, address: ListenAddress, handler: @escaping (AdminRequest) -> AdminResponse) throws(EngineError) {
         guard let http = evhttp_new(loop.base) else { throw EngineError("evhttp_new failed") }
@@ -106,34 +132,78 @@ public final class AdminTransport {
         evhttp_free(http)
     }
 
-    /// Appends `bytes` to every event stream whose filter takes `scope` (nil: every stream, as a heartbeat).
-    /// Control loop thread only. A stream whose backlog is over `subscriberBacklogLimit` is closed instead.
+    /// Sends `bytes` to every event stream whose filter takes `scope` (nil: every stream, as a heartbeat), or queues
+    /// them while the stream's last batch is being written. Control loop thread only. A stream that would hold more
+    /// than `subscriberBacklogLimit` is closed instead.
     public func publish(scope: String?, _ bytes: [UInt8]) {
         guard !subscribers.isEmpty else { return }
+        let cost = bytes.count + Self.queuedEventOverhead
         var slow: [EventSubscriber] = []
         for subscriber in subscribers.values {
             if let scope, let filter = subscriber.scope, filter != scope { continue }
-            if let bev = evhttp_connection_get_bufferevent(subscriber.connection),
-               evbuffer_get_length(bufferevent_get_output(bev)) + bytes.count > Self.subscriberBacklogLimit {
+            if subscriber.inFlight == 0 {
+                send([bytes], to: subscriber)
+            } else if subscriber.held + cost > Self.subscriberBacklogLimit {
                 slow.append(subscriber)
-                continue
+            } else {
+                subscriber.queue.append(bytes)
+                subscriber.queued += cost
+                held.add(cost, ordering: .relaxed)
             }
-            let buffer = evbuffer_new()!
-            evbuffer_add(buffer, bytes, bytes.count)
-            evhttp_send_reply_chunk(subscriber.request, buffer)
-            evbuffer_free(buffer)
         }
         for subscriber in slow {
             droppedSubscribers += 1
-            subscribers.removeValue(forKey: subscriber.connection)
+            forget(subscriber)
             evhttp_connection_set_closecb(subscriber.connection, nil, nil)
             evhttp_connection_free(subscriber.connection)
         }
     }
 
+    /// Hands `events` to evhttp as one chunk, written from one allocation of exactly their size (referenced by the
+    /// evbuffer, freed by libevent once written or dropped); evhttp calls `streamWritten` when it is all in the
+    /// socket's send buffer.
+    private func send(_ events: [[UInt8]], to subscriber: EventSubscriber) {
+        let count = events.reduce(0) { $0 + $1.count }
+        guard count > 0 else { return }
+        let batch = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 1)
+        var offset = 0
+        for event in events {
+            event.withUnsafeBytes { batch.advanced(by: offset).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            offset += event.count
+        }
+        let buffer = evbuffer_new()!
+        defer { evbuffer_free(buffer) }
+        guard evbuffer_add_reference(buffer, batch, count, eventBatchFreeCallback, nil) == 0 else {
+            batch.deallocate()
+            return
+        }
+        evhttp_send_reply_chunk_with_cb(subscriber.request, buffer, adminStreamWrittenCallback, context(self))
+        subscriber.inFlight = count + Self.batchOverhead
+        held.add(subscriber.inFlight, ordering: .relaxed)
+    }
+
+    /// A stream's last batch is all in its socket's send buffer: the events queued meanwhile go as the next one.
+    func streamWritten(_ connection: OpaquePointer) {
+        guard let subscriber = subscribers[connection], subscriber.inFlight > 0 else { return }
+        held.subtract(subscriber.held, ordering: .relaxed)
+        subscriber.inFlight = 0
+        subscriber.queued = 0
+        let events = subscriber.queue
+        subscriber.queue = []
+        send(events, to: subscriber)
+    }
+
     /// The stream's connection closed (the client left, or evhttp gave up on it).
     func subscriberClosed(_ connection: OpaquePointer) {
-        subscribers.removeValue(forKey: connection)
+        if let subscriber = subscribers[connection] { forget(subscriber) }
+    }
+
+    private func forget(_ subscriber: EventSubscriber) {
+        subscribers.removeValue(forKey: subscriber.connection)
+        held.subtract(subscriber.held, ordering: .relaxed)
+        subscriber.queue = []
+        subscriber.queued = 0
+        subscriber.inFlight = 0
     }
 
     private func startStream(_ request: OpaquePointer, _ response: AdminResponse, _ stream: AdminStream) {
@@ -153,12 +223,7 @@ public final class AdminTransport {
             var size = Int32(Self.subscriberBacklogLimit)
             _ = setsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
-        if !response.body.isEmpty {
-            let buffer = evbuffer_new()!
-            evbuffer_add(buffer, response.body, response.body.count)
-            evhttp_send_reply_chunk(request, buffer)
-            evbuffer_free(buffer)
-        }
+        send([response.body], to: subscriber)
     }
 
     func handle(_ request: OpaquePointer) {

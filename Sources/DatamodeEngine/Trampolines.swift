@@ -199,6 +199,15 @@ let adminStreamClosedCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawP
     let subscriber = owner(ctx, as: EventSubscriber.self)
     if let connection { subscriber.transport.subscriberClosed(connection) }
 }
+/// evhttp wrote a stream's last batch whole. The context is the transport (it outlives every connection), which
+/// looks the stream up by its connection: a stream already dropped is simply not found.
+let adminStreamWrittenCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { connection, ctx in
+    if let connection { owner(ctx, as: AdminTransport.self).streamWritten(connection) }
+}
+/// libevent is done with an event batch it referenced (written, or its connection freed).
+let eventBatchFreeCallback: evbuffer_ref_cleanup_cb = { data, _, _ in
+    UnsafeMutableRawPointer(mutating: data)?.deallocate()
+}
 let controlTimerCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: ControlTimer.self).fired()
 }

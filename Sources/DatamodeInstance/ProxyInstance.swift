@@ -182,6 +182,9 @@ public final class ProxyInstance: @unchecked Sendable {
     /// Event streams open now (`GET /events`), for tests. Control loop only.
     public var eventSubscriberCount: Int { admin?.subscriberCount ?? 0 }
 
+    /// What the event streams hold in the proxy now, in bytes. Any thread.
+    public var eventBacklogBytes: Int { admin?.heldBacklogBytes ?? 0 }
+
     /// The proxy's address, with the real port once started.
     public var listenAddress: ListenAddress { server.listenAddress }
 

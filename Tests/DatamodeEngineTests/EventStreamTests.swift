@@ -1,6 +1,7 @@
 // The admin event stream (SPEC §12) over real sockets, in process: events as they happen, the session filter,
 // the heartbeat, a subscriber that stops reading is dropped while one that reads keeps everything, and many
 // subscribers at once.
+import DatamodeEngine
 import DatamodeInstance
 import DatamodePolicy
 import DatamodeTestSupport
@@ -83,6 +84,38 @@ struct EventStreamTests {
         #expect(throws: (any Error).self) { try end.get() }
         #expect(stalled.connection.isClosedByPeer(within: .seconds(5)))
         #expect(try admin.get("/mode").status == 200)
+    }
+
+    /// Issue 24: 500 subscribers that never read took ~350 KB each although the limit is 64 KiB, because each
+    /// ~200-byte event went out as its own chunk in a 1 KiB evbuffer chain and only the payload was counted.
+    @Test("what the proxy holds for a subscriber that never reads stays within the limit; dropped, it holds nothing")
+    func stalledSubscriberBacklogIsBounded() throws {
+        let harness = try ProxyHarness(yaml: "sessions: {enabled: true}\n")
+        defer { harness.stop() }
+        let stalled = try EventStreamClient(port: harness.adminPort, receiveBuffer: 4096)
+        defer { stalled.close() }
+        _ = try stalled.next()
+        // One change at a time (session flips: in memory, no fsync), and what the proxy holds read after each. The
+        // events add up to ~600 KB, several times what the two sockets' buffers and the limit can take.
+        let admin = try RawHTTPClient(port: harness.adminPort, timeout: .seconds(30))
+        defer { admin.close() }
+        var largest = 0
+        for i in 0..<3000 {
+            let body = i % 2 == 0 ? #"{"mode": "constrained"}"# : #"{"mode": "normal"}"#
+            try admin.send("PUT /sessions/flip HTTP/1.1\r\nHost: admin\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+            _ = try admin.readFinalResponse(method: "PUT")
+            largest = max(largest, harness.instance.eventBacklogBytes)
+        }
+        #expect(largest > 0, "the stream did fall behind")
+        #expect(largest <= AdminTransport.subscriberBacklogLimit,
+                "held \(largest) bytes for one stream; the limit is \(AdminTransport.subscriberBacklogLimit)")
+        // Dropped: after what reached its socket, EOF; and the proxy holds nothing for it any more.
+        let end = Result { while true { _ = try stalled.next() } }
+        #expect(throws: (any Error).self) { try end.get() }
+        #expect(stalled.connection.isClosedByPeer(within: .seconds(5)))
+        let deadline = ContinuousClock.now + .seconds(5)
+        while harness.instance.eventBacklogBytes != 0 && ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        #expect(harness.instance.eventBacklogBytes == 0)
     }
 
     @Test("a thousand subscribers: each gets the flip")
