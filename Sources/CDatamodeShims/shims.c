@@ -118,3 +118,19 @@ int dm_malloc_thresholds(int mmap_threshold, int trim_threshold) {
     return 0;
 #endif
 }
+
+int dm_malloc_trim(void) {
+#ifdef __GLIBC__
+    return malloc_trim(0);
+#else
+    return 0;
+#endif
+}
+
+long long dm_malloc_free_bytes(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    return (long long)mallinfo2().fordblks;
+#else
+    return -1;
+#endif
+}

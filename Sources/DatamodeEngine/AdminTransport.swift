@@ -97,6 +97,8 @@ public final class AdminTransport {
     public var subscriberCount: Int { subscribers.count }
     /// Subscribers dropped for not reading.
     public private(set) var droppedSubscribers = 0
+    /// Admin requests answered since start-up (the control plane's share of `IdleTrim`'s activity).
+    public private(set) var requestsAnswered = 0
     private let held = Atomic<Int>(0)
     /// What all event streams hold now (queued events and batches being written), in bytes. Any thread.
     public var heldBacklogBytes: Int { held.load(ordering: .relaxed) }
@@ -227,6 +229,7 @@ public final class AdminTransport {
     }
 
     func handle(_ request: OpaquePointer) {
+        requestsAnswered += 1
         let method: String
         switch evhttp_request_get_command(request) {
         case EVHTTP_REQ_GET: method = "GET"

@@ -21,6 +21,8 @@ public final class WorkerMetrics: @unchecked Sendable {
     private let bytesIn = Atomic<Int>(0)
     private let bytesOut = Atomic<Int>(0)
     private let connections = Atomic<Int>(0)
+    /// Grows with every exchange counted and every connection opened or closed, either side (`IdleTrim`).
+    private let activity = Atomic<Int>(0)
     private let parked = Atomic<Int>(0)
     private let splices = Atomic<Int>(0)
     private let bodySplices = Atomic<Int>(0)
@@ -87,13 +89,23 @@ public final class WorkerMetrics: @unchecked Sendable {
         }
         durationSumMicros.add(Int(durationSeconds * 1_000_000), ordering: .relaxed)
         durationCount.add(1, ordering: .relaxed)
+        activity.add(1, ordering: .relaxed)
         return index
     }
 
     func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
     func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
-    func connectionOpened() { connections.add(1, ordering: .relaxed) }
-    func connectionClosed() { connections.subtract(1, ordering: .relaxed) }
+    func connectionOpened() {
+        connections.add(1, ordering: .relaxed)
+        activity.add(1, ordering: .relaxed)
+    }
+    func connectionClosed() {
+        connections.subtract(1, ordering: .relaxed)
+        activity.add(1, ordering: .relaxed)
+    }
+    func upstreamOpenedOrClosed() { activity.add(1, ordering: .relaxed) }
+    /// A count that only grows with this worker's work: exchanges, and connections opened and closed on either side.
+    var activityCount: Int { activity.load(ordering: .relaxed) }
     func connectionParked() { parked.add(1, ordering: .relaxed) }
     func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
     func tunnelSpliced() { splices.add(1, ordering: .relaxed) }

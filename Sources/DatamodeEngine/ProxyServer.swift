@@ -184,6 +184,12 @@ public final class ProxyServer: @unchecked Sendable {
         return total
     }
 
+    /// A count that only grows with the workers' work (exchanges; connections opened and closed, either side).
+    /// The control loop reads it every second (`IdleTrim`).
+    public var activity: UInt64 {
+        workers.reduce(0) { $0 + UInt64($1.metrics.activityCount) }
+    }
+
     public func metrics() -> MetricsSnapshot {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }

@@ -313,10 +313,12 @@ final class Worker {
 
     func upstreamOpened(_ upstream: UpstreamConnection) {
         upstreams[ObjectIdentifier(upstream)] = upstream
+        metrics.upstreamOpenedOrClosed()
     }
 
     func upstreamClosed(_ upstream: UpstreamConnection) {
         upstreams.removeValue(forKey: ObjectIdentifier(upstream))
+        metrics.upstreamOpenedOrClosed()
     }
 
     // MARK: accounting

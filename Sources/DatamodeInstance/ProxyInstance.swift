@@ -70,10 +70,17 @@ public final class ProxyInstance: @unchecked Sendable {
     private let controlPlane = Mutex<Void>(())
     private var control: ControlLoop?
     private var admin: AdminTransport?
+    /// When to give free heap memory back to the kernel (`startIdleTrim`); set by `start()`.
+    private let idleTrimSettings: IdleTrim.Settings
+    private var idleTrim: IdleTrim?
+    private let trims = Atomic<Int>(0)
 
     /// Builds the process for `configuration` (the file with the flags and environment applied): the state store,
-    /// the mode, the compiled policy, the workers and the admin API. Binds nothing.
-    public init(configuration: ProxyConfiguration, logger: Logger, clock: any EngineClock = SystemClock()) throws(StartupError) {
+    /// the mode, the compiled policy, the workers and the admin API. Binds nothing. `idleTrim` says when free heap
+    /// memory goes back to the kernel after a burst (tests lower its threshold).
+    public init(configuration: ProxyConfiguration, logger: Logger, clock: any EngineClock = SystemClock(),
+                idleTrim: IdleTrim.Settings = IdleTrim.Settings()) throws(StartupError) {
+        idleTrimSettings = idleTrim
         do {
             try configuration.validateForStartup()
         } catch {
@@ -185,6 +192,9 @@ public final class ProxyInstance: @unchecked Sendable {
     /// What the event streams hold in the proxy now, in bytes. Any thread.
     public var eventBacklogBytes: Int { admin?.heldBacklogBytes ?? 0 }
 
+    /// How many times free heap memory was given back to the kernel after a burst (`IdleTrim`). Any thread.
+    public var memoryTrims: Int { trims.load(ordering: .relaxed) }
+
     /// The proxy's address, with the real port once started.
     public var listenAddress: ListenAddress { server.listenAddress }
 
@@ -209,6 +219,7 @@ public final class ProxyInstance: @unchecked Sendable {
         }
         server.addOwnAddress(adminAddress)
         startControlTimers(control)
+        startIdleTrim(control)
         try server.start()
         if !budgets.isEmpty {
             control.every(milliseconds: 100) { [unowned self] in self.budgetTick() }
@@ -266,6 +277,32 @@ public final class ProxyInstance: @unchecked Sendable {
         }
         expiryTimer = expiry
         armExpiryTimer()
+    }
+
+    /// What grows with the proxy's work: the workers' exchanges and connections, and admin requests answered.
+    private var activity: UInt64 {
+        server.activity + UInt64(admin?.requestsAnswered ?? 0)
+    }
+
+    /// Every second on the control loop: once the proxy has gone quiet after a burst, malloc's free memory goes back
+    /// to the kernel (`IdleTrim`; the workers are near idle by then, so the arena locks it takes cost them nothing).
+    private func startIdleTrim(_ control: ControlLoop) {
+        idleTrim = IdleTrim(settings: idleTrimSettings, now: clock.nowNanoseconds(), activity: activity)
+        control.every(milliseconds: 1000) { [unowned self] in self.idleTrimTick() }
+    }
+
+    private func idleTrimTick() {
+        let now = clock.nowNanoseconds()
+        guard idleTrim?.tick(now: now, activity: activity, freeBytes: MemoryTuning.freeBytes) == true else { return }
+        let before = MemoryTuning.residentBytes()
+        MemoryTuning.trim()
+        idleTrim?.trimmed()
+        trims.add(1, ordering: .relaxed)
+        let after = MemoryTuning.residentBytes()
+        func mebibytes(_ bytes: Int?) -> String { bytes.map { String($0 >> 20) } ?? "unknown" }
+        logger.info("quiet after a burst: free heap memory given back to the kernel", metadata: [
+            "rss_mib_before": "\(mebibytes(before))", "rss_mib_after": "\(mebibytes(after))",
+            "ms": "\((clock.nowNanoseconds() &- now) / 1_000_000)"])
     }
 
     /// Due steps are applied from a timer set for the earliest one (on the injected clock's time line).

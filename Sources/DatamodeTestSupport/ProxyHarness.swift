@@ -40,7 +40,7 @@ public final class ProxyHarness: @unchecked Sendable {
     public init(yaml: String = "", mode: DataMode? = nil, accessLog: Bool = false,
                 baseDirectory: String = FileManager.default.temporaryDirectory.path, threads: Int = 2,
                 listenPort: UInt16 = 0, eventHeartbeat: Duration? = nil, clock: any EngineClock = SystemClock(),
-                stateDirectory: String? = nil) throws {
+                stateDirectory: String? = nil, idleTrim: IdleTrim.Settings = IdleTrim.Settings()) throws {
         ownsStateDirectory = stateDirectory == nil
         let directory = stateDirectory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("datamode-test-\(UUID().uuidString)").path
@@ -56,7 +56,8 @@ public final class ProxyHarness: @unchecked Sendable {
                                                    accessLog: accessLog, threads: threads, listenPort: listenPort)
             if let mode { configuration.mode = mode }
             instance = try ProxyInstance(configuration: configuration,
-                                         logger: Logger(label: "datamode-test") { _ in SwiftLogNoOpLogHandler() }, clock: clock)
+                                         logger: Logger(label: "datamode-test") { _ in SwiftLogNoOpLogHandler() }, clock: clock,
+                                         idleTrim: idleTrim)
             if let eventHeartbeat { instance.eventHeartbeat = eventHeartbeat }
             try instance.start()
         } catch {

@@ -57,5 +57,10 @@ int dm_splice_pipe(int fds[2], int size);
 
 /** glibc's mallopt(M_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD); 1 when both were set (see MemoryTuning.swift). */
 int dm_malloc_thresholds(int mmap_threshold, int trim_threshold);
+/** glibc's malloc_trim(0): gives free memory back to the kernel from every arena, wherever it is in the arena (see
+    IdleTrim.swift). 1 when some was given back; 0 elsewhere than glibc. */
+int dm_malloc_trim(void);
+/** The free bytes malloc holds in its arenas (glibc's mallinfo2().fordblks); -1 where unknown. */
+long long dm_malloc_free_bytes(void);
 
 #endif
