@@ -293,12 +293,13 @@ public final class ProxyInstance: @unchecked Sendable {
 
     private func idleTrimTick() {
         let now = clock.nowNanoseconds()
-        guard idleTrim?.tick(now: now, activity: activity, freeBytes: MemoryTuning.freeBytes) == true else { return }
+        guard idleTrim?.tick(now: now, activity: activity, residentBytes: MemoryTuning.residentBytes,
+                             freeBytes: MemoryTuning.freeBytes) == true else { return }
         let before = MemoryTuning.residentBytes()
         MemoryTuning.trim()
-        idleTrim?.trimmed()
-        trims.add(1, ordering: .relaxed)
         let after = MemoryTuning.residentBytes()
+        idleTrim?.trimmed(now: clock.nowNanoseconds(), resident: after)
+        trims.add(1, ordering: .relaxed)
         func mebibytes(_ bytes: Int?) -> String { bytes.map { String($0 >> 20) } ?? "unknown" }
         logger.info("quiet after a burst: free heap memory given back to the kernel", metadata: [
             "rss_mib_before": "\(mebibytes(before))", "rss_mib_after": "\(mebibytes(after))",
