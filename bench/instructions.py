@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Instructions per request of two datamode-proxy binaries, side by side, counted by callgrind.
+
+Wall-clock rows (bench/run) need a quiet machine; instruction counts do not: valgrind's callgrind counts the same
+total for the same binary and inputs whatever else the machine is doing. That makes this the A/B for refactors
+("behaviour and cost unchanged") on a shared two-core machine. It is a complement to bench/run, not a peer
+comparison: instructions are not time (cache misses and syscalls are not in them).
+
+For each binary and each row: the proxy runs under callgrind with one worker thread and instrumentation off; a local
+origin answers; instrumentation is switched on (callgrind_control -i) for exactly the N requests of one keep-alive client,
+so start-up and shutdown are not counted. Timers that fire during the run (the once-a-second control tick) are, a
+few thousand instructions a second: the rows run twice per binary, interleaved, and both figures are shown.
+Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
+
+    bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--out bench/results/STAMP-instructions.md]
+"""
+import argparse
+import http.server
+import os
+import re
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROWS = {
+    # name: (mode, config, request path)
+    "small GET, no mode": ("normal", "", "/small"),
+    "small GET, constrained, rules": ("constrained", """
+rules:
+  - {name: videos, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+  - {name: api, match: {host: "api.*"}, tags: {allow-expensive: false}}
+variants:
+  - {id: hero, match: "http://127.0.0.1:*/img/*.jpg", target: "http://127.0.0.1:$1/img/$2@small.jpg"}
+""", "/small"),
+    "refusal (403 constrained)": ("constrained", """
+rules:
+  - {name: videos, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+""", "/movie.mp4"),
+}
+
+
+class Origin(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    body = b"x" * 1024
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_client(port, origin_port, path, n):
+    """n requests on one keep-alive connection; returns the statuses seen."""
+    statuses = []
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        buffer = b""
+        for _ in range(n):
+            sock.sendall(b"GET http://127.0.0.1:%d%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n"
+                         % (origin_port, path.encode(), origin_port))
+            while b"\r\n\r\n" not in buffer:
+                buffer += sock.recv(65536)
+            head, buffer = buffer.split(b"\r\n\r\n", 1)
+            length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+            while len(buffer) < length:
+                buffer += sock.recv(65536)
+            buffer = buffer[length:]
+            statuses.append(int(head.split(b" ", 2)[1]))
+    return statuses
+
+
+def instructions(binary, mode, config, path, n, origin_port, workdir):
+    """Instructions the proxy executed while it answered n requests, and the statuses it answered."""
+    port, admin = free_port(), free_port()
+    config_path = os.path.join(workdir, "config.yaml")
+    with open(config_path, "w") as f:
+        f.write("listen: 127.0.0.1:%d\nadmin: {listen: 127.0.0.1:%d}\nlog: {access: \"off\"}\n%s"
+                % (port, admin, config))
+    out = os.path.join(workdir, "callgrind.out")
+    state = tempfile.mkdtemp(dir=workdir)
+    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out,
+                              binary, "run", "--config", config_path, "--mode", mode, "--state-dir", state,
+                              "--threads", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", admin), timeout=1).close()
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline or proxy.poll() is not None:
+                raise SystemExit("the proxy did not start: " + proxy.stderr.read().decode()[-2000:])
+            time.sleep(0.2)
+    run_client(port, origin_port, path, 20)  # warm: the first requests connect upstream and fill caches
+    subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], check=True, stdout=subprocess.DEVNULL)
+    statuses = run_client(port, origin_port, path, n)
+    subprocess.run(["callgrind_control", "-i", "off", str(proxy.pid)], check=True, stdout=subprocess.DEVNULL)
+    proxy.send_signal(signal.SIGTERM)
+    _, err = proxy.communicate(timeout=300)
+    total = None
+    for line in err.decode().splitlines():
+        m = re.search(r"Collected : (\d+)", line)
+        if m:
+            total = int(m.group(1))
+    if total is None:
+        raise SystemExit("no callgrind total: " + err.decode()[-2000:])
+    return total, statuses
+
+
+def stripped(binary, workdir, name):
+    copy = os.path.join(workdir, name)
+    subprocess.run(["strip", "-o", copy, binary], check=True)
+    return copy
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Origin)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin_port = server.server_address[1]
+
+    lines = ["| row | before (instr./request, 2 runs) | after (2 runs) | after / before (means) | statuses |",
+             "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as workdir:
+        binaries = [stripped(args.before, workdir, "before"), stripped(args.after, workdir, "after")]
+        for row, (mode, config, path) in ROWS.items():
+            per = [[], []]
+            seen = set()
+            for _ in range(2):
+                for index, binary in enumerate(binaries):
+                    total, statuses = instructions(binary, mode, config, path, args.requests, origin_port, workdir)
+                    per[index].append(total / args.requests)
+                    seen.update(statuses)
+            means = [sum(p) / len(p) for p in per]
+            lines.append("| %s | %s | %s | %.3f | %s |" % (
+                row, " / ".join("%.0f" % v for v in per[0]), " / ".join("%.0f" % v for v in per[1]),
+                means[1] / means[0], ", ".join(map(str, sorted(seen)))))
+            print(lines[-1], flush=True)
+    text = "\n".join([
+        "# Instructions per request: before vs after",
+        "",
+        "Command: `bench/instructions.py %s %s --requests %d` (callgrind, one worker thread, one keep-alive client, "
+        "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
+            args.before, args.after, args.requests),
+        "",
+    ] + lines + [""])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
