@@ -147,6 +147,17 @@ import Testing
         try Self.expectPattern(file, length: length)
     }
 
+    /// The access-log line of the request for `path`, once the proxy has written it (an exchange cut short is logged
+    /// as its connection is freed, which may come a moment after the client saw the end).
+    static func loggedLine(_ rig: Rig, path: String) -> [String: Any]? {
+        var line: [String: Any]?
+        _ = AdminPolling.until(timeout: .seconds(10)) {
+            line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+            return line != nil
+        }
+        return line
+    }
+
     static func expectPattern(_ file: String, length: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: file)))
         #expect(bytes.count == length, sourceLocation: sourceLocation)
@@ -204,7 +215,7 @@ import Testing
         let result = try ExternalCommand.run("/usr/bin/python3", ["-c", Self.closeDelimitedClient, String(rig.proxy.port),
                                                                    String(rig.origin.port), rig.caPath, path], timeout: 60)
         #expect(result.stdout.hasPrefix(expected), "\(result.output)")
-        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+        let line = Self.loggedLine(rig, path: path)
         #expect(line?["outcome"] as? String == (path.hasPrefix("/cut") ? "error" : "forwarded"), "\(String(describing: line))")
     }
 
@@ -221,7 +232,7 @@ import Testing
         let words = result.stdout.split(separator: " ")
         let got = words.firstIndex(of: "after").flatMap { $0 + 1 < words.count ? Int(words[$0 + 1]) : nil } ?? 0
         #expect(result.stdout.hasPrefix("TLS error after") && got > 100_100, "\(result.output)")
-        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix(path) == true }
+        let line = Self.loggedLine(rig, path: path)
         #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
         #expect(line?["status"] as? Int == 200, "\(String(describing: line))")
     }
