@@ -3,34 +3,6 @@ import DatamodeHTTP
 import DatamodePolicy
 import Synchronization
 
-/// A session as the workers see it (SPEC §12): a named scope whose mode replaces the global one for the requests
-/// that belong to it. Part of the `RuntimeSnapshot`, so a worker looks a session up in its own copy of the table
-/// (one hash lookup, no lock) and a change reaches it like any mode flip, at its next request head.
-public struct SessionScope: Sendable, Equatable {
-    public var mode: DataMode
-    /// The link profile named for the session, validated when set; the shaping of SPEC §10 reads it from here.
-    public var profile: String?
-    /// `api` (set by `PUT /sessions/{id}`) or `schedule`.
-    public var modeSource: ModeSource
-    /// Seconds since the Unix epoch when the session's mode last changed.
-    public var since: Int64
-    /// Differs between two sessions of the same id (one deleted, the other created): the workers start the
-    /// newer one's counters from zero. Grows with every session created.
-    public var serial: UInt64
-    /// The session id interned: where each worker keeps the session's counters (the lowest slot no live session
-    /// holds when it was created), so counting a request indexes an array instead of hashing the id again.
-    public var slot: Int
-
-    public init(mode: DataMode, profile: String?, modeSource: ModeSource, since: Int64, serial: UInt64, slot: Int) {
-        self.mode = mode
-        self.profile = profile
-        self.modeSource = modeSource
-        self.since = since
-        self.serial = serial
-        self.slot = slot
-    }
-}
-
 /// A request's session as the exchange carries it from its head to its log line.
 struct SessionMembership: Equatable {
     let id: String
@@ -38,56 +10,6 @@ struct SessionMembership: Equatable {
     let serial: UInt64
     /// The session's link profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
     let profile: String?
-}
-
-/// What happened inside one session (SPEC §12 `GET /sessions/{id}`): requests by outcome and reason, bytes each
-/// way, variants served by id and the last rejected URLs. One worker's share, or the sum of all of them.
-public struct SessionTally: Sendable, Equatable {
-    /// One rejected request.
-    public struct Rejected: Sendable, Equatable {
-        public var url: String
-        public var error: String
-        /// Wall-clock nanoseconds since the Unix epoch.
-        public var time: Int64
-        public init(url: String, error: String, time: Int64) {
-            self.url = url
-            self.error = error
-            self.time = time
-        }
-    }
-
-    /// The most rejected URLs kept (SPEC §12: the last 100).
-    public static let rejectedLimit = 100
-
-    public var serial: UInt64
-    /// `outcome` → `reason` (`""` when none) → count.
-    public var requests: [String: [String: Int]] = [:]
-    public var bytesIn = 0
-    public var bytesOut = 0
-    public var variants: [String: Int] = [:]
-    /// Oldest first, at most `rejectedLimit`.
-    public var rejected: [Rejected] = []
-    /// Monotonic nanoseconds of the last request finished in the session (0: none).
-    public var lastSeen: UInt64 = 0
-
-    public init(serial: UInt64) { self.serial = serial }
-
-    /// Adds another worker's share (of the same session incarnation).
-    public mutating func merge(_ other: SessionTally) {
-        for (outcome, reasons) in other.requests {
-            for (reason, count) in reasons { requests[outcome, default: [:]][reason, default: 0] += count }
-        }
-        bytesIn += other.bytesIn
-        bytesOut += other.bytesOut
-        for (id, count) in other.variants { variants[id, default: 0] += count }
-        if !other.rejected.isEmpty {
-            rejected = Array((rejected + other.rejected).sorted { $0.time < $1.time }.suffix(Self.rejectedLimit))
-        }
-        lastSeen = max(lastSeen, other.lastSeen)
-    }
-
-    /// All requests counted.
-    public var requestCount: Int { requests.values.reduce(0) { $0 + $1.values.reduce(0, +) } }
 }
 
 /// One worker's session counters. Written only by the worker's thread, without a lock, on the request path;
