@@ -15,12 +15,12 @@ public final class BudgetLedger: Sendable {
     public let budgets: [Budget]
     /// Bit i: budget i is `hard`.
     let hardMask: UInt64
-    let slotCount: Int
-    private let slots: [Counter]
+    @usableFromInline let slotCount: Int
+    @usableFromInline let slots: [Counter]
     private let periods: [PeriodState]
 
-    final class Counter: Sendable {
-        let value = Atomic<UInt64>(0)
+    @usableFromInline final class Counter: Sendable {
+        @usableFromInline let value = Atomic<UInt64>(0)
     }
 
     final class PeriodState: Sendable {
@@ -51,7 +51,7 @@ public final class BudgetLedger: Sendable {
     // MARK: the request path
 
     /// Counts `bytes` exchanged with an origin against budget `index`, from `worker`.
-    @inline(__always)
+    @inlinable @inline(__always)
     public func add(_ bytes: Int, budget index: Int, worker: Int) {
         slots[index * slotCount + worker % slotCount].value.add(UInt64(bytes), ordering: .relaxed)
     }

@@ -14,28 +14,28 @@ public final class WorkerMetrics: @unchecked Sendable {
     /// Upper bounds (seconds) of the request duration histogram.
     public static let durationBuckets: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
-    private let requests: UnsafeMutablePointer<Atomic<Int>>
-    private let buckets: UnsafeMutablePointer<Atomic<Int>>
-    private let durationSumMicros = Atomic<Int>(0)
-    private let durationCount = Atomic<Int>(0)
-    private let bytesIn = Atomic<Int>(0)
-    private let bytesOut = Atomic<Int>(0)
-    private let connections = Atomic<Int>(0)
+    @usableFromInline let requests: UnsafeMutablePointer<Atomic<Int>>
+    @usableFromInline let buckets: UnsafeMutablePointer<Atomic<Int>>
+    @usableFromInline let durationSumMicros = Atomic<Int>(0)
+    @usableFromInline let durationCount = Atomic<Int>(0)
+    @usableFromInline let bytesIn = Atomic<Int>(0)
+    @usableFromInline let bytesOut = Atomic<Int>(0)
+    @usableFromInline let connections = Atomic<Int>(0)
     /// Grows with every exchange counted and every connection opened or closed, either side (`IdleTrim`).
-    private let activity = Atomic<Int>(0)
-    private let parked = Atomic<Int>(0)
-    private let splices = Atomic<Int>(0)
-    private let bodySplices = Atomic<Int>(0)
-    private let intercepted = Atomic<Int>(0)
+    @usableFromInline let activity = Atomic<Int>(0)
+    @usableFromInline let parked = Atomic<Int>(0)
+    @usableFromInline let splices = Atomic<Int>(0)
+    @usableFromInline let bodySplices = Atomic<Int>(0)
+    @usableFromInline let intercepted = Atomic<Int>(0)
     /// One counter per `TLSFailureLabel.all` entry.
     private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
-    private let savedHLS = Atomic<Int>(0)
-    private let savedVariant = Atomic<Int>(0)
-    private let savedRejected = Atomic<Int>(0)
-    private let savedDASH = Atomic<Int>(0)
+    @usableFromInline let savedHLS = Atomic<Int>(0)
+    @usableFromInline let savedVariant = Atomic<Int>(0)
+    @usableFromInline let savedRejected = Atomic<Int>(0)
+    @usableFromInline let savedDASH = Atomic<Int>(0)
     private let manifestsTooLarge = Atomic<Int>(0)
     private let manifestsMalformed = Atomic<Int>(0)
-    private let savedTranscoded = Atomic<Int>(0)
+    @usableFromInline let savedTranscoded = Atomic<Int>(0)
     private let imagesTranscoded = Atomic<Int>(0)
     private let imageCacheHits = Atomic<Int>(0)
     private let imagesUntouched: UnsafeMutablePointer<Atomic<Int>> = {
@@ -43,7 +43,7 @@ public final class WorkerMetrics: @unchecked Sendable {
         for i in 0..<ImagePassReason.allCases.count { (pointer + i).initialize(to: Atomic(0)) }
         return pointer
     }()
-    private let reasonIndex: [String: Int]
+    @usableFromInline let reasonIndex: [String: Int]
 
     public init() {
         let requestCount = Self.outcomes.count * Self.reasons.count
@@ -70,7 +70,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     }
 
     /// Counts a finished request; returns the index of its outcome × reason counter (a session's tally uses the same).
-    @discardableResult
+    @inlinable @discardableResult
     func count(outcome: Outcome, reason: String?, durationSeconds: Double) -> Int {
         let o: Int
         switch outcome {
@@ -93,32 +93,32 @@ public final class WorkerMetrics: @unchecked Sendable {
         return index
     }
 
-    func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
-    func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
-    func connectionOpened() {
+    @inlinable func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
+    @inlinable func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
+    @inlinable func connectionOpened() {
         connections.add(1, ordering: .relaxed)
         activity.add(1, ordering: .relaxed)
     }
-    func connectionClosed() {
+    @inlinable func connectionClosed() {
         connections.subtract(1, ordering: .relaxed)
         activity.add(1, ordering: .relaxed)
     }
-    func upstreamOpenedOrClosed() { activity.add(1, ordering: .relaxed) }
+    @inlinable func upstreamOpenedOrClosed() { activity.add(1, ordering: .relaxed) }
     /// A count that only grows with this worker's work: exchanges, and connections opened and closed on either side.
     var activityCount: Int { activity.load(ordering: .relaxed) }
-    func connectionParked() { parked.add(1, ordering: .relaxed) }
-    func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
-    func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
-    func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
-    func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
+    @inlinable func connectionParked() { parked.add(1, ordering: .relaxed) }
+    @inlinable func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
+    @inlinable func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
+    @inlinable func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
+    @inlinable func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
     func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
         guard let index = TLSFailureLabel.all.firstIndex(of: TLSFailureLabel(side: side, reason: reason)) else { return }
         handshakeFailures[index].add(1, ordering: .relaxed)
     }
 
     /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
-    enum SavingKind { case variant, rejected, hlsCap, dashCap, transcoded }
-    func saved(_ kind: SavingKind, bytes: Int) {
+    @usableFromInline enum SavingKind { case variant, rejected, hlsCap, dashCap, transcoded }
+    @inlinable func saved(_ kind: SavingKind, bytes: Int) {
         switch kind {
         case .variant: savedVariant.add(bytes, ordering: .relaxed)
         case .rejected: savedRejected.add(bytes, ordering: .relaxed)

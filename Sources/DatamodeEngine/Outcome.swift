@@ -1,5 +1,5 @@
 /// What the access log and metrics say about a request (SPEC §7 `outcome`).
-enum Outcome: String {
+@usableFromInline enum Outcome: String {
     case forwarded, rewritten, rejected, error
 }
 

@@ -61,14 +61,14 @@ public struct RuntimeSnapshot: Sendable {
 /// changed, so the hot path never contends on a lock (STYLE: "nothing shared on the hot path").
 public final class RuntimeState: Sendable {
     private let current: Mutex<RuntimeSnapshot>
-    private let generationCounter = Atomic<UInt64>(1)
+    @usableFromInline let generationCounter = Atomic<UInt64>(1)
 
     public init(_ snapshot: RuntimeSnapshot) {
         current = Mutex(snapshot)
     }
 
     /// Changes with every update; compare to a cached value to know whether to refresh.
-    public var generation: UInt64 { generationCounter.load(ordering: .acquiring) }
+    @inlinable public var generation: UInt64 { generationCounter.load(ordering: .acquiring) }
 
     /// The current snapshot and its generation.
     public func load() -> (generation: UInt64, snapshot: RuntimeSnapshot) {
