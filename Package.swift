@@ -6,6 +6,8 @@
 //   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
 //   DatamodeMedia   HLS master playlists and DASH MPDs capped to a bitrate (SPEC §13); pure Swift, no I/O
 //   DatamodeConfig  YAML -> typed, validated configuration sections
+//   DatamodeState   what the engine and the admin plane share: runtime snapshot, sessions, budgets, metrics, clock;
+//                   pure Swift, no C
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
 //   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
@@ -60,25 +62,26 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
             ]
         ),
+        .target(name: "DatamodeState", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .target(
             name: "DatamodeEngine",
             dependencies: [
                 "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
-                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia",
+                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia", "DatamodeState",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
             name: "DatamodeAdmin",
             dependencies: [
-                "DatamodeEngine", "DatamodePolicy", "DatamodeConfig",
+                "DatamodeEngine", "DatamodeState", "DatamodePolicy", "DatamodeConfig",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
             name: "DatamodeInstance",
             dependencies: [
-                "DatamodeEngine", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeEngine", "DatamodeState", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -93,7 +96,7 @@ let package = Package(
         .target(
             name: "DatamodeTestSupport",
             dependencies: [
-                "DatamodeInstance", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP",
+                "DatamodeInstance", "DatamodeEngine", "DatamodeState", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -105,19 +108,19 @@ let package = Package(
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
-            dependencies: ["DatamodeEngine", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]
+            dependencies: ["DatamodeEngine", "DatamodeState", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]
         ),
         .testTarget(
             name: "DatamodeAdminTests",
             dependencies: [
-                "DatamodeAdmin", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeAdmin", "DatamodeEngine", "DatamodeState", "DatamodeConfig", "DatamodePolicy",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(
             name: "DatamodeInstanceTests",
             dependencies: [
-                "DatamodeInstance", "DatamodeAdmin", "DatamodeEngine", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeInstance", "DatamodeAdmin", "DatamodeEngine", "DatamodeState", "DatamodeConfig", "DatamodePolicy",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

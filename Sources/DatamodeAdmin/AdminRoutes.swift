@@ -1,4 +1,5 @@
 import DatamodeEngine
+import DatamodeState
 import Foundation
 
 /// One admin endpoint, registered once (Envoy's `addHandler(prefix, help, handler, removable, mutates_state)`): its

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 
 /// `GET /budgets` and `POST /budgets/{name}/reset` (SPEC §11).

@@ -1,4 +1,5 @@
 import DatamodeEngine
+import DatamodeState
 
 /// `GET /ca.pem` (SPEC §9): the local CA's certificate, for a client to trust. A certificate is public; its key is
 /// never served. On a loopback admin listener it needs no token (whoever can reach it runs on this machine, and a

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 
 /// `GET /conditions`, `PUT /conditions`, `DELETE /conditions` (SPEC §10): the link profile in force, its values

@@ -1,4 +1,5 @@
 import DatamodeEngine
+import DatamodeState
 import Foundation
 import Synchronization
 

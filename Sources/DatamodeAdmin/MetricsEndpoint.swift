@@ -1,5 +1,6 @@
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 
 /// `GET /metrics`: Prometheus text exposition format 0.0.4 (SPEC §7), from the workers' counters summed now.
 struct MetricsEndpoint {

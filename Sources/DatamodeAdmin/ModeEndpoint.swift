@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 
 /// `GET /mode`, `PUT /mode`, `DELETE /mode` (SPEC §2, §7, §15).

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Synchronization
 

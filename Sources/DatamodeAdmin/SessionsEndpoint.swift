@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 
 /// `GET /sessions`, `PUT`, `GET`, `DELETE /sessions/{id}` (SPEC §12): named scopes with their own mode and counters,

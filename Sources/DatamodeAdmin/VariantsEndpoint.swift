@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 
 /// `GET /variants`, `PUT /variants/{id}`, `DELETE /variants/{id}` (SPEC §5, §7).

@@ -1,6 +1,7 @@
 import CDatamodeShims
 import DatamodeConfig
 import DatamodePolicy
+import DatamodeState
 import Synchronization
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,6 @@
 import CLibevent
 import DatamodeConfig
+import DatamodeState
 import Synchronization
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 
 /// Where a request came from. The source decides how its target is read and who its user is; everything after
 /// admission is the same for every source (SPEC §6, §9; SPEC §16's transparent capture and §17's HTTP/2 streams

@@ -1,5 +1,6 @@
 import DatamodeConfig
 import DatamodePolicy
+import DatamodeState
 
 /// Data budgets on a client connection (SPEC §11): which budgets an exchange counts against, what spent ones do
 /// to it (conditions joining its mode, or a refusal), and the origin bytes it counts.

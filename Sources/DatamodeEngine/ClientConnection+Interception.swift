@@ -4,6 +4,7 @@ import COpenSSL
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -2,6 +2,7 @@ import CLibevent
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodeMedia
+import DatamodeState
 
 /// A response body held back, bounded, while the proxy decides whether to rewrite it (SPEC §13: manifests and
 /// images).

@@ -2,6 +2,7 @@ import CDatamodeShims
 import CLibevent
 import DatamodeConfig
 import DatamodePolicy
+import DatamodeState
 
 /// The latency a link profile adds to one exchange (SPEC §10): once, before the response head is relayed (or a
 /// tunnel's first byte from the origin), counted from the moment those bytes arrive, as a link's delay would.

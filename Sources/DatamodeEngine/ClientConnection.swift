@@ -3,6 +3,7 @@ import CLibevent
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 #if canImport(Glibc)
 import Glibc
 #endif

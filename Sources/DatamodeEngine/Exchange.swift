@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 
 /// One request/response exchange on a client connection, from its head to the end of its response.
 /// A class: it is updated in place on every pump, and copying it (two body relays, the head bytes) per

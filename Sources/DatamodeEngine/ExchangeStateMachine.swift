@@ -1,3 +1,5 @@
+import DatamodeState
+
 /// One relay step of a message body, as the executor saw it: how the body relay ended the step and what its
 /// source buffer held before and after. Pure data, so the state machines below never touch a buffer.
 struct RelayStep: Equatable {

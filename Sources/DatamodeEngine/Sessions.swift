@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 import Synchronization
 
 /// A request's session as the exchange carries it from its head to its log line.

@@ -1,6 +1,7 @@
 import CDatamodeShims
 import CLibevent
 import COpenSSL
+import DatamodeState
 
 /// The TLS client side for `https://` upstreams: one `SSL_CTX` per worker (no sharing), verifying the origin's
 /// certificate against the system trust store (`SSL_CERT_FILE` / `SSL_CERT_DIR` override it, as for any

@@ -2,6 +2,7 @@ import CDatamodeShims
 import CLibevent
 import DatamodeConfig
 import DatamodePolicy
+import DatamodeState
 import Logging
 import Synchronization
 #if canImport(Glibc)

@@ -1,6 +1,7 @@
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 
 /// The per-request view of a `RuntimeSnapshot`, derived once per snapshot so the request path reads plain
 /// values (milliseconds, sets, per-mode tables) instead of converting configuration on every request.

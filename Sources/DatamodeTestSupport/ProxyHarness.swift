@@ -2,6 +2,7 @@ import DatamodeConfig
 import DatamodeEngine
 import DatamodeInstance
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Logging
 

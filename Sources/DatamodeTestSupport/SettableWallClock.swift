@@ -1,4 +1,5 @@
 import DatamodeEngine
+import DatamodeState
 import Synchronization
 
 /// An engine clock whose wall time a test sets (UTC period boundaries of SPEC §11 without waiting for them);

@@ -2,6 +2,7 @@ import DatamodeAdmin
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Logging
 import Synchronization

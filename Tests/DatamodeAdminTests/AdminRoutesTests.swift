@@ -1,5 +1,6 @@
 @testable import DatamodeAdmin
 import DatamodeEngine
+import DatamodeState
 import Testing
 
 /// The route table (`AdminAPI.routes`) against what the router, the token check and the 404 text do with it: every

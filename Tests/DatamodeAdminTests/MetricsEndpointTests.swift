@@ -1,6 +1,7 @@
 import DatamodeAdmin
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Testing
 
 /// `GET /metrics`: Prometheus text format 0.0.4 (SPEC §7).

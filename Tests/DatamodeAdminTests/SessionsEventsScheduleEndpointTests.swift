@@ -4,6 +4,7 @@ import DatamodeAdmin
 import DatamodeConfig
 import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Testing
 

@@ -2,6 +2,7 @@ import DatamodeConfig
 @testable import DatamodeEngine
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 import Testing
 
 /// Admission as a table (SPEC §6–§12): a request head, its source and the settings in, a verdict out, without a

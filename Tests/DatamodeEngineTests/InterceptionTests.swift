@@ -1,6 +1,7 @@
 @testable import DatamodeEngine
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Testing
 

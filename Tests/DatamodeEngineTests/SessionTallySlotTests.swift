@@ -1,6 +1,7 @@
 import DatamodeConfig
 @testable import DatamodeEngine
 import DatamodePolicy
+import DatamodeState
 import Testing
 
 /// Sessions are counted by slot (SPEC §12 counters without hashing the id per request): a slot outlives the session

@@ -3,6 +3,7 @@ import DatamodeConfig
 import DatamodeEngine
 import DatamodeInstance
 import DatamodePolicy
+import DatamodeState
 import Foundation
 import Logging
 import Synchronization

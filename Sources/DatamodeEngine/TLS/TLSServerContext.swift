@@ -1,6 +1,7 @@
 import CDatamodeShims
 import CLibevent
 import COpenSSL
+import DatamodeState
 
 /// The TLS server side of interception (SPEC §9), one per worker (no sharing, no locks): an `SSL_CTX` made once
 /// and reused for every intercepted connection, the SNI callback that picks the leaf, ALPN `http/1.1` only,

@@ -71,7 +71,7 @@ public final class WorkerMetrics: @unchecked Sendable {
 
     /// Counts a finished request; returns the index of its outcome × reason counter (a session's tally uses the same).
     @inlinable @discardableResult
-    func count(outcome: Outcome, reason: String?, durationSeconds: Double) -> Int {
+    package func count(outcome: Outcome, reason: String?, durationSeconds: Double) -> Int {
         let o: Int
         switch outcome {
         case .forwarded: o = 0
@@ -93,32 +93,32 @@ public final class WorkerMetrics: @unchecked Sendable {
         return index
     }
 
-    @inlinable func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
-    @inlinable func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
-    @inlinable func connectionOpened() {
+    @inlinable package func add(bytesIn n: Int) { bytesIn.add(n, ordering: .relaxed) }
+    @inlinable package func add(bytesOut n: Int) { bytesOut.add(n, ordering: .relaxed) }
+    @inlinable package func connectionOpened() {
         connections.add(1, ordering: .relaxed)
         activity.add(1, ordering: .relaxed)
     }
-    @inlinable func connectionClosed() {
+    @inlinable package func connectionClosed() {
         connections.subtract(1, ordering: .relaxed)
         activity.add(1, ordering: .relaxed)
     }
-    @inlinable func upstreamOpenedOrClosed() { activity.add(1, ordering: .relaxed) }
+    @inlinable package func upstreamOpenedOrClosed() { activity.add(1, ordering: .relaxed) }
     /// A count that only grows with this worker's work: exchanges, and connections opened and closed on either side.
-    var activityCount: Int { activity.load(ordering: .relaxed) }
-    @inlinable func connectionParked() { parked.add(1, ordering: .relaxed) }
-    @inlinable func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
-    @inlinable func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
-    @inlinable func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
-    @inlinable func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
-    func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
+    package var activityCount: Int { activity.load(ordering: .relaxed) }
+    @inlinable package func connectionParked() { parked.add(1, ordering: .relaxed) }
+    @inlinable package func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
+    @inlinable package func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
+    @inlinable package func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
+    @inlinable package func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
+    package func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
         guard let index = TLSFailureLabel.all.firstIndex(of: TLSFailureLabel(side: side, reason: reason)) else { return }
         handshakeFailures[index].add(1, ordering: .relaxed)
     }
 
     /// What a mechanism of SPEC §13 saved (`datamode_bytes_saved_total{kind}`).
-    @usableFromInline enum SavingKind { case variant, rejected, hlsCap, dashCap, transcoded }
-    @inlinable func saved(_ kind: SavingKind, bytes: Int) {
+    @usableFromInline package enum SavingKind { case variant, rejected, hlsCap, dashCap, transcoded }
+    @inlinable package func saved(_ kind: SavingKind, bytes: Int) {
         switch kind {
         case .variant: savedVariant.add(bytes, ordering: .relaxed)
         case .rejected: savedRejected.add(bytes, ordering: .relaxed)
@@ -128,22 +128,22 @@ public final class WorkerMetrics: @unchecked Sendable {
         }
     }
 
-    func imageTranscoded() { imagesTranscoded.add(1, ordering: .relaxed) }
-    func imageCacheHit() { imageCacheHits.add(1, ordering: .relaxed) }
+    package func imageTranscoded() { imagesTranscoded.add(1, ordering: .relaxed) }
+    package func imageCacheHit() { imageCacheHits.add(1, ordering: .relaxed) }
 
     /// Why an image under transcoding was passed through untouched (`datamode_images_untouched_total{reason}`).
     /// `too-many-scans` and `too-slow`: the transcode ran into `ImageLimits` and was given up.
-    enum ImagePassReason: String, CaseIterable {
+    package enum ImagePassReason: String, CaseIterable {
         case tooLarge = "too-large", tooManyPixels = "too-many-pixels", animated, undecodable,
              notSmaller = "not-smaller", busy, tooManyScans = "too-many-scans", tooSlow = "too-slow"
     }
-    func imagePassed(_ reason: ImagePassReason) {
+    package func imagePassed(_ reason: ImagePassReason) {
         imagesUntouched[ImagePassReason.allCases.firstIndex(of: reason)!].add(1, ordering: .relaxed)
     }
 
     /// Why a manifest under a cap was passed through untouched (`datamode_manifests_untouched_total{reason}`).
-    enum ManifestPassReason { case tooLarge, malformed }
-    func manifestPassed(_ reason: ManifestPassReason) {
+    package enum ManifestPassReason { case tooLarge, malformed }
+    package func manifestPassed(_ reason: ManifestPassReason) {
         switch reason {
         case .tooLarge: manifestsTooLarge.add(1, ordering: .relaxed)
         case .malformed: manifestsMalformed.add(1, ordering: .relaxed)
@@ -151,7 +151,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     }
 
     /// Adds this worker's values into `total`.
-    func accumulate(into total: inout MetricsSnapshot) {
+    package func accumulate(into total: inout MetricsSnapshot) {
         for o in 0..<Self.outcomes.count {
             for r in 0..<Self.reasons.count {
                 let value = requests[o * Self.reasons.count + r].load(ordering: .relaxed)

@@ -1,12 +1,12 @@
 /// What the access log and metrics say about a request (SPEC §7 `outcome`).
-@usableFromInline enum Outcome: String {
+@usableFromInline package enum Outcome: String {
     case forwarded, rewritten, rejected, error
 }
 
 /// Why an exchange was cut short once no answer could be sent any more (or a tunnel ended by a failure rather
 /// than by both sides closing): the access log's and metrics' `reason`. Where SPEC §6 has a code for the cause,
 /// it is that code; the two others name the side that broke off. README lists them all.
-enum AbortReason: String, CaseIterable {
+package enum AbortReason: String, CaseIterable {
     /// The client closed its connection mid-request, or reset it (or failed) at any point.
     case clientAborted = "client-aborted"
     /// The origin closed its connection mid-response, or reset it (or failed) after its response head.

@@ -14,7 +14,7 @@ import Synchronization
 public final class BudgetLedger: Sendable {
     public let budgets: [Budget]
     /// Bit i: budget i is `hard`.
-    let hardMask: UInt64
+    package let hardMask: UInt64
     @usableFromInline let slotCount: Int
     @usableFromInline let slots: [Counter]
     private let periods: [PeriodState]
