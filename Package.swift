@@ -9,7 +9,7 @@
 //   DatamodeState   what the engine and the admin plane share: runtime snapshot, sessions, budgets, metrics, clock;
 //                   pure Swift, no C
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
-//   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence
+//   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence; DatamodeState, not the engine
 //   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
 //   DatamodeProxyCommand  the `datamode-proxy` command line
 //   DatamodeClient  the client kit for apps (SPEC §14): Foundation only, no dependency on the modules above
@@ -71,10 +71,12 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // Not DatamodeEngine: the admin plane reads the shared state from DatamodeState and links no libevent or
+        // OpenSSL; DatamodeInstance wires the engine to it (issue 25).
         .target(
             name: "DatamodeAdmin",
             dependencies: [
-                "DatamodeEngine", "DatamodeState", "DatamodePolicy", "DatamodeConfig",
+                "DatamodeState", "DatamodePolicy", "DatamodeConfig",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

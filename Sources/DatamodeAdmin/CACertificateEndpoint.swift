@@ -1,4 +1,3 @@
-import DatamodeEngine
 import DatamodeState
 
 /// `GET /ca.pem` (SPEC §9): the local CA's certificate, for a client to trust. A certificate is public; its key is

@@ -1,4 +1,3 @@
-import DatamodeEngine
 import DatamodeState
 import Foundation
 import Synchronization

@@ -1,4 +1,3 @@
-import DatamodeEngine
 import DatamodeState
 
 /// `GET /healthz` → 200 while the control loop runs (liveness; no token needed).

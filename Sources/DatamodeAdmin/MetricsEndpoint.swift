@@ -1,4 +1,3 @@
-import DatamodeEngine
 import DatamodePolicy
 import DatamodeState
 

@@ -1,5 +1,4 @@
 import DatamodeConfig
-import DatamodeEngine
 import DatamodePolicy
 import DatamodeState
 import Foundation
