@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --test
-swift build --product datamode-proxy
+# An import of a target that is not a declared dependency fails the build: that is how Package.swift keeps
+# DatamodeAdmin off the engine (issue 25), and every other module to its declared dependencies.
+swift build --product datamode-proxy --explicit-target-dependency-import-check error
 swift test "$@"
