@@ -115,7 +115,7 @@ let package = Package(
         .testTarget(
             name: "DatamodeAdminTests",
             dependencies: [
-                "DatamodeAdmin", "DatamodeEngine", "DatamodeState", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeAdmin", "DatamodeState", "DatamodeConfig", "DatamodePolicy",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

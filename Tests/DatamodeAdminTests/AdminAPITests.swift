@@ -1,5 +1,4 @@
 import DatamodeAdmin
-import DatamodeEngine
 import Testing
 
 /// `AdminAPI.handle`: the bearer token (SPEC §7) and the routing, before any endpoint.

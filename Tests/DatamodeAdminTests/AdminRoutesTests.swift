@@ -1,5 +1,4 @@
 @testable import DatamodeAdmin
-import DatamodeEngine
 import DatamodeState
 import Testing
 

@@ -1,6 +1,5 @@
 import DatamodeAdmin
 import DatamodeConfig
-import DatamodeEngine
 import DatamodePolicy
 import DatamodeState
 import Foundation

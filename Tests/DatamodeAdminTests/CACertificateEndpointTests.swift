@@ -1,5 +1,4 @@
 import DatamodeAdmin
-import DatamodeEngine
 import Testing
 
 /// `GET /ca.pem` (SPEC §9): the CA certificate for clients to trust; open on a loopback admin listener, token-bound

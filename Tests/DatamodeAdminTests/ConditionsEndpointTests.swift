@@ -1,5 +1,4 @@
 import DatamodeAdmin
-import DatamodeEngine
 import DatamodePolicy
 import Foundation
 import Testing

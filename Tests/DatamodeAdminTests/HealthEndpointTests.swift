@@ -1,5 +1,4 @@
 import DatamodeAdmin
-import DatamodeEngine
 import Testing
 
 /// `GET /healthz` (SPEC §7): liveness, for a container HEALTHCHECK that has no token.

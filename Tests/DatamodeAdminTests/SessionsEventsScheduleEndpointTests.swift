@@ -2,7 +2,6 @@
 // clock), the event stream's framing and filter, schedules on the injected clock, and admin.read-token.
 import DatamodeAdmin
 import DatamodeConfig
-import DatamodeEngine
 import DatamodePolicy
 import DatamodeState
 import Foundation
