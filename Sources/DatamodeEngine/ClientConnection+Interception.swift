@@ -19,82 +19,83 @@ import Glibc
 /// (speculative writes, bulk reads and splice(2) straight on the socket) the transport refuses (`isPlain`).
 extension ClientConnection {
     /// How long the whole thing may take: the ClientHello and the handshake, like a request head.
-    func beginInterception(_ exchange: Exchange, target: RequestTarget) {
+    func beginInterception(_ driver: ExchangeDriver, target: RequestTarget) {
         guard worker.settings.connectPorts.contains(target.port) else {
-            respondError(exchange, .connectPortDenied, detail: "port \(target.port) is not in connect.ports", close: false)
+            driver.respondError(.connectPortDenied, detail: "port \(target.port) is not in connect.ports", close: false)
             return
         }
-        exchange.outcome = .forwarded
-        exchange.machine.closeAfter()
-        exchange.status = 200
-        exchange.connectAnswered = true
+        driver.exchange.outcome = .forwarded
+        driver.machine.closeAfter()
+        driver.exchange.status = 200
+        driver.connectAnswered = true
         intercepted = InterceptedTunnel(host: target.host, port: target.port)
         let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
         _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
-        apply(machine.openInterception(exchange))
+        apply(machine.openInterception(driver))
         // A client may send its ClientHello without waiting for the 200 (RFC 9110 §9.3.6).
-        clientHelloReadable(exchange)
+        clientHelloReadable(driver)
     }
 
     /// The first bytes after the 200 decide: a TLS handshake record (content type 22, RFC 8446 §5.1) is terminated;
     /// anything else is relayed blind to the CONNECT target.
-    func clientHelloReadable(_ exchange: Exchange) {
-        guard transport.isPlain, exchange.tunnel == nil, evbuffer_get_length(input) > 0 else { return }
+    func clientHelloReadable(_ driver: ExchangeDriver) {
+        guard transport.isPlain, driver.tunnel == nil, evbuffer_get_length(input) > 0 else { return }
         var first: UInt8 = 0
         evbuffer_copyout(input, &first, 1)
         if first == 0x16 {
-            startTLS(exchange)
+            startTLS(driver)
         } else {
-            relayBlind(exchange)
+            relayBlind(driver)
         }
     }
 
-    private func relayBlind(_ exchange: Exchange) {
+    private func relayBlind(_ driver: ExchangeDriver) {
         guard let tunnel = intercepted else { return }
         intercepted = nil
         apply(.disarmTimer)
-        exchange.tunnel = TunnelStateMachine()
-        machine.tunnel(exchange)
+        driver.tunnel = TunnelStateMachine()
+        driver.exchange.bytesCountedWhileFlowing = true
+        machine.tunnel(driver)
         let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: tunnel.host, port: tunnel.port))
-        exchange.upstream = upstream
-        upstream.attach(self)
+        driver.upstream = upstream
+        upstream.attach(driver)
         upstream.send([], responseTimeoutMs: -1)
         upstream.start()
     }
 
-    private func startTLS(_ exchange: Exchange) {
+    private func startTLS(_ driver: ExchangeDriver) {
         guard let tunnel = intercepted, let server = worker.tlsServer else { return }
         guard let ssl = server.makeSSL(for: self, host: tunnel.host) else {
             // Only a host the CONNECT parser accepted gets here; a leaf that cannot be made is the proxy's failure.
             worker.metrics.tlsHandshakeFailed(.client, .protocolError)
-            exchange.outcome = .error
-            exchange.reason = AbortReason.tlsClientRejected.rawValue
+            driver.exchange.outcome = .error
+            driver.exchange.reason = AbortReason.tlsClientRejected.rawValue
             worker.logger.warning("cannot make a leaf certificate", metadata: ["host": "\(tunnel.host)"])
             close()
             return
         }
         guard transport.startTLS(ssl) else {
             worker.metrics.tlsHandshakeFailed(.client, .protocolError)
-            exchange.outcome = .error
-            exchange.reason = AbortReason.tlsClientRejected.rawValue
+            driver.exchange.outcome = .error
+            driver.exchange.reason = AbortReason.tlsClientRejected.rawValue
             close()
             return
         }
     }
 
-    func interceptionHandshakeCompleted(_ exchange: Exchange) {
+    func interceptionHandshakeCompleted(_ driver: ExchangeDriver) {
         guard let tunnel = intercepted else { return }
         tunnel.established = true
         worker.metrics.tlsIntercepted()
         // The CONNECT's own line: the tunnel was opened and is now read as requests.
-        logExchange(exchange)
+        driver.logExchange()
         apply(machine.interceptionEstablished())
         if machine.isReadingHead { processInput() }
     }
 
     /// The client's handshake failed: it refused the leaf (an alert such as unknown_ca), closed, or spoke
     /// something else. Logged as `tls-client-rejected` and counted (SPEC §9).
-    func interceptionHandshakeFailed(_ exchange: Exchange, _ what: Int16) {
+    func interceptionHandshakeFailed(_ driver: ExchangeDriver, _ what: Int16) {
         let messages = transport.tlsErrors()
         let reason: TLSFailureReason
         if messages.contains(where: { $0.contains("alert") && ($0.contains("unknown ca") || $0.contains("certificate")) }) {
@@ -105,8 +106,8 @@ extension ClientConnection {
             reason = .protocolError
         }
         worker.metrics.tlsHandshakeFailed(.client, reason)
-        exchange.outcome = .error
-        exchange.reason = AbortReason.tlsClientRejected.rawValue
+        driver.exchange.outcome = .error
+        driver.exchange.reason = AbortReason.tlsClientRejected.rawValue
         worker.logger.info("tls-client-rejected", metadata: [
             "client": "\(peerText)", "host": "\(intercepted?.serverName ?? intercepted?.host ?? "")",
             "reason": "\(reason.rawValue)", "detail": "\(messages.joined(separator: "; "))",

@@ -18,7 +18,7 @@ import Glibc
 /// the next head is not even parsed until the current response is complete (its bytes wait in the input
 /// buffer, bounded by the read watermark).
 final class ClientConnection {
-    typealias StateMachine = ClientConnectionStateMachine<Exchange>
+    typealias StateMachine = ClientConnectionStateMachine<ExchangeDriver>
 
     unowned let worker: Worker
     /// The wire to the client: plain TCP or TLS, its buffers, speculative writes, parking.
@@ -123,16 +123,16 @@ final class ClientConnection {
         switch machine.state {
         case .readingHead:
             processInput()
-        case .forwarding(let exchange):
+        case .forwarding(let driver):
             readMoreIfPending()
-            pumpRequestBody(exchange)
-        case .drainingRefusedBody(let exchange):
-            discardRequestBody(exchange)
-        case .tunnel(let exchange):
+            driver.pumpRequestBody()
+        case .drainingRefusedBody(let driver):
+            driver.discardRequestBody()
+        case .tunnel(let driver):
             readMoreIfPending()
-            pumpTunnel(exchange, fromClient: true)
-        case .openingInterception(let exchange):
-            clientHelloReadable(exchange)
+            driver.pumpTunnel(fromClient: true)
+        case .openingInterception(let driver):
+            clientHelloReadable(driver)
         case .closing:
             evbuffer_drain(input, evbuffer_get_length(input))
         case .parked, .closed:
@@ -151,55 +151,18 @@ final class ClientConnection {
             flushed?.flushPendingWrites()
             transport.flush()
             rounds += 1
-            guard rounds < 16, moveWhatFlushingMadeRoomFor() else { break }
+            guard rounds < 16, let driver = machine.exchange, machine.isRelaying,
+                  driver.moveWhatFlushingMadeRoomFor() else { break }
         }
-        afterFlush()
-        return flushed
-    }
-
-    func afterFlush() {
         switch machine.state {
-        case .tunnel(let exchange):
-            guard let tunnel = exchange.tunnel else { return }
-            if tunnel.clientEnded || tunnel.originEnded { propagateTunnelEnds(exchange) }
-            if !released && SpliceRelay.enabled && exchange.splices.isEmpty { switchTunnelToSpliceIfIdle(exchange) }
-        case .forwarding(let exchange):
-            if exchange.splices.isEmpty && exchange.response != nil { switchBodyToSpliceIfIdle(exchange) }
+        case .forwarding(let driver), .tunnel(let driver):
+            driver.afterFlush()
         case .closing:
             if unsentOutput == 0 { apply(machine.outputDrained()) }
         default:
             break
         }
-    }
-
-    /// A pump moves only what fits below the destination's high water. If the write that follows empties the
-    /// destination, no write event is registered (writes are speculative), and the bytes left in the source
-    /// were already read from its socket, so no read event will come for them either: move them now.
-    /// Returns whether anything moved.
-    func moveWhatFlushingMadeRoomFor() -> Bool {
-        guard let exchange = machine.exchange, let upstream = exchange.upstream, upstream.isConnected else { return false }
-        let before = evbuffer_get_length(input) + evbuffer_get_length(upstream.input)
-        switch machine.state {
-        case .forwarding:
-            if exchange.response != nil && evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
-                pumpResponseBody(exchange)
-            }
-            if isCurrent(exchange), exchange.upstream === upstream, !exchange.requestBody.isComplete,
-               evbuffer_get_length(input) > 0, evbuffer_get_length(upstream.output) < Flow.highWater {
-                pumpRequestBody(exchange)
-            }
-        case .tunnel:
-            if evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
-                pumpTunnel(exchange, fromClient: false)
-            }
-            if evbuffer_get_length(input) > 0 && evbuffer_get_length(upstream.output) < Flow.highWater {
-                pumpTunnel(exchange, fromClient: true)
-            }
-        default:
-            return false
-        }
-        guard isCurrent(exchange), exchange.upstream === upstream else { return false }
-        return evbuffer_get_length(input) + evbuffer_get_length(upstream.input) < before
+        return flushed
     }
 
     func clientWritable() {
@@ -207,10 +170,10 @@ final class ClientConnection {
         switch machine.state {
         case .closing:
             if unsentOutput == 0 { apply(machine.outputDrained()) }
-        case .forwarding(let exchange):
-            pumpResponseBody(exchange)
-        case .tunnel(let exchange):
-            pumpTunnel(exchange, fromClient: false)
+        case .forwarding(let driver):
+            driver.pumpResponseBody()
+        case .tunnel(let driver):
+            driver.pumpTunnel(fromClient: false)
         case .readingHead, .drainingRefusedBody, .parked, .openingInterception, .closed:
             break
         }
@@ -219,11 +182,11 @@ final class ClientConnection {
     func clientEvent(_ what: Int16) {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
             // Only a TLS filter reports this: the client's handshake completed.
-            if case .openingInterception(let exchange) = machine.state { interceptionHandshakeCompleted(exchange) }
+            if case .openingInterception(let driver) = machine.state { interceptionHandshakeCompleted(driver) }
             return
         }
-        if case .openingInterception(let exchange) = machine.state, !transport.isPlain {
-            interceptionHandshakeFailed(exchange, what)
+        if case .openingInterception(let driver) = machine.state, !transport.isPlain {
+            interceptionHandshakeFailed(driver, what)
             return
         }
         guard what & Int16(BEV_EVENT_EOF) != 0 else {
@@ -237,15 +200,15 @@ final class ClientConnection {
         case .readingHead:
             processInput()
             if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: unsentOutput)) }
-        case .forwarding(let exchange):
-            perform(exchange, exchange.machine.clientSentEOF())
-        case .drainingRefusedBody(let exchange):
-            discardRequestBody(exchange)
-        case .tunnel(let exchange):
-            tunnelPeerClosed(exchange, client: true)
-        case .openingInterception(let exchange):
+        case .forwarding(let driver):
+            driver.perform(driver.machine.clientSentEOF())
+        case .drainingRefusedBody(let driver):
+            driver.discardRequestBody()
+        case .tunnel(let driver):
+            driver.tunnelPeerClosed(client: true)
+        case .openingInterception(let driver):
             // Gone before any byte of a ClientHello: the CONNECT is over.
-            if exchange.tunnel == nil { close() }
+            if driver.tunnel == nil { close() }
         case .closing, .parked, .closed:
             break
         }
@@ -265,12 +228,6 @@ final class ClientConnection {
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
     @inline(__always)
     func readMoreIfPending() { transport.readMoreIfPending() }
-
-    /// Whether `exchange` is still the one this connection is busy with (an upstream callback may arrive for
-    /// one that has just ended).
-    func isCurrent(_ exchange: Exchange) -> Bool {
-        machine.exchange === exchange
-    }
 
     // MARK: reading requests
 
@@ -296,12 +253,17 @@ final class ClientConnection {
                 worker.refreshSnapshot()
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.outcome = .error
-                respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+                ExchangeDriver(client: self, exchange: exchange)
+                    .respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
                 return
             case .complete(let head, let length):
                 evbuffer_drain(input, length)
                 let started = headStarted()
-                begin(head, startedAt: started)
+                worker.refreshSnapshot()
+                // A reload's timeouts apply to connections already open from their next request on, as before.
+                machine.timeouts = worker.settings.clientTimeouts
+                let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: started)
+                ExchangeDriver(client: self, exchange: exchange).begin(head, source: requestSource)
             }
         }
     }
@@ -330,149 +292,21 @@ final class ClientConnection {
                                               proxyUser: intercepted.proxyUser))
     }
 
-    /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
-    func begin(_ head: RequestHead, startedAt: UInt64) {
-        worker.refreshSnapshot()
-        let settings = worker.settings
-        // A reload's timeouts apply to connections already open from their next request on, as before.
-        machine.timeouts = settings.clientTimeouts
-        let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: startedAt)
-        exchange.connectionTokens = head.connectionTokens
-        let tlsServer = worker.tlsServer
-        let admission = Admission.admit(head, source: requestSource, client: peerAddress, clientText: peerText,
-                                        settings: settings, budgets: worker.budgets,
-                                        intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
-                                        now: worker.clock.wallNanoseconds() / 1_000_000_000)
-        guard let framing = admission.framing else {
-            // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
-            exchange.outcome = .error
-            carryOut(admission.verdict, exchange, head)
-            return
-        }
-        exchange.requestBody = BodyRelay(framing: framing)
-        exchange.requestFraming = framing
-        exchange.machine = ExchangeStateMachine(requestComplete: exchange.requestBody.isComplete, keepAlive: admission.keepAlive)
-        if !exchange.requestBody.isComplete {
-            exchange.expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
-        }
-        if let url = admission.url { exchange.url = url }
-        exchange.session = admission.session
-        exchange.budgetMask = admission.budgetMask
-        if let mode = admission.mode { exchange.mode = mode }
-        if let tags = admission.tags {
-            exchange.tags = tags
-            exchange.tagSources = admission.tagSources
-            exchange.rule = admission.rule
-        }
-        switch admission.verdict {
-        case .refuse, .reject, .budgetExhausted:
-            break
-        case .intercept, .tunnel, .forward, .serveVariant:
-            applyLinkProfile(exchange, linkProfile(for: exchange, mode: exchange.mode))
-            if let intercepted {
-                // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first
-                // request's response head, not every request's.
-                if intercepted.latencyAdded {
-                    exchange.latency = .none
-                } else if case .pending = exchange.latency {
-                    intercepted.latencyAdded = true
-                }
-            }
-        }
-        carryOut(admission.verdict, exchange, head)
-        // The requests inside an intercepted tunnel act as the user of its CONNECT.
-        if case .intercept = admission.verdict { intercepted?.proxyUser = admission.proxyUser }
-    }
-
-    /// Carries out what admission decided.
-    private func carryOut(_ verdict: Admission.Verdict, _ exchange: Exchange, _ head: RequestHead) {
-        switch verdict {
-        case .refuse(let code, let detail, let close, let fields):
-            respondError(exchange, code, detail: detail, close: close, extraFields: fields)
-        case .reject(let rejection, let budget):
-            exchange.outcome = .rejected
-            exchange.reason = rejection.code.rawValue
-            let reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
-            if let budget {
-                var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
-                problem.extra.append(("budget", JSONText.quote(budget)))
-                respondProblem(exchange, problem, close: false, extraFields: reasonField)
-            } else {
-                respondProblem(exchange, rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
-                               close: false, extraFields: reasonField)
-            }
-            if head.method == "GET", let known = worker.knownLengths[exchange.url] {
-                worker.metrics.saved(.rejected, bytes: Int(known))
-            }
-        case .budgetExhausted(let index):
-            refuseForBudget(exchange, index, url: exchange.url)
-        case .intercept(let target):
-            beginInterception(exchange, target: target)
-        case .tunnel(let target):
-            beginTunnel(exchange, target: target)
-        case .forward(let target, let tags):
-            exchange.outcome = .forwarded
-            forward(exchange, head, to: target, tags: tags, variant: nil)
-        case .serveVariant(let target, let tags, let rewrite):
-            exchange.outcome = .rewritten
-            exchange.variant = rewrite.id
-            serveVariant(exchange, head, tags: tags, rewrite: rewrite)
-        }
-    }
-
-    func serveVariant(_ exchange: Exchange, _ head: RequestHead, tags: RequestTags, rewrite: VariantRewrite) {
-        switch rewrite.action {
-        case .fetch(let url):
-            switch RequestTarget.parse(url, method: head.method) {
-            case .success(let target) where target.form == .absolute:
-                forward(exchange, head, to: target, tags: tags, variant: rewrite.id)
-            default:
-                respondError(exchange, .upstreamUnreachable, detail: "variant \(rewrite.id) has an unusable target \(url)",
-                             close: false)
-            }
-        case .redirect(let location):
-            respondLocal(exchange, status: 307, reason: "Temporary Redirect",
-                         fields: [("Location", location), ("Cache-Control", "no-store"), ("Data-Mode-Variant", rewrite.id)],
-                         body: [], close: false)
-        case .file(let path, let contentType):
-            serveFile(exchange, head, path: path, contentType: contentType, variant: rewrite.id)
-        }
-    }
-
-    // MARK: completion
-
-    func finishExchange(_ exchange: Exchange, recycleUpstream: Bool) {
-        releaseUpstream(of: exchange, recycle: recycleUpstream)
-        logExchange(exchange)
-        apply(machine.exchangeFinished(keepAlive: exchange.machine.keepAlive, draining: worker.isDraining,
+    /// The exchange `driver` drove is over (its line written, its upstream given back). The next head is read
+    /// when the connection can be kept; otherwise it closes once what is queued has been written.
+    func exchangeFinished(_ driver: ExchangeDriver) {
+        apply(machine.exchangeFinished(keepAlive: driver.machine.keepAlive, draining: worker.isDraining,
                                        outputBacklog: unsentOutput))
         if machine.isReadingHead { processInput() }
-    }
-
-    /// Detaches the exchange's upstream: back to the pool at a clean message boundary, else closed.
-    func releaseUpstream(of exchange: Exchange, recycle: Bool) {
-        guard let upstream = exchange.upstream else { return }
-        upstream.detach()
-        exchange.upstream = nil
-        if recycle && evbuffer_get_length(upstream.input) == 0 {
-            worker.pool.put(upstream)
-        } else {
-            upstream.close()
-        }
-    }
-
-    func logExchange(_ exchange: Exchange) {
-        guard !exchange.logged else { return }
-        exchange.logged = true
-        worker.record(exchange, client: peerText)
     }
 
     /// Something failed after the response started, or the client vanished: no answer is possible any more.
     /// `reason` names the side that broke off (the access log's and metrics' reason); `detail` is for debugging.
     func abort(_ reason: AbortReason, detail: String) {
-        if let exchange = machine.exchange, exchange.outcome != .rejected {
+        if let driver = machine.exchange, driver.exchange.outcome != .rejected {
+            let exchange = driver.exchange
             // An established tunnel was forwarded, whichever way it ends; the reason says how it ended.
-            if exchange.tunnel == nil || exchange.tunnel?.phase == .connecting { exchange.outcome = .error }
+            if driver.tunnel == nil || driver.tunnel?.phase == .connecting { exchange.outcome = .error }
             if exchange.reason == nil { exchange.reason = reason.rawValue }
         }
         worker.logger.debug("exchange aborted", metadata: ["reason": "\(reason.rawValue)", "detail": "\(detail)"])
@@ -482,27 +316,20 @@ final class ClientConnection {
     /// Frees the connection at once. Safe to call more than once.
     func close() {
         guard !released else { return }
-        let exchange = machine.exchange
+        let driver = machine.exchange
         machine.closed()
-        release(exchange)
+        release(driver)
     }
 
     /// Frees everything: the exchange's upstream and splices (when it still has one), the timer, the bufferevent.
-    func release(_ exchange: Exchange? = nil, graceful: Bool = false) {
+    func release(_ driver: ExchangeDriver? = nil, graceful: Bool = false) {
         guard !released else { return }
         released = true
         // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
         // the close from a cut one; an abort or a truncated response ends without it (RFC 8446 §6.1).
         let cleanTLSEnd = graceful && !truncated && intercepted?.established == true
-        if let exchange {
-            for relay in exchange.splices { relay.stop() }
-            exchange.splices = []
-            exchange.tunnel?.fail()
-            exchange.upstream?.close()
-            exchange.upstream = nil
-            // A tunnel's line is written here, when it ends; so is that of an exchange cut short without a word.
-            logExchange(exchange)
-        }
+        // A tunnel's line is written here, when it ends; so is that of an exchange cut short without a word.
+        driver?.released()
         if let timer { event_free(timer) }
         timer = nil
         releaseShapingTimer()
@@ -524,6 +351,34 @@ final class ClientConnection {
     }
 
     // MARK: timers
+
+    /// Arms the connection's shaping timer for `deadline` (monotonic nanoseconds), unless it is armed sooner: one
+    /// timer per connection wakes whatever a link profile's bucket or latency, or a spent budget, holds back.
+    func armShapingTimer(at deadline: UInt64) {
+        guard !released else { return }
+        if let armed = shapingDeadline, armed <= deadline { return }
+        if shapingTimer == nil { shapingTimer = dm_timer_new(worker.base, clientShapingTimerCallback, context(self)) }
+        guard let shapingTimer else { return }
+        shapingDeadline = deadline
+        let now = worker.clock.nowNanoseconds()
+        dm_event_add_us(shapingTimer, Int64(deadline > now ? (deadline - now + 999) / 1000 : 0))
+    }
+
+    func shapingTimerFired() {
+        shapingDeadline = nil
+        switch machine.state {
+        case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
+            driver.shapingTimerFired()
+        case .readingHead, .parked, .closing, .closed:
+            break
+        }
+    }
+
+    func releaseShapingTimer() {
+        if let shapingTimer { event_free(shapingTimer) }
+        shapingTimer = nil
+        shapingDeadline = nil
+    }
 
     func armTimer(_ milliseconds: Int64) {
         guard let timer else { return }

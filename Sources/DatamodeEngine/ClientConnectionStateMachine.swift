@@ -90,6 +90,14 @@ struct ClientConnectionStateMachine<Exchange> {
         return false
     }
 
+    /// Bytes flow between the client and an origin: an exchange is forwarded, or a tunnel is open.
+    var isRelaying: Bool {
+        switch state {
+        case .forwarding, .tunnel: true
+        default: false
+        }
+    }
+
     /// The exchange being forwarded, refused or tunnelled, if any.
     var exchange: Exchange? {
         switch state {

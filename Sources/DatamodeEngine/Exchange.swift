@@ -3,9 +3,9 @@ import DatamodeHTTP
 import DatamodePolicy
 import DatamodeState
 
-/// One request/response exchange on a client connection, from its head to the end of its response.
-/// A class: it is updated in place on every pump, and copying it (two body relays, the head bytes) per
-/// callback showed up in profiles.
+/// What is recorded of one request/response exchange: what its access log line, its metrics and its session's
+/// tally say (SPEC §8). Its `ExchangeDriver` fills it in as the exchange goes; the worker records it once, when
+/// it ends.
 final class Exchange {
     let clientVersion: HTTPVersion
     let method: String
@@ -29,57 +29,10 @@ final class Exchange {
     var bytesIn: UInt64 = 0
     var bytesOut: UInt64 = 0
 
-    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
-    var headBytes: [UInt8] = []
-    var requestFraming: BodyFraming = .none
-    /// The request's `Connection` tokens, computed once per request (keep-alive, upgrade, hop-by-hop removal).
-    var connectionTokens = ConnectionOptions()
-    var requestBody = BodyRelay(framing: .none)
-    var upstream: UpstreamConnection?
-    var upstreamReused = false
-    var upgradeRequested = false
-    /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
-    var expectsContinue = false
-    var response: ResponseHead?
-    var responseBody = BodyRelay(framing: .none)
-    /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
-    /// towards the client (to tell whether any of it has been written yet).
-    var responseHeadLength = 0
-    /// The bitrate cap for manifests when this is a GET under a capped mode (SPEC §13), else nil.
-    var manifestCap: UInt64?
-    /// Image transcoding settings when this is a GET under a mode that transcodes (SPEC §13), else nil.
-    var imageSettings: ImagesSection?
-    /// The request's `Accept` has `image/webp` (read only when `imageSettings` is set).
-    var acceptsWebP = false
-    /// The response body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
-    var capture: ResponseCapture?
-    /// The framing error behind a refusal found while relaying a body (for the problem's detail).
-    var wireError: HTTPWireError?
-    /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).
-    var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
-    /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
-    var tunnel: TunnelStateMachine?
-    var splices: [SpliceRelay] = []
-    /// The origin is not read while what was already read of a large body drains to the client, so the rest can
-    /// be spliced (`switchBodyToSpliceIfIdle`).
-    var drainingForSplice = false
-    /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
-    /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
-    var connectAnswered = false
-    /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
-    /// fixed pair, so that no array is allocated per exchange.
-    var splicedBytes = SIMD2<UInt64>(0, 0)
+    /// The tunnel's bytes were counted while they flowed (a tunnel may live for hours; the counter must move with
+    /// it): the record at its end must not count them again.
+    var bytesCountedWhileFlowing = false
     var logged = false
-    /// The link profile's buckets this exchange passes (SPEC §10); nil: unshaped (and splice is allowed).
-    var link: LinkBuckets?
-    /// The latency still to add before the response head (or a tunnel's first byte) is relayed.
-    var latency = AddedLatency.none
-    /// The origin closed while its response head was held back for the added latency: handled on release.
-    var originClosedWhileHeld = false
-    /// Bit i: the exchange counts against budget i of the ledger (SPEC §11).
-    var budgetMask: UInt64 = 0
-    /// A `hard` budget was spent while this exchange ran: it is to be closed.
-    var budgetCut = false
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {
         self.clientVersion = clientVersion

@@ -59,15 +59,13 @@ struct ImageJob: @unchecked Sendable {
     var token: ImageJobToken
 }
 
-/// Identifies the exchange a job belongs to; read only on the worker's thread. Weak: a connection that closed
-/// while its image was transcoding is simply gone when the result arrives.
+/// Identifies the exchange a job belongs to; read only on the worker's thread. Weak: an exchange whose connection
+/// closed while its image was transcoding is simply gone when the result arrives.
 final class ImageJobToken: @unchecked Sendable {
-    weak var connection: ClientConnection?
-    weak var exchange: Exchange?
+    weak var driver: ExchangeDriver?
 
-    init(connection: ClientConnection, exchange: Exchange) {
-        self.connection = connection
-        self.exchange = exchange
+    init(driver: ExchangeDriver) {
+        self.driver = driver
     }
 }
 

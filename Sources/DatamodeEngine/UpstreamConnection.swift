@@ -40,7 +40,9 @@ final class UpstreamConnection {
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
     private var timer: OpaquePointer?
-    private weak var client: ClientConnection?
+    /// The exchange holding this connection's lease: it receives the connection's events (nil while idle in the
+    /// pool, or flushing after its tunnel's client went away).
+    private weak var owner: ExchangeDriver?
     private var lookup: DNSLookup?
     private var addresses: [SocketAddress] = []
     private var nextAddress = 0
@@ -49,8 +51,8 @@ final class UpstreamConnection {
     /// The TLS state of an `https://` upstream (owned by the bufferevent, freed with it).
     private var ssl: OpaquePointer?
     private var writer = SpeculativeWriter()
-    /// The client this connection serves now (for flushing after an upstream callback).
-    var attachedClient: ClientConnection? { client }
+    /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
+    var attachedClient: ClientConnection? { owner?.client }
 
     init(worker: Worker, key: UpstreamKey) {
         self.worker = worker
@@ -148,14 +150,14 @@ final class UpstreamConnection {
     /// and moved along if another address is tried).
     var acceptsRequestBytes: Bool { state == .busy || state == .resolving || state == .connecting }
 
-    /// Attaches the exchange's client (before `start`).
-    func attach(_ client: ClientConnection) {
-        self.client = client
+    /// Leases the connection to an exchange (before `start`): its events go to `owner` from now on.
+    func attach(_ owner: ExchangeDriver) {
+        self.owner = owner
         if state == .idle { state = .busy }
     }
 
     func detach() {
-        client = nil
+        owner = nil
     }
 
     /// Queues the request head (sent as soon as the connection is up) and starts the response timer in its
@@ -298,8 +300,8 @@ final class UpstreamConnection {
             carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
             // Plain TCP: EV_WRITE stays off and writes are speculative; TLS keeps libevent's write path.
             bufferevent_enable(bev, Int16(ssl == nil ? EV_READ : EV_READ | EV_WRITE))
-            guard let client else { return }
-            if responseTimer.timeoutMs < 0 { client.tunnelConnected(self) } else { client.upstreamConnected(self) }
+            guard let owner else { return }
+            if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
             return
         }
         switch state {
@@ -322,11 +324,11 @@ final class UpstreamConnection {
             close()
         case .busy:
             if what & Int16(BEV_EVENT_EOF) != 0 {
-                client?.upstreamClosed(self)
-            } else if let client, client.upstreamBrokeOff(self) {
+                owner?.upstreamClosed(self)
+            } else if let owner, owner.upstreamBrokeOff(self) {
                 // What the origin sent before the failure is still relayed; the response then ends truncated.
             } else {
-                client?.upstreamFailed(self, code: .upstreamUnreachable, detail: "connection to \(key.host):\(key.port) failed")
+                owner?.upstreamFailed(self, code: .upstreamUnreachable, detail: "connection to \(key.host):\(key.port) failed")
                 close()
             }
         case .flushing:
@@ -340,7 +342,7 @@ final class UpstreamConnection {
         switch state {
         case .busy:
             readMoreIfPending()
-            client?.upstreamReadable(self)
+            owner?.upstreamReadable(self)
         case .idle:
             // An idle connection must be silent; bytes here mean the origin is confused. Do not reuse it.
             worker.pool.remove(self)
@@ -363,7 +365,7 @@ final class UpstreamConnection {
         defer { if state != .closed && ssl == nil { writer.drained(bev, output: output) } }
         switch state {
         case .busy:
-            client?.upstreamWritable(self)
+            owner?.upstreamWritable(self)
             startHeadTimerIfSent()
         case .flushing: if evbuffer_get_length(output) == 0 { close() }
         default: break
@@ -397,9 +399,9 @@ final class UpstreamConnection {
             if let timer { dm_event_add_ms(timer, 0) }
             return
         }
-        let client = self.client
+        let owner = self.owner
         close()
-        client?.upstreamFailed(self, code: code, detail: detail)
+        owner?.upstreamFailed(self, code: code, detail: detail)
     }
 
     // MARK: pool and closing
@@ -407,7 +409,7 @@ final class UpstreamConnection {
     /// Becomes idle in the pool: reads stay enabled so a close by the origin is noticed at once.
     func becomeIdle(timeoutMs: Int64) {
         state = .idle
-        client = nil
+        owner = nil
         isReused = true
         armTimer(timeoutMs)
     }
@@ -426,7 +428,7 @@ final class UpstreamConnection {
     /// Tunnels: send what is buffered, then close.
     func closeAfterFlush() {
         guard state != .closed else { return }
-        client = nil
+        owner = nil
         if evbuffer_get_length(output) == 0 || !isConnected { close(); return }
         state = .flushing
         bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
@@ -437,7 +439,7 @@ final class UpstreamConnection {
         guard state != .closed else { return }
         if state == .idle { worker.pool.remove(self) }
         state = .closed
-        client = nil
+        owner = nil
         lookup?.cancel()
         lookup = nil
         if let timer { event_free(timer) }

@@ -189,8 +189,8 @@ final class Worker {
             return results
         }
         for result in results {
-            guard let connection = result.token.connection, let exchange = result.token.exchange else { continue }
-            connection.imageTranscoded(exchange, outcome: result.outcome)
+            guard let driver = result.token.driver else { continue }
+            driver.imageTranscoded(outcome: result.outcome)
         }
     }
 
@@ -331,7 +331,7 @@ final class Worker {
         let outcomeReason = metrics.count(outcome: outcome, reason: exchange.reason, durationSeconds: duration)
         // A tunnel's bytes are counted while they flow (a tunnel may live for hours; the counter must move with
         // it), by `pumpTunnel` and `spliceProgressed`; every other exchange's here, once, when it ends.
-        if exchange.tunnel == nil {
+        if !exchange.bytesCountedWhileFlowing {
             metrics.add(bytesIn: Int(exchange.bytesIn))
             metrics.add(bytesOut: Int(exchange.bytesOut))
         }

@@ -8,12 +8,12 @@ import Glibc
 #endif
 
 /// Answers the proxy makes itself (problems, redirects, file variants) and the draining of a refused body.
-extension ClientConnection {
+extension ExchangeDriver {
     // MARK: local responses
 
-    func serveFile(_ exchange: Exchange, _ head: RequestHead, path: String, contentType: String, variant: String) {
+    func serveFile(_ head: RequestHead, path: String, contentType: String, variant: String) {
         guard head.method == "GET" || head.method == "HEAD" else {
-            respondLocal(exchange, status: 405, reason: "Method Not Allowed",
+            respondLocal(status: 405, reason: "Method Not Allowed",
                          fields: [("Allow", "GET, HEAD"), ("Cache-Control", "no-store"), ("Data-Mode-Variant", variant)],
                          body: [], close: false)
             return
@@ -29,15 +29,15 @@ extension ClientConnection {
         var info = stat()
         guard fd >= 0, fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Self.openedPath(fd) == path else {
             if fd >= 0 { Glibc.close(fd) }
-            respondError(exchange, .upstreamUnreachable, detail: "variant \(variant): file \(path) cannot be read", close: false)
+            respondError(.upstreamUnreachable, detail: "variant \(variant): file \(path) cannot be read", close: false)
             return
         }
-        if exchange.expectsContinue && !exchange.requestBody.isComplete { exchange.machine.closeAfter() }
+        if expectsContinue && !requestBody.isComplete { machine.closeAfter() }
         let size = Int(info.st_size)
         let headBytes = MessageHeads.local(status: 200, reason: "OK",
                                            fields: [("Content-Type", contentType), ("Cache-Control", "no-store"),
                                                     ("Data-Mode-Variant", variant)],
-                                           bodyLength: size, keepAlive: exchange.machine.keepAlive,
+                                           bodyLength: size, keepAlive: machine.keepAlive,
                                            clientVersion: head.version)
         evbuffer_add(output, headBytes, headBytes.count)
         exchange.status = 200
@@ -52,7 +52,7 @@ extension ClientConnection {
             transport.queuedFile()
             exchange.bytesOut = UInt64(size)
         }
-        finishLocalResponse(exchange)
+        finishLocalResponse()
     }
 
     /// The path the kernel has for an open descriptor (symbolic links resolved), from /proc/self/fd.
@@ -63,78 +63,78 @@ extension ClientConnection {
         return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    func respondError(_ exchange: Exchange, _ code: ProxyErrorCode, detail: String?, close: Bool,
+    func respondError(_ code: ProxyErrorCode, detail: String?, close: Bool,
                               extraFields: [(String, String)] = []) {
         if exchange.outcome == .forwarded || exchange.outcome == nil || exchange.outcome == .rewritten {
             exchange.outcome = .error
             exchange.reason = code.rawValue
         }
-        respondProblem(exchange, ProblemDetail(code: code, detail: detail), close: close, extraFields: extraFields)
+        respondProblem(ProblemDetail(code: code, detail: detail), close: close, extraFields: extraFields)
     }
 
-    func respondProblem(_ exchange: Exchange, _ problem: ProblemDetail, close: Bool,
+    func respondProblem(_ problem: ProblemDetail, close: Bool,
                                 extraFields: [(String, String)] = []) {
-        respondProblem(exchange, problem.code, body: Array(problem.json.utf8), close: close, extraFields: extraFields)
+        respondProblem(problem.code, body: Array(problem.json.utf8), close: close, extraFields: extraFields)
     }
 
     /// A problem document already written (`Rejection.problemBody`).
-    func respondProblem(_ exchange: Exchange, _ code: ProxyErrorCode, body: [UInt8], close: Bool,
+    func respondProblem(_ code: ProxyErrorCode, body: [UInt8], close: Bool,
                         extraFields: [(String, String)] = []) {
         var fields: [(String, String)] = [
             ("Content-Type", "application/problem+json"),
             ("Cache-Control", "no-store"),
         ]
         fields.append(contentsOf: extraFields)
-        respondLocal(exchange, status: code.status, reason: code.reasonPhrase, fields: fields, body: body, close: close)
+        respondLocal(status: code.status, reason: code.reasonPhrase, fields: fields, body: body, close: close)
     }
 
     /// Writes a complete response made by the proxy. The request's body (if any) is read and discarded so the
     /// connection stays usable; `close` ends the connection after it instead (framing we cannot trust).
-    func respondLocal(_ exchange: Exchange, status: Int, reason: String, fields: [(String, String)],
+    func respondLocal(status: Int, reason: String, fields: [(String, String)],
                               body: [UInt8], close: Bool) {
         // A refused CONNECT always closes: the client may already have sent tunnel bytes behind it
         // (RFC 9110 §9.3.6), which must never be read as the next HTTP request (request smuggling).
-        if close || exchange.method == "CONNECT" { exchange.machine.closeAfter() }
+        if close || exchange.method == "CONNECT" { machine.closeAfter() }
         // RFC 9110 §10.1.1: a client that sent `Expect: 100-continue` waits for a 100 that will not come now; it
         // will not send the body, so waiting to discard it would hang both sides. Close after the answer.
-        if exchange.expectsContinue && !exchange.requestBody.isComplete { exchange.machine.closeAfter() }
-        if let upstream = exchange.upstream {
+        if expectsContinue && !requestBody.isComplete { machine.closeAfter() }
+        if let upstream = upstream {
             upstream.close()
-            exchange.upstream = nil
+            self.upstream = nil
         }
         let head = MessageHeads.local(status: status, reason: reason, fields: fields, bodyLength: body.count,
-                                      keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion)
+                                      keepAlive: machine.keepAlive, clientVersion: exchange.clientVersion)
         evbuffer_add(output, head, head.count)
         if exchange.method != "HEAD" && !body.isEmpty { evbuffer_add(output, body, body.count) }
         exchange.status = status
         exchange.bytesOut = UInt64(body.count)
-        finishLocalResponse(exchange)
+        finishLocalResponse()
     }
 
     /// After a local response: discard the request body (draining it is a state of its own), then go on with the
     /// next request.
-    func finishLocalResponse(_ exchange: Exchange) {
-        exchange.machine.end()
-        guard exchange.machine.keepAlive else {
-            finishExchange(exchange, recycleUpstream: false)
+    func finishLocalResponse() {
+        machine.end()
+        guard machine.keepAlive else {
+            finishExchange(recycleUpstream: false)
             return
         }
-        machine.drainRefusedBody(exchange)
-        discardRequestBody(exchange)
+        client.machine.drainRefusedBody(self)
+        discardRequestBody()
     }
 
-    func discardRequestBody(_ exchange: Exchange) {
-        switch exchange.requestBody.pump(from: input, to: nil, budget: Int.max) {
+    func discardRequestBody() {
+        switch requestBody.pump(from: input, to: nil, budget: Int.max) {
         case .complete:
-            finishExchange(exchange, recycleUpstream: false)
+            finishExchange(recycleUpstream: false)
         case .invalid:
-            exchange.machine.closeAfter()
-            finishExchange(exchange, recycleUpstream: false)
+            machine.closeAfter()
+            finishExchange(recycleUpstream: false)
         case .inProgress:
             // The client ended mid-body: the local response already queued is still written, then we close.
-            if machine.clientEnded {
-                exchange.machine.closeAfter()
-                finishExchange(exchange, recycleUpstream: false)
+            if client.machine.clientEnded {
+                machine.closeAfter()
+                finishExchange(recycleUpstream: false)
             }
         }
     }

@@ -9,173 +9,175 @@ import Glibc
 
 /// Forwarding an exchange: the upstream connection, the request body towards it, the response head and body
 /// back, and the exchange machine's actions carried out.
-extension ClientConnection {
+extension ExchangeDriver {
     // MARK: forwarding
 
-    func forward(_ exchange: Exchange, _ head: RequestHead, to target: RequestTarget, tags: RequestTags,
+    func forward(_ head: RequestHead, to target: RequestTarget, tags: RequestTags,
                          variant: String?) {
         let settings = worker.settings
-        let tokens = exchange.connectionTokens
+        let tokens = connectionTokens
         let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
-        exchange.headBytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
+        headBytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
                                                            mode: exchange.mode, upgrade: upgrade,
-                                                           framing: exchange.requestFraming, connectionTokens: tokens,
+                                                           framing: requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
-        exchange.link?.up.charge(exchange.headBytes.count, now: worker.clock.nowNanoseconds())
+        link?.up.charge(headBytes.count, now: worker.clock.nowNanoseconds())
         exchange.variant = variant
         if head.method == "GET" {
             // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
             let global = exchange.mode == settings.mode
-            exchange.manifestCap = global ? settings.manifestCap : settings.manifestCap(in: exchange.mode)
+            manifestCap = global ? settings.manifestCap : settings.manifestCap(in: exchange.mode)
             let images = global ? settings.imageSettings
                 : (settings.imagesApply(in: exchange.mode) ? settings.images : nil)
             if let images, variant == nil {
-                exchange.imageSettings = images
-                exchange.acceptsWebP = head.values(of: "accept").contains { $0.lowercased().contains("image/webp") }
+                imageSettings = images
+                acceptsWebP = head.values(of: "accept").contains { $0.lowercased().contains("image/webp") }
             }
         }
-        exchange.upgradeRequested = upgrade
-        machine.forward(exchange)
-        connectUpstream(exchange, key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
+        upgradeRequested = upgrade
+        client.machine.forward(self)
+        connectUpstream(key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
                         reuse: true)
     }
 
-    func connectUpstream(_ exchange: Exchange, key: UpstreamKey, reuse: Bool) {
+    func connectUpstream(key: UpstreamKey, reuse: Bool) {
         let upstream = (reuse ? worker.pool.take(key) : nil) ?? UpstreamConnection(worker: worker, key: key)
-        exchange.upstream = upstream
-        exchange.upstreamReused = upstream.isReused
+        self.upstream = upstream
+        upstreamReused = upstream.isReused
         upstream.attach(self)
-        upstream.send(exchange.headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
-        countOriginBytes(exchange, exchange.headBytes.count)
+        upstream.send(headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
+        countOriginBytes(headBytes.count)
         upstream.start()
-        guard forwardedExchange(of: upstream) === exchange else { return }
-        if upstream.isConnected { perform(exchange, exchange.machine.upstreamConnected()) }
-        if exchange.requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody(exchange) }
+        guard isForwarding(upstream) else { return }
+        if upstream.isConnected { perform(machine.upstreamConnected()) }
+        if requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody() }
     }
 
     /// Carries out an exchange-level action.
-    func perform(_ exchange: Exchange, _ action: ExchangeStateMachine.Action) {
+    func perform(_ action: ExchangeStateMachine.Action) {
         switch action {
         case .none:
             break
         case .pumpRequestBody:
-            pumpRequestBody(exchange)
+            pumpRequestBody()
         case .pumpResponseBody:
-            pumpResponseBody(exchange)
+            pumpResponseBody()
         case .requestSent:
-            exchange.upstream?.requestComplete()
+            upstream?.requestComplete()
         case .finish(let recycle):
-            finishExchange(exchange, recycleUpstream: recycle)
+            finishExchange(recycleUpstream: recycle)
         case .refuseRequest:
             // Nothing of this request may reach the origin (SPEC §6: never forwarded). The head and any valid
             // chunks are still only queued: libevent writes them after this callback returns (for a fresh
             // connection, right after the CONNECTED callback that brought us here), so drop them first.
-            exchange.upstream?.discardPendingOutput()
-            exchange.upstream?.close()
-            exchange.upstream = nil
-            let error = exchange.wireError ?? .malformed("invalid chunked request body")
-            respondError(exchange, Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+            upstream?.discardPendingOutput()
+            upstream?.close()
+            self.upstream = nil
+            let error = wireError ?? .malformed("invalid chunked request body")
+            respondError(ClientConnection.code(for: error, fromClient: true), detail: ClientConnection.detail(for: error), close: true)
         case .retractAndAnswerBadGateway:
-            exchange.upstream?.close()
-            exchange.upstream = nil
-            retractUnsentResponse(exchange)
-            let detail = exchange.wireError.map(Self.detail(for:)) ?? "invalid framing"
-            respondError(exchange, .upstreamProtocolError, detail: "invalid chunked response body: " + detail,
-                         close: !exchange.requestBody.isComplete)
+            upstream?.close()
+            self.upstream = nil
+            retractUnsentResponse()
+            let detail = wireError.map(ClientConnection.detail(for:)) ?? "invalid framing"
+            respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
+                         close: !requestBody.isComplete)
         case .truncate(let reason):
-            truncated = true
+            client.truncated = true
             exchange.outcome = .error
             if exchange.reason == nil { exchange.reason = reason.rawValue }
-            finishExchange(exchange, recycleUpstream: false)
+            finishExchange(recycleUpstream: false)
         case .abort(let reason):
-            abort(reason, detail: "the client broke off its request")
+            client.abort(reason, detail: "the client broke off its request")
         }
     }
 
     /// Moves request body bytes from the client to the upstream, as far as the upstream's buffer has room. The
     /// body is relayed (and its framing checked) while the upstream is still connecting too, so a bad chunk is
     /// refused with 400 however the client's bytes and the connect race.
-    func pumpRequestBody(_ exchange: Exchange) {
-        guard let upstream = exchange.upstream, upstream.acceptsRequestBytes, !exchange.requestBody.isComplete else { return }
+    func pumpRequestBody() {
+        guard let upstream = upstream, upstream.acceptsRequestBytes, !requestBody.isComplete else { return }
         let before = evbuffer_get_length(input)
-        let room = allowedMove(exchange, room: Flow.highWater - evbuffer_get_length(upstream.output), available: before,
-                               bucket: exchange.link?.up)
+        let room = allowedMove(room: Flow.highWater - evbuffer_get_length(upstream.output), available: before,
+                               bucket: link?.up)
         guard room > 0 else { return }
-        let progress = exchange.requestBody.pump(from: input, to: upstream.output, budget: room)
+        let progress = requestBody.pump(from: input, to: upstream.output, budget: room)
         let left = evbuffer_get_length(input)
-        exchange.link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
-        countOriginBytes(exchange, before - left)
+        link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
+        countOriginBytes(before - left)
         upstream.requestBytesAdded(before - left)
-        exchange.bytesIn = exchange.requestBody.transferred
-        perform(exchange, exchange.machine.requestBodyStep(Self.step(progress, before: before, left: left, exchange)))
+        exchange.bytesIn = requestBody.transferred
+        perform(machine.requestBodyStep(step(progress, before: before, left: left)))
     }
 
-    static func step(_ progress: BodyRelay.Progress, before: Int, left: Int, _ exchange: Exchange) -> RelayStep {
+    func step(_ progress: BodyRelay.Progress, before: Int, left: Int) -> RelayStep {
         switch progress {
         case .inProgress: return RelayStep(result: .moving, before: before, left: left)
         case .complete: return RelayStep(result: .complete, before: before, left: left)
         case .invalid(let error):
-            exchange.wireError = error
+            wireError = error
             return RelayStep(result: .invalid, before: before, left: left)
         }
     }
 
     // MARK: upstream events (called by UpstreamConnection)
 
-    /// The exchange this upstream serves, if it is still the current one.
-    func forwardedExchange(of upstream: UpstreamConnection) -> Exchange? {
-        guard case .forwarding(let exchange) = machine.state, exchange.upstream === upstream else { return nil }
-        return exchange
+    /// Whether `upstream` is this exchange's lease and the exchange is still being forwarded (an upstream's
+    /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
+    func isForwarding(_ upstream: UpstreamConnection) -> Bool {
+        guard case .forwarding(let driver) = client.machine.state else { return false }
+        return driver === self && self.upstream === upstream
     }
 
-    func tunnelExchange(of upstream: UpstreamConnection) -> Exchange? {
-        guard case .tunnel(let exchange) = machine.state, exchange.upstream === upstream else { return nil }
-        return exchange
+    /// The same for a CONNECT or Upgrade tunnel.
+    func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
+        guard case .tunnel(let driver) = client.machine.state else { return false }
+        return driver === self && self.upstream === upstream
     }
 
     func upstreamConnected(_ upstream: UpstreamConnection) {
-        guard let exchange = forwardedExchange(of: upstream) else { return }
-        perform(exchange, exchange.machine.upstreamConnected())
+        guard isForwarding(upstream) else { return }
+        perform(machine.upstreamConnected())
     }
 
     func upstreamWritable(_ upstream: UpstreamConnection) {
-        if let exchange = tunnelExchange(of: upstream) { pumpTunnel(exchange, fromClient: true); return }
-        guard let exchange = forwardedExchange(of: upstream) else { return }
-        pumpRequestBody(exchange)
+        if isTunnelling(upstream) { pumpTunnel(fromClient: true); return }
+        guard isForwarding(upstream) else { return }
+        pumpRequestBody()
     }
 
     func upstreamReadable(_ upstream: UpstreamConnection) {
-        if let exchange = tunnelExchange(of: upstream) { pumpTunnel(exchange, fromClient: false); return }
-        guard let exchange = forwardedExchange(of: upstream) else { return }
-        if exchange.response == nil {
-            readResponseHead(exchange, upstream)
+        if isTunnelling(upstream) { pumpTunnel(fromClient: false); return }
+        guard isForwarding(upstream) else { return }
+        if response == nil {
+            readResponseHead(upstream)
         } else {
-            pumpResponseBody(exchange)
+            pumpResponseBody()
         }
     }
 
     /// The upstream failed before or while answering.
     func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
-        if let exchange = tunnelExchange(of: upstream) {
-            if exchange.tunnel?.phase == .connecting && !exchange.connectAnswered {
-                exchange.upstream = nil
-                respondError(exchange, code, detail: detail, close: true)
+        if isTunnelling(upstream) {
+            if tunnel?.phase == .connecting && !connectAnswered {
+                self.upstream = nil
+                respondError(code, detail: detail, close: true)
             } else {
-                abort(.upstreamAborted, detail: detail)
+                client.abort(.upstreamAborted, detail: detail)
             }
             return
         }
-        guard let exchange = forwardedExchange(of: upstream) else { return }
-        exchange.upstream = nil
-        switch exchange.machine.upstreamFailed(reusedConnection: exchange.upstreamReused,
-                                               bodyBytesConsumed: exchange.requestBody.transferred,
+        guard isForwarding(upstream) else { return }
+        self.upstream = nil
+        switch machine.upstreamFailed(reusedConnection: upstreamReused,
+                                               bodyBytesConsumed: requestBody.transferred,
                                                timedOut: code == .upstreamTimeout) {
         case .retryOnNewConnection:
-            connectUpstream(exchange, key: upstream.key, reuse: false)
+            connectUpstream(key: upstream.key, reuse: false)
         case .answer(let close):
-            respondError(exchange, code, detail: detail, close: close)
+            respondError(code, detail: detail, close: close)
         case .abort:
-            abort(.upstreamAborted, detail: detail)
+            client.abort(.upstreamAborted, detail: detail)
         }
     }
 
@@ -184,15 +186,15 @@ extension ClientConnection {
     /// truncated (`ExchangeStateMachine.originBrokeOffAfterSending`); returns false when there is nothing to relay
     /// and the failure is answered as such (`upstreamFailed`).
     func upstreamBrokeOff(_ upstream: UpstreamConnection) -> Bool {
-        guard let exchange = forwardedExchange(of: upstream),
-              exchange.response != nil || evbuffer_get_length(upstream.input) > 0 else { return false }
-        if exchange.response != nil {
-            perform(exchange, exchange.machine.originBrokeOffAfterSending())
+        guard isForwarding(upstream),
+              response != nil || evbuffer_get_length(upstream.input) > 0 else { return false }
+        if response != nil {
+            perform(machine.originBrokeOffAfterSending())
             return true
         }
         // No head relayed yet (held for a link profile's latency, or not read): mark the break, then take the
         // EOF path, which reads the head when it may and relays the body behind it.
-        _ = exchange.machine.originBrokeOffAfterSending()
+        _ = machine.originBrokeOffAfterSending()
         upstreamClosed(upstream)
         return true
     }
@@ -201,42 +203,42 @@ extension ClientConnection {
     /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
     /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).
     func upstreamClosed(_ upstream: UpstreamConnection) {
-        if let exchange = tunnelExchange(of: upstream) { tunnelPeerClosed(exchange, client: false); return }
-        guard let exchange = forwardedExchange(of: upstream) else { return }
+        if isTunnelling(upstream) { tunnelPeerClosed(client: false); return }
+        guard isForwarding(upstream) else { return }
         // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
-        if exchange.response == nil, evbuffer_get_length(upstream.input) > 0,
-           !latencyElapsed(exchange, arrived: true) {
-            exchange.originClosedWhileHeld = true
+        if response == nil, evbuffer_get_length(upstream.input) > 0,
+           !latencyElapsed(arrived: true) {
+            originClosedWhileHeld = true
             return
         }
-        let action = exchange.machine.originSentEOF()
-        guard exchange.response == nil else {
-            perform(exchange, action)
+        let action = machine.originSentEOF()
+        guard response == nil else {
+            perform(action)
             return
         }
         // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
-        readResponseHead(exchange, upstream)
-        guard forwardedExchange(of: upstream) === exchange, exchange.response == nil else { return }
+        readResponseHead(upstream)
+        guard isForwarding(upstream), response == nil else { return }
         upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
     }
 
-    func readResponseHead(_ exchange: Exchange, _ upstream: UpstreamConnection) {
+    func readResponseHead(_ upstream: UpstreamConnection) {
         // A link profile's latency is added before the head is relayed (SPEC §10).
-        guard latencyElapsed(exchange, arrived: evbuffer_get_length(upstream.input) > 0) else { return }
-        while forwardedExchange(of: upstream) === exchange, exchange.response == nil {
+        guard latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0) else { return }
+        while isForwarding(upstream), response == nil {
             switch upstream.takeResponseHead() {
             case .incomplete:
                 return
             case .invalid(let error):
                 upstream.close()
-                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + Self.detail(for: error))
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + ClientConnection.detail(for: error))
                 return
             case .complete(let head, let length):
-                countOriginBytes(exchange, length)
+                countOriginBytes(length)
                 if head.status < 200 {
-                    handleInterim(exchange, head, upstream)
+                    handleInterim(head, upstream)
                 } else {
-                    startResponse(exchange, head, upstream)
+                    startResponse(head, upstream)
                 }
             }
         }
@@ -244,9 +246,9 @@ extension ClientConnection {
 
     /// 1xx responses: `100 Continue` and `103 Early Hints` are relayed to HTTP/1.1 clients; `101` turns the
     /// connection into a tunnel when the client asked to upgrade.
-    func handleInterim(_ exchange: Exchange, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+    func handleInterim(_ head: ResponseHead, _ upstream: UpstreamConnection) {
         if head.status == 101 {
-            guard exchange.upgradeRequested else {
+            guard upgradeRequested else {
                 upstream.close()
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "101 Switching Protocols without an Upgrade request")
                 return
@@ -255,7 +257,7 @@ extension ClientConnection {
                                                      stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
             evbuffer_add(output, bytes, bytes.count)
             exchange.status = 101
-            becomeTunnel(exchange)
+            becomeTunnel()
             return
         }
         if exchange.clientVersion == .http11 {
@@ -265,36 +267,36 @@ extension ClientConnection {
         }
     }
 
-    func startResponse(_ exchange: Exchange, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+    func startResponse(_ head: ResponseHead, _ upstream: UpstreamConnection) {
         let framing: BodyFraming
         switch head.bodyFraming(requestMethod: exchange.method) {
         case .success(let f): framing = f
         case .failure(let error):
             upstream.close()
-            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + Self.detail(for: error))
+            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + ClientConnection.detail(for: error))
             return
         }
         let strip = exchange.clientVersion == .http10 && framing == .chunked
         let upstreamTokens = head.connectionTokens
-        let action = exchange.machine.responseHead(
+        let action = machine.responseHead(
             untilClose: framing == .untilClose,
             originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
             clientKeepsConnection: !strip)
-        let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive, clientVersion: exchange.clientVersion,
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        exchange.link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
-        if exchange.manifestCap != nil || exchange.imageSettings != nil,
-           let capture = manifestCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes)
-            ?? imageCapture(exchange, head, framing: framing, strip: strip, headBytes: bytes) {
-            exchange.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+        link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
+        if manifestCap != nil || imageSettings != nil,
+           let capture = manifestCapture(head, framing: framing, strip: strip, headBytes: bytes)
+            ?? imageCapture(head, framing: framing, strip: strip, headBytes: bytes) {
+            self.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
         } else {
             evbuffer_add(output, bytes, bytes.count)
-            exchange.responseHeadLength = bytes.count
+            responseHeadLength = bytes.count
         }
-        exchange.response = head
+        response = head
         exchange.status = head.status
-        exchange.responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
+        responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
         if exchange.method == "GET", head.status == 200, case .contentLength(let length) = framing {
             if exchange.variant == nil {
                 worker.knownLengths.record(exchange.url, length: length)
@@ -302,42 +304,42 @@ extension ClientConnection {
                 worker.metrics.saved(.variant, bytes: saving)
             }
         }
-        perform(exchange, action)
+        perform(action)
     }
 
     /// Moves response body bytes from the upstream to the client, as far as the client's buffer has room;
     /// a full client buffer leaves the bytes in the upstream's input, whose read watermark then stops reading
     /// from the origin (backpressure).
-    func pumpResponseBody(_ exchange: Exchange) {
-        guard let upstream = exchange.upstream, exchange.response != nil else { return }
-        if let capture = exchange.capture {
-            pumpCapture(exchange, capture, upstream)
+    func pumpResponseBody() {
+        guard let upstream = upstream, response != nil else { return }
+        if let capture = capture {
+            pumpCapture(capture, upstream)
             return
         }
         let before = evbuffer_get_length(upstream.input)
-        let room = allowedMove(exchange, room: Flow.highWater - outputLength, available: before, bucket: exchange.link?.down)
+        let room = allowedMove(room: Flow.highWater - outputLength, available: before, bucket: link?.down)
         guard room > 0 else { return }
-        let progress = exchange.responseBody.pump(from: upstream.input, to: output, budget: room)
+        let progress = responseBody.pump(from: upstream.input, to: output, budget: room)
         let moved = before - evbuffer_get_length(upstream.input)
-        exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())
-        countOriginBytes(exchange, moved)
-        exchange.bytesOut = exchange.responseBody.transferred
-        let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
+        link?.down.charge(moved, now: worker.clock.nowNanoseconds())
+        countOriginBytes(moved)
+        exchange.bytesOut = responseBody.transferred
+        let step = step(progress, before: before, left: evbuffer_get_length(upstream.input))
         // Nothing of this response has been written while all of it is still queued at the output's tail.
-        let unwritten = outputLength >= exchange.responseHeadLength + Int(exchange.responseBody.delivered)
-        perform(exchange, exchange.machine.responseBodyStep(step, unwritten: unwritten))
+        let unwritten = outputLength >= responseHeadLength + Int(responseBody.delivered)
+        perform(machine.responseBodyStep(step, unwritten: unwritten))
     }
 
     /// Removes this exchange's response from the client's output, where it is still whole at the tail (anything
     /// before it belongs to earlier responses), so that a clean answer can take its place.
-    func retractUnsentResponse(_ exchange: Exchange) {
-        if exchange.capture != nil {
+    func retractUnsentResponse() {
+        if capture != nil {
             // Held back (SPEC §13): nothing of it was queued.
-            exchange.capture = nil
-            exchange.response = nil
+            self.capture = nil
+            response = nil
             return
         }
-        let queued = exchange.responseHeadLength + Int(exchange.responseBody.delivered)
+        let queued = responseHeadLength + Int(responseBody.delivered)
         let length = outputLength
         guard queued > 0, length >= queued else { return }
         let earlier = evbuffer_new()!
@@ -347,12 +349,12 @@ extension ClientConnection {
             evbuffer_add_buffer(output, earlier)
         }
         evbuffer_free(earlier)
-        exchange.response = nil
+        response = nil
     }
 }
 
 /// Content-Length response bodies, moved kernel to kernel.
-extension ClientConnection {
+extension ExchangeDriver {
     /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
     /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
     static let bodySpliceEnabled: Bool = getenv("DATAMODE_BODY_SPLICE").map { String(cString: $0) != "0" } ?? true
@@ -368,75 +370,75 @@ extension ClientConnection {
     /// An origin faster than the client never leaves those buffers empty by itself (the first 100 MiB download of
     /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer
     /// read while the client is being written to: what was read drains, then the rest is spliced.
-    func switchBodyToSpliceIfIdle(_ exchange: Exchange) {
-        guard Self.bodySpliceEnabled, transport.isPlain, exchange.link == nil, !hasHardBudget(exchange), exchange.splices.isEmpty,
-              exchange.response != nil, exchange.capture == nil,
-              case .relaying(untilClose: false) = exchange.machine.phase, exchange.machine.requestComplete,
-              !exchange.machine.originEnded,
-              let remaining = exchange.responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
-              let upstream = exchange.upstream, upstream.isConnected, upstream.isPlainTCP,
+    func switchBodyToSpliceIfIdle() {
+        guard Self.bodySpliceEnabled, transport.isPlain, link == nil, !hasHardBudget(), splices.isEmpty,
+              response != nil, capture == nil,
+              case .relaying(untilClose: false) = machine.phase, machine.requestComplete,
+              !machine.originEnded,
+              let remaining = responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
+              let upstream = upstream, upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(upstream.output) == 0, evbuffer_get_length(input) == 0
         else {
-            stopDrainingForSplice(exchange)
+            stopDrainingForSplice()
             return
         }
         guard evbuffer_get_length(upstream.input) == 0, outputLength == 0 else {
             // Only while a write event is armed: it comes when the client takes bytes, and the pump then moves
             // what was read. Without one, nothing would wake the exchange once the origin is no longer read.
-            if !exchange.drainingForSplice && transport.isWaitingToWrite {
-                exchange.drainingForSplice = true
+            if !drainingForSplice && transport.isWaitingToWrite {
+                drainingForSplice = true
                 upstream.suspendIO()
             }
             return
         }
         guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: transport.socket,
                                       limit: remaining) else {
-            stopDrainingForSplice(exchange)
+            stopDrainingForSplice()
             return
         }
-        exchange.drainingForSplice = false
+        drainingForSplice = false
         transport.suspendForSplice()
         upstream.suspendIO()
-        exchange.splicedBytes = .zero
-        relay.onProgress = { [unowned self, unowned exchange] relay in self.bodySpliceProgressed(exchange, relay) }
-        exchange.splices = [relay]
+        splicedBytes = .zero
+        relay.onProgress = { [unowned self] relay in self.bodySpliceProgressed(relay) }
+        splices = [relay]
         worker.metrics.bodySpliced()
         relay.start()
     }
 
     /// The body no longer qualifies (or no pipe could be made): the origin is read again.
-    private func stopDrainingForSplice(_ exchange: Exchange) {
-        guard exchange.drainingForSplice else { return }
-        exchange.drainingForSplice = false
-        exchange.upstream?.resumeIO()
+    private func stopDrainingForSplice() {
+        guard drainingForSplice else { return }
+        drainingForSplice = false
+        upstream?.resumeIO()
     }
 
-    private func bodySpliceProgressed(_ exchange: Exchange, _ relay: SpliceRelay) {
-        let delta = relay.moved - exchange.splicedBytes[1]
-        exchange.splicedBytes[1] = relay.moved
+    private func bodySpliceProgressed(_ relay: SpliceRelay) {
+        let delta = relay.moved - splicedBytes[1]
+        splicedBytes[1] = relay.moved
         if delta > 0 {
-            countOriginBytes(exchange, Int(delta))
-            exchange.responseBody.movedElsewhere(delta)
-            exchange.bytesOut = exchange.responseBody.transferred
+            countOriginBytes(Int(delta))
+            responseBody.movedElsewhere(delta)
+            exchange.bytesOut = responseBody.transferred
         }
         if relay.failed {
-            abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
+            client.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
             return
         }
         guard relay.complete || relay.finished else { return }
         // The body is over, or the origin closed before its end: libevent takes both sockets back.
         relay.stop()
-        exchange.splices = []
+        splices = []
         transport.resumeAfterSplice()
-        exchange.upstream?.resumeIO()
+        upstream?.resumeIO()
         if relay.complete {
-            perform(exchange, exchange.machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0),
+            perform(machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0),
                                                                 unwritten: false))
         } else {
-            _ = exchange.machine.originSentEOF()
-            perform(exchange, exchange.machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0),
+            _ = machine.originSentEOF()
+            perform(machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0),
                                                                 unwritten: false))
         }
-        flushPendingWrites()
+        client.flushPendingWrites()
     }
 }

@@ -4,101 +4,14 @@ import DatamodeHTTP
 import DatamodeMedia
 import DatamodeState
 
-/// A response body held back, bounded, while the proxy decides whether to rewrite it (SPEC §13: manifests and
-/// images).
-///
-/// The body relay moves the origin's bytes here instead of to the client, exactly as it would have written them
-/// (chunk framing included when the client gets chunks), so passing the response through untouched is writing
-/// the head that was prepared and then these bytes, after which the relay goes on streaming as if nothing
-/// happened. Only a complete body that the rewriter changes is replaced.
-final class ResponseCapture {
-    enum Phase {
-        /// The first bytes decide whether this can be a master playlist or MPD at all.
-        case sniffing
-        /// It can: buffer the whole body (up to `limit`).
-        case buffering
-    }
-
-    /// What the body may become.
-    enum Purpose {
-        /// A master playlist or MPD capped at this many bits per second.
-        case manifest(cap: UInt64)
-        /// An image transcoded with these settings; `acceptsWebP` from the request's `Accept`.
-        case image(ImagesSection, acceptsWebP: Bool)
-    }
-
-    let purpose: Purpose
-    let buffer: OpaquePointer = evbuffer_new()!
-    /// The head that would have been relayed, written when the body passes through.
-    let passThroughHead: [UInt8]
-    let origin: ResponseHead
-    /// The buffered bytes keep chunk framing (decoded before rewriting).
-    let chunked: Bool
-    var phase: Phase
-    /// Above this many buffered bytes the body passes through.
-    let limit: Int
-    /// An image sent to the transcoding pool: its body and the machine's `.finish` action, carried out when the
-    /// result comes back.
-    var pendingImage: (body: [UInt8], key: ImageCache.Key?, format: ImageProbe.Format)?
-
-    /// How much of the start of a body sniffing looks at before it gives up deciding.
-    static let sniffWindow = 64 * 1024
-
-    init(purpose: Purpose, passThroughHead: [UInt8], origin: ResponseHead, chunked: Bool, phase: Phase, limit: Int) {
-        self.purpose = purpose
-        self.passThroughHead = passThroughHead
-        self.origin = origin
-        self.chunked = chunked
-        self.phase = phase
-        self.limit = limit
-    }
-
-    deinit { evbuffer_free(buffer) }
-
-    /// The first `count` buffered bytes (or all), contiguous, with chunk framing removed. `nil` when the framing
-    /// is broken or, with `whole`, the last chunk has not arrived.
-    func body(upTo count: Int? = nil, whole: Bool) -> [UInt8]? {
-        let length = min(evbuffer_get_length(buffer), count ?? Int.max)
-        var raw = [UInt8](repeating: 0, count: length)
-        if length > 0 { _ = raw.withUnsafeMutableBytes { evbuffer_copyout(buffer, $0.baseAddress, length) } }
-        guard chunked else { return raw }
-        return Self.dechunk(raw, whole: whole)
-    }
-
-    static func dechunk(_ raw: [UInt8], whole: Bool) -> [UInt8]? {
-        var decoder = ChunkedDecoder()
-        var out: [UInt8] = []
-        out.reserveCapacity(raw.count)
-        var i = 0
-        return raw.withUnsafeBytes { bytes -> [UInt8]? in
-            while i < raw.count {
-                if decoder.dataRemaining > 0 {
-                    let n = min(Int(decoder.dataRemaining), raw.count - i)
-                    out.append(contentsOf: raw[i..<(i + n)])
-                    decoder.consumeData(n)
-                    i += n
-                    continue
-                }
-                switch decoder.parseFraming(UnsafeRawBufferPointer(rebasing: bytes[i...])) {
-                case .needMore: return whole ? nil : out
-                case .framing(let length): i += length
-                case .end: return out
-                case .invalid: return nil
-                }
-            }
-            return whole ? nil : out
-        }
-    }
-}
-
 /// Automatic low-res on the response path (SPEC §13): the one hook where a response may be held back.
-extension ClientConnection {
+extension ExchangeDriver {
     /// Called with a response head about to be relayed: returns the capture to buffer its body into when this
     /// response may be a master playlist or MPD under a cap, `nil` (stream it) otherwise. Only GETs of a capped
     /// mode get here, so every other response pays one `nil` check.
-    func manifestCapture(_ exchange: Exchange, _ head: ResponseHead, framing: BodyFraming, strip: Bool,
+    func manifestCapture(_ head: ResponseHead, framing: BodyFraming, strip: Bool,
                          headBytes: [UInt8]) -> ResponseCapture? {
-        guard let cap = exchange.manifestCap, exchange.variant == nil, head.status == 200 else { return nil }
+        guard let cap = manifestCap, exchange.variant == nil, head.status == 200 else { return nil }
         switch framing {
         case .none, .contentLength(0): return nil
         default: break
@@ -113,7 +26,7 @@ extension ClientConnection {
             if type == .manifest { worker.metrics.manifestPassed(.tooLarge) }
             return nil
         }
-        if type == .generic, case .contentLength(let length) = framing, let upstream = exchange.upstream {
+        if type == .generic, case .contentLength(let length) = framing, let upstream = upstream {
             // Most bodies of a generic type (octet-stream downloads, text) show in their first bytes that they are no
             // manifest. Those bytes usually arrive with the head: looked at in place, such a response streams at once
             // instead of being held back and copied (the capture cost every such response in constrained mode,
@@ -131,9 +44,9 @@ extension ClientConnection {
     }
 
     /// Like `manifestCapture`, for images (SPEC §13): a 200 JPEG, PNG or WebP while transcoding applies.
-    func imageCapture(_ exchange: Exchange, _ head: ResponseHead, framing: BodyFraming, strip: Bool,
+    func imageCapture(_ head: ResponseHead, framing: BodyFraming, strip: Bool,
                       headBytes: [UInt8]) -> ResponseCapture? {
-        guard let settings = exchange.imageSettings, exchange.variant == nil, head.status == 200 else { return nil }
+        guard let settings = imageSettings, exchange.variant == nil, head.status == 200 else { return nil }
         switch framing {
         case .none, .contentLength(0): return nil
         default: break
@@ -147,7 +60,7 @@ extension ClientConnection {
             worker.metrics.imagePassed(.tooLarge)
             return nil
         }
-        return ResponseCapture(purpose: .image(settings, acceptsWebP: exchange.acceptsWebP), passThroughHead: headBytes,
+        return ResponseCapture(purpose: .image(settings, acceptsWebP: acceptsWebP), passThroughHead: headBytes,
                                origin: head, chunked: framing == .chunked && !strip, phase: .sniffing,
                                limit: settings.maxInput)
     }
@@ -158,21 +71,21 @@ extension ClientConnection {
     }
 
     /// `pumpResponseBody` for a captured response: buffer, decide, and write the response once decided.
-    func pumpCapture(_ exchange: Exchange, _ capture: ResponseCapture, _ upstream: UpstreamConnection) {
+    func pumpCapture(_ capture: ResponseCapture, _ upstream: UpstreamConnection) {
         let before = evbuffer_get_length(upstream.input)
         // A held-back body is still the origin's bytes crossing the link: it passes the link profile's bucket and
         // counts against data budgets as it is taken in, exactly as a streamed one does (SPEC §10, §11).
-        let room = allowedMove(exchange, room: max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1),
-                               available: before, bucket: exchange.link?.down)
+        let room = allowedMove(room: max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1),
+                               available: before, bucket: link?.down)
         guard room > 0 else { return }
-        let progress = exchange.responseBody.pump(from: upstream.input, to: capture.buffer, budget: room)
+        let progress = responseBody.pump(from: upstream.input, to: capture.buffer, budget: room)
         let moved = before - evbuffer_get_length(upstream.input)
-        exchange.link?.down.charge(moved, now: worker.clock.nowNanoseconds())
-        countOriginBytes(exchange, moved)
-        let step = Self.step(progress, before: before, left: evbuffer_get_length(upstream.input), exchange)
+        link?.down.charge(moved, now: worker.clock.nowNanoseconds())
+        countOriginBytes(moved)
+        let step = step(progress, before: before, left: evbuffer_get_length(upstream.input))
         if step.result == .invalid {
             // Nothing was written: the machine retracts (dropping the capture) and answers 502.
-            perform(exchange, exchange.machine.responseBodyStep(step, unwritten: true))
+            perform(machine.responseBodyStep(step, unwritten: true))
             return
         }
         let buffered = evbuffer_get_length(capture.buffer)
@@ -185,102 +98,102 @@ extension ClientConnection {
             case .image:
                 worker.metrics.imagePassed(.tooLarge)
             }
-            passCaptureThrough(exchange, capture)
-            perform(exchange, exchange.machine.responseBodyStep(step, unwritten: false))
-            if exchange.capture == nil, exchange.response != nil { pumpResponseBody(exchange) }
+            passCaptureThrough(capture)
+            perform(machine.responseBodyStep(step, unwritten: false))
+            if capture == nil, response != nil { pumpResponseBody() }
             return
         }
-        let action = exchange.machine.responseBodyStep(step, unwritten: false)
+        let action = machine.responseBodyStep(step, unwritten: false)
         switch action {
         case .finish(let recycle):
             if case .image(let settings, let acceptsWebP) = capture.purpose {
-                finishImage(exchange, capture, settings, acceptsWebP: acceptsWebP, recycle: recycle)
+                finishImage(capture, settings, acceptsWebP: acceptsWebP, recycle: recycle)
                 return
             }
-            finishCapture(exchange, capture)
-            perform(exchange, action)
+            finishCapture(capture)
+            perform(action)
         case .none:
             guard capture.phase == .sniffing else { return }
             if case .image(let settings, _) = capture.purpose {
-                probeEarly(exchange, capture, settings, buffered: buffered)
+                probeEarly(capture, settings, buffered: buffered)
                 return
             }
             let window = min(buffered, ResponseCapture.sniffWindow)
             guard let prefix = capture.body(upTo: window, whole: false) else {
                 // Broken chunk framing shows up in the relay itself; until then, stream.
-                passCaptureThrough(exchange, capture)
+                passCaptureThrough(capture)
                 return
             }
             switch ManifestCap.sniff(prefix, complete: buffered >= ResponseCapture.sniffWindow) {
             case .needMore: return
             case .candidate: capture.phase = .buffering
             case .notAManifest:
-                passCaptureThrough(exchange, capture)
-                pumpResponseBody(exchange)
+                passCaptureThrough(capture)
+                pumpResponseBody()
             }
         default:
             // Cut short (the origin closed early): what arrived goes out as it came, then the machine truncates.
-            passCaptureThrough(exchange, capture)
-            perform(exchange, action)
+            passCaptureThrough(capture)
+            perform(action)
         }
     }
 
     /// Writes the held-back response as the origin sent it; from here on the body streams.
-    func passCaptureThrough(_ exchange: Exchange, _ capture: ResponseCapture) {
-        exchange.capture = nil
+    func passCaptureThrough(_ capture: ResponseCapture) {
+        self.capture = nil
         evbuffer_add(output, capture.passThroughHead, capture.passThroughHead.count)
-        exchange.responseHeadLength = capture.passThroughHead.count
+        responseHeadLength = capture.passThroughHead.count
         evbuffer_add_buffer(output, capture.buffer)
-        exchange.bytesOut = exchange.responseBody.transferred
+        exchange.bytesOut = responseBody.transferred
     }
 
     /// The whole body is here: write the capped manifest, or the original.
-    private func finishCapture(_ exchange: Exchange, _ capture: ResponseCapture) {
+    private func finishCapture(_ capture: ResponseCapture) {
         guard let body = capture.body(whole: true) else {
-            passCaptureThrough(exchange, capture)
+            passCaptureThrough(capture)
             return
         }
         guard case .manifest(let cap) = capture.purpose else { return }
         switch ManifestCap.rewrite(body, cap: cap) {
         case .rewritten(let kind, let rewritten, _):
-            exchange.capture = nil
-            let head = MessageHeads.relayedResponse(capture.origin, keepAlive: exchange.machine.keepAlive,
+            self.capture = nil
+            let head = MessageHeads.relayedResponse(capture.origin, keepAlive: machine.keepAlive,
                                                     clientVersion: exchange.clientVersion, stripTransferEncoding: false,
                                                     variant: kind.variantName,
                                                     framing: .contentLength(UInt64(rewritten.count)))
             evbuffer_add(output, head, head.count)
             evbuffer_add(output, rewritten, rewritten.count)
-            exchange.responseHeadLength = head.count
+            responseHeadLength = head.count
             exchange.variant = kind.variantName
             exchange.bytesOut = UInt64(rewritten.count)
             worker.metrics.saved(kind == .hls ? .hlsCap : .dashCap, bytes: body.count - rewritten.count)
         case .malformed:
             worker.metrics.manifestPassed(.malformed)
-            passCaptureThrough(exchange, capture)
+            passCaptureThrough(capture)
         case .unchanged, .notAManifest:
-            passCaptureThrough(exchange, capture)
+            passCaptureThrough(capture)
         }
     }
 }
 
 /// Images (SPEC §13): probed from their header, transcoded on the pool, written back on the worker's loop.
-extension ClientConnection {
+extension ExchangeDriver {
     /// Enough of the image to read its header: decide now whether it may be decoded at all, so that a
     /// decompression bomb or an animation is streamed on instead of buffered.
-    private func probeEarly(_ exchange: Exchange, _ capture: ResponseCapture, _ settings: ImagesSection, buffered: Int) {
+    private func probeEarly(_ capture: ResponseCapture, _ settings: ImagesSection, buffered: Int) {
         guard buffered >= 64 * 1024, let prefix = capture.body(upTo: 256 * 1024, whole: false) else { return }
         guard let probe = ImageProbe(prefix) else {
             if buffered >= 256 * 1024 {
                 worker.metrics.imagePassed(.undecodable)
-                passCaptureThrough(exchange, capture)
-                pumpResponseBody(exchange)
+                passCaptureThrough(capture)
+                pumpResponseBody()
             }
             return
         }
         if let reason = Self.refusal(probe, settings) {
             worker.metrics.imagePassed(reason)
-            passCaptureThrough(exchange, capture)
-            pumpResponseBody(exchange)
+            passCaptureThrough(capture)
+            pumpResponseBody()
             return
         }
         capture.phase = .buffering
@@ -294,18 +207,18 @@ extension ClientConnection {
 
     /// The whole image is here: answer from the cache, or send it to the pool (the exchange finishes when the
     /// result is back), or pass it through.
-    private func finishImage(_ exchange: Exchange, _ capture: ResponseCapture, _ settings: ImagesSection,
+    private func finishImage(_ capture: ResponseCapture, _ settings: ImagesSection,
                              acceptsWebP: Bool, recycle: Bool) {
         guard let body = capture.body(whole: true), let probe = ImageProbe(body) else {
             worker.metrics.imagePassed(.undecodable)
-            passCaptureThrough(exchange, capture)
-            perform(exchange, .finish(recycleUpstream: recycle))
+            passCaptureThrough(capture)
+            perform(.finish(recycleUpstream: recycle))
             return
         }
         if let reason = Self.refusal(probe, settings) {
             worker.metrics.imagePassed(reason)
-            passCaptureThrough(exchange, capture)
-            perform(exchange, .finish(recycleUpstream: recycle))
+            passCaptureThrough(capture)
+            perform(.finish(recycleUpstream: recycle))
             return
         }
         let output: ImageProbe.Format
@@ -321,39 +234,39 @@ extension ClientConnection {
                              maxWidth: settings.maxWidth, quality: settings.quality)
         if let key, let cached = ImageCache.shared.get(key) {
             worker.metrics.imageCacheHit()
-            writeTranscoded(exchange, capture, body: body, output: cached, format: output)
-            perform(exchange, .finish(recycleUpstream: recycle))
+            writeTranscoded(capture, body: body, output: cached, format: output)
+            perform(.finish(recycleUpstream: recycle))
             return
         }
         // The origin's part is over: its connection goes back to the pool while the image is transcoded.
-        releaseUpstream(of: exchange, recycle: recycle)
+        releaseUpstream(recycle: recycle)
         capture.pendingImage = (body, key, output)
         let job = ImageJob(input: body, probe: probe, maxWidth: settings.maxWidth, quality: settings.quality,
-                           output: output, worker: worker, token: ImageJobToken(connection: self, exchange: exchange))
+                           output: output, worker: worker, token: ImageJobToken(driver: self))
         guard ImageTranscoder.shared.submit(job) else {
             worker.metrics.imagePassed(.busy)
-            passCaptureThrough(exchange, capture)
-            finishExchange(exchange, recycleUpstream: false)
+            passCaptureThrough(capture)
+            finishExchange(recycleUpstream: false)
             return
         }
     }
 
     /// A result from the pool, on this connection's worker loop. Whatever did not become a smaller image (a
     /// failure, a limit hit) sends the original bytes, counted by why.
-    func imageTranscoded(_ exchange: Exchange, outcome: TranscodeOutcome) {
-        guard !released, machine.exchange === exchange, let capture = exchange.capture,
+    func imageTranscoded(outcome: TranscodeOutcome) {
+        guard !client.released, isCurrent, let capture,
               let pending = capture.pendingImage else { return }
         capture.pendingImage = nil
         switch outcome {
         case .encoded(let output) where output.count < pending.body.count:
             if let key = pending.key { ImageCache.shared.put(key, output) }
-            writeTranscoded(exchange, capture, body: pending.body, output: output, format: pending.format)
+            writeTranscoded(capture, body: pending.body, output: output, format: pending.format)
         case .encoded, .failed, .tooManyScans, .tooSlow:
             worker.metrics.imagePassed(Self.passReason(outcome))
-            passCaptureThrough(exchange, capture)
+            passCaptureThrough(capture)
         }
-        finishExchange(exchange, recycleUpstream: false)
-        flushPendingWrites()
+        finishExchange(recycleUpstream: false)
+        client.flushPendingWrites()
     }
 
     private static func passReason(_ outcome: TranscodeOutcome) -> WorkerMetrics.ImagePassReason {
@@ -365,14 +278,14 @@ extension ClientConnection {
         }
     }
 
-    private func writeTranscoded(_ exchange: Exchange, _ capture: ResponseCapture, body: [UInt8], output: [UInt8],
+    private func writeTranscoded(_ capture: ResponseCapture, body: [UInt8], output: [UInt8],
                                  format: ImageProbe.Format) {
         guard output.count < body.count else {
             worker.metrics.imagePassed(.notSmaller)
-            passCaptureThrough(exchange, capture)
+            passCaptureThrough(capture)
             return
         }
-        exchange.capture = nil
+        self.capture = nil
         var head = capture.origin
         let vary = head.values(of: "vary").filter { !$0.isEmpty }
         head.fields.removeAll { field in
@@ -383,12 +296,12 @@ extension ClientConnection {
         let tokens = vary.flatMap { $0.split(separator: ",") }.map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
         let varies = tokens.contains("accept") || tokens.contains("*")
         head.fields.append(HTTPField(name: "Vary", value: (vary + (varies ? [] : ["Accept"])).joined(separator: ", ")))
-        let bytes = MessageHeads.relayedResponse(head, keepAlive: exchange.machine.keepAlive,
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: machine.keepAlive,
                                                  clientVersion: exchange.clientVersion, stripTransferEncoding: false,
                                                  variant: "transcoded", framing: .contentLength(UInt64(output.count)))
         evbuffer_add(output_: self.output, bytes)
         evbuffer_add(output_: self.output, output)
-        exchange.responseHeadLength = bytes.count
+        responseHeadLength = bytes.count
         exchange.variant = "transcoded"
         exchange.bytesOut = UInt64(output.count)
         worker.metrics.saved(.transcoded, bytes: body.count - output.count)

@@ -21,43 +21,43 @@ enum AddedLatency {
 /// whose read watermark then stops reading from that socket, exactly as a slow peer would. While a bucket is what
 /// holds bytes back, one timer per connection wakes it when a quantum may pass; an idle shaped connection has no
 /// timer at all. Shaped exchanges are never handed to splice(2), which would move bytes past the buckets.
-extension ClientConnection {
+extension ExchangeDriver {
     /// The link profile in force for a request judged by `mode` (SPEC §10): its session's, else the one set through
     /// the admin API, else `mode`'s mapping (resolved once per snapshot for the global mode).
-    func linkProfile(for exchange: Exchange, mode: DataMode) -> LinkProfile? {
+    func linkProfile(mode: DataMode) -> LinkProfile? {
         let settings = worker.settings
         if let name = exchange.session?.profile, let profile = settings.link.profiles[name] { return profile }
         return mode == settings.mode ? settings.profile : settings.profile(for: mode)
     }
 
     /// Puts the link profile in force (if any) on `exchange`: its buckets and its added latency.
-    func applyLinkProfile(_ exchange: Exchange, _ profile: LinkProfile?) {
+    func applyLinkProfile(_ profile: LinkProfile?) {
         guard let profile else { return }
-        exchange.link = worker.linkBuckets(profile, client: peerAddress)
+        link = worker.linkBuckets(profile, client: client.peerAddress)
         var microseconds = profile.latencyMicroseconds
         let jitter = profile.jitterMicroseconds
         if jitter > 0 { microseconds = max(0, microseconds + Int64.random(in: -jitter...jitter)) }
-        if microseconds > 0 { exchange.latency = .pending(microseconds: microseconds) }
+        if microseconds > 0 { latency = .pending(microseconds: microseconds) }
     }
 
     /// Whether the origin's first bytes may be relayed now. `arrived`: some are buffered. The first time bytes
     /// are there, the hold starts; the shaping timer ends it.
-    func latencyElapsed(_ exchange: Exchange, arrived: Bool) -> Bool {
-        switch exchange.latency {
+    func latencyElapsed(arrived: Bool) -> Bool {
+        switch latency {
         case .none:
             return true
         case .pending(let microseconds):
             guard arrived else { return false }
             let until = worker.clock.nowNanoseconds() + UInt64(microseconds) * 1000
-            exchange.latency = .holding(until: until)
-            armShapingTimer(at: until)
+            latency = .holding(until: until)
+            client.armShapingTimer(at: until)
             return false
         case .holding(let until):
             if worker.clock.nowNanoseconds() >= until {
-                exchange.latency = .none
+                latency = .none
                 return true
             }
-            armShapingTimer(at: until)
+            client.armShapingTimer(at: until)
             return false
         }
     }
@@ -70,11 +70,11 @@ extension ClientConnection {
     /// hard data budget's remainder (SPEC §11) and the direction's link bucket (SPEC §10) cap it. 0: nothing may
     /// move, and the shaping timer is armed for when something can. With nothing buffered, `room` is returned as is
     /// (the pump still has an end of body to notice).
-    func allowedMove(_ exchange: Exchange, room: Int, available: Int, bucket: TokenBucket?) -> Int {
+    func allowedMove(room: Int, available: Int, bucket: TokenBucket?) -> Int {
         guard room > 0, available > 0 else { return room }
         var room = room
-        if exchange.budgetMask != 0 {
-            room = budgetRoom(exchange, room)
+        if budgetMask != 0 {
+            room = budgetRoom(room)
             guard room > 0 else { return 0 }
         }
         if let bucket { room = shapedBudget(bucket, wanted: min(room, available)) }
@@ -87,55 +87,35 @@ extension ClientConnection {
         if available >= wanted { return wanted }
         let allowed = available >= bucket.quantum ? available : 0
         let waitFor = allowed == 0 ? min(bucket.quantum, wanted) : bucket.quantum
-        armShapingTimer(at: now + bucket.delay(until: waitFor, now: now) + bucket.cost(allowed))
+        client.armShapingTimer(at: now + bucket.delay(until: waitFor, now: now) + bucket.cost(allowed))
         return allowed
     }
 
-    /// Arms the connection's shaping timer for `deadline` (monotonic nanoseconds), unless it is armed sooner.
-    func armShapingTimer(at deadline: UInt64) {
-        guard !released else { return }
-        if let armed = shapingDeadline, armed <= deadline { return }
-        if shapingTimer == nil { shapingTimer = dm_timer_new(worker.base, clientShapingTimerCallback, context(self)) }
-        guard let shapingTimer else { return }
-        shapingDeadline = deadline
-        let now = worker.clock.nowNanoseconds()
-        dm_event_add_us(shapingTimer, Int64(deadline > now ? (deadline - now + 999) / 1000 : 0))
-    }
-
-    /// A bucket has refilled or an added latency has passed: move what waited.
+    /// The session's shaping timer fired: a bucket has refilled or an added latency has passed; move what waited,
+    /// or end the exchange when a hard budget it counts against is spent (SPEC §11).
     func shapingTimerFired() {
-        shapingDeadline = nil
-        if let exchange = machine.exchange, exchange.budgetCut {
-            // A hard budget this exchange counted against is spent (SPEC §11): the transfer or tunnel ends here.
+        if budgetCut {
             exchange.outcome = exchange.outcome ?? .error
             exchange.reason = AbortReason.budgetExhausted.rawValue
-            abort(.budgetExhausted, detail: "a hard data budget is spent")
+            client.abort(.budgetExhausted, detail: "a hard data budget is spent")
             return
         }
-        switch machine.state {
-        case .forwarding(let exchange):
-            guard let upstream = exchange.upstream else { return }
-            if exchange.response == nil {
-                readResponseHead(exchange, upstream)
-                if exchange.originClosedWhileHeld, case .none = exchange.latency, forwardedExchange(of: upstream) === exchange {
-                    exchange.originClosedWhileHeld = false
-                    upstreamClosed(upstream)
-                }
-            } else {
-                pumpResponseBody(exchange)
-            }
-            if isCurrent(exchange) { pumpRequestBody(exchange) }
-        case .tunnel(let exchange):
-            pumpTunnel(exchange, fromClient: true)
-            pumpTunnel(exchange, fromClient: false)
-        case .readingHead, .parked, .drainingRefusedBody, .openingInterception, .closing, .closed:
-            break
+        guard client.machine.isRelaying else { return }
+        if tunnel != nil {
+            pumpTunnel(fromClient: true)
+            pumpTunnel(fromClient: false)
+            return
         }
-    }
-
-    func releaseShapingTimer() {
-        if let shapingTimer { event_free(shapingTimer) }
-        shapingTimer = nil
-        shapingDeadline = nil
+        guard let upstream else { return }
+        if response == nil {
+            readResponseHead(upstream)
+            if originClosedWhileHeld, case .none = latency, self.upstream === upstream {
+                originClosedWhileHeld = false
+                upstreamClosed(upstream)
+            }
+        } else {
+            pumpResponseBody()
+        }
+        if isCurrent { pumpRequestBody() }
     }
 }

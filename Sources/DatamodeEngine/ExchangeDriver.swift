@@ -1,0 +1,280 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeConfig
+import DatamodeHTTP
+import DatamodePolicy
+import DatamodeState
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Drives one exchange from admission to its log line: carries out admission's verdict, holds the upstream's
+/// lease and receives that upstream's events itself, relays both bodies, and answers locally when it must. What
+/// to do next is decided by `ExchangeStateMachine`; this class feeds it and carries its actions out.
+///
+/// The session it belongs to (`ClientConnection`, HTTP/1) reads heads in order and gives each one a driver; the
+/// driver reads the request body from, and writes the response to, that session's buffers, and tells the session
+/// when it is over (`exchangeFinished`). The `Exchange` it drives is the record: what the log line and the
+/// metrics say about it.
+final class ExchangeDriver {
+    /// Strong: a driver keeps its session alive while it runs (a splice relay's or the image pool's callback may
+    /// close the session and then still touch it). No cycle outlives the exchange: the session lets go of its
+    /// driver when the exchange finishes or the connection closes.
+    let client: ClientConnection
+    /// What is recorded of this exchange (its log line).
+    let exchange: Exchange
+    @inline(__always) var worker: Worker { client.worker }
+    @inline(__always) var transport: ClientTransport { client.transport }
+    /// The request body comes from here, and the response goes there (plaintext under TLS).
+    @inline(__always) var input: OpaquePointer { client.input }
+    @inline(__always) var output: OpaquePointer { client.output }
+    @inline(__always) var outputLength: Int { client.outputLength }
+
+    /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).
+    var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+    /// The upstream this exchange holds (its lease): it reports its events here, and goes back to the pool or is
+    /// closed when the exchange ends.
+    var upstream: UpstreamConnection?
+    var upstreamReused = false
+    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
+    var headBytes: [UInt8] = []
+    var requestFraming: BodyFraming = .none
+    /// The request's `Connection` tokens, computed once per request (keep-alive, upgrade, hop-by-hop removal).
+    var connectionTokens = ConnectionOptions()
+    var requestBody = BodyRelay(framing: .none)
+    var upgradeRequested = false
+    /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
+    var expectsContinue = false
+    var response: ResponseHead?
+    var responseBody = BodyRelay(framing: .none)
+    /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
+    /// towards the client (to tell whether any of it has been written yet).
+    var responseHeadLength = 0
+    /// The bitrate cap for manifests when this is a GET under a capped mode (SPEC §13), else nil.
+    var manifestCap: UInt64?
+    /// Image transcoding settings when this is a GET under a mode that transcodes (SPEC §13), else nil.
+    var imageSettings: ImagesSection?
+    /// The request's `Accept` has `image/webp` (read only when `imageSettings` is set).
+    var acceptsWebP = false
+    /// The response body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
+    var capture: ResponseCapture?
+    /// The framing error behind a refusal found while relaying a body (for the problem's detail).
+    var wireError: HTTPWireError?
+    /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
+    var tunnel: TunnelStateMachine?
+    var splices: [SpliceRelay] = []
+    /// The origin is not read while what was already read of a large body drains to the client, so the rest can
+    /// be spliced (`switchBodyToSpliceIfIdle`).
+    var drainingForSplice = false
+    /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
+    /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
+    var connectAnswered = false
+    /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
+    /// fixed pair, so that no array is allocated per exchange.
+    var splicedBytes = SIMD2<UInt64>(0, 0)
+    /// The link profile's buckets this exchange passes (SPEC §10); nil: unshaped (and splice is allowed).
+    var link: LinkBuckets?
+    /// The latency still to add before the response head (or a tunnel's first byte) is relayed.
+    var latency = AddedLatency.none
+    /// The origin closed while its response head was held back for the added latency: handled on release.
+    var originClosedWhileHeld = false
+    /// Bit i: the exchange counts against budget i of the ledger (SPEC §11).
+    var budgetMask: UInt64 = 0
+    /// A `hard` budget was spent while this exchange ran: it is to be closed.
+    var budgetCut = false
+
+    init(client: ClientConnection, exchange: Exchange) {
+        self.client = client
+        self.exchange = exchange
+    }
+
+    /// Whether this driver is still the one its session is busy with (an upstream callback may arrive for one
+    /// that has just ended).
+    var isCurrent: Bool { client.machine.exchange === self }
+
+    /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
+    /// `source`: where the session's requests come from (the proxy port, an intercepted tunnel).
+    func begin(_ head: RequestHead, source: RequestSource) {
+        let settings = worker.settings
+        connectionTokens = head.connectionTokens
+        let tlsServer = worker.tlsServer
+        let admission = Admission.admit(head, source: source, client: client.peerAddress, clientText: client.peerText,
+                                        settings: settings, budgets: worker.budgets,
+                                        intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
+                                        now: worker.clock.wallNanoseconds() / 1_000_000_000)
+        guard let framing = admission.framing else {
+            // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
+            exchange.outcome = .error
+            carryOut(admission.verdict, head)
+            return
+        }
+        requestBody = BodyRelay(framing: framing)
+        requestFraming = framing
+        machine = ExchangeStateMachine(requestComplete: requestBody.isComplete, keepAlive: admission.keepAlive)
+        if !requestBody.isComplete {
+            expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
+        }
+        if let url = admission.url { exchange.url = url }
+        exchange.session = admission.session
+        budgetMask = admission.budgetMask
+        if let mode = admission.mode { exchange.mode = mode }
+        if let tags = admission.tags {
+            exchange.tags = tags
+            exchange.tagSources = admission.tagSources
+            exchange.rule = admission.rule
+        }
+        switch admission.verdict {
+        case .refuse, .reject, .budgetExhausted:
+            break
+        case .intercept, .tunnel, .forward, .serveVariant:
+            applyLinkProfile(linkProfile(mode: exchange.mode))
+            if let intercepted = client.intercepted {
+                // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first
+                // request's response head, not every request's.
+                if intercepted.latencyAdded {
+                    latency = .none
+                } else if case .pending = latency {
+                    intercepted.latencyAdded = true
+                }
+            }
+        }
+        carryOut(admission.verdict, head)
+        // The requests inside an intercepted tunnel act as the user of its CONNECT.
+        if case .intercept = admission.verdict { client.intercepted?.proxyUser = admission.proxyUser }
+    }
+
+    /// Carries out what admission decided.
+    private func carryOut(_ verdict: Admission.Verdict, _ head: RequestHead) {
+        switch verdict {
+        case .refuse(let code, let detail, let close, let fields):
+            respondError(code, detail: detail, close: close, extraFields: fields)
+        case .reject(let rejection, let budget):
+            exchange.outcome = .rejected
+            exchange.reason = rejection.code.rawValue
+            let reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
+            if let budget {
+                var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
+                problem.extra.append(("budget", JSONText.quote(budget)))
+                respondProblem(problem, close: false, extraFields: reasonField)
+            } else {
+                respondProblem(rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
+                               close: false, extraFields: reasonField)
+            }
+            if head.method == "GET", let known = worker.knownLengths[exchange.url] {
+                worker.metrics.saved(.rejected, bytes: Int(known))
+            }
+        case .budgetExhausted(let index):
+            refuseForBudget(index, url: exchange.url)
+        case .intercept(let target):
+            client.beginInterception(self, target: target)
+        case .tunnel(let target):
+            beginTunnel(target: target)
+        case .forward(let target, let tags):
+            exchange.outcome = .forwarded
+            forward(head, to: target, tags: tags, variant: nil)
+        case .serveVariant(_, let tags, let rewrite):
+            exchange.outcome = .rewritten
+            exchange.variant = rewrite.id
+            serveVariant(head, tags: tags, rewrite: rewrite)
+        }
+    }
+
+    func serveVariant(_ head: RequestHead, tags: RequestTags, rewrite: VariantRewrite) {
+        switch rewrite.action {
+        case .fetch(let url):
+            switch RequestTarget.parse(url, method: head.method) {
+            case .success(let target) where target.form == .absolute:
+                forward(head, to: target, tags: tags, variant: rewrite.id)
+            default:
+                respondError(.upstreamUnreachable, detail: "variant \(rewrite.id) has an unusable target \(url)",
+                             close: false)
+            }
+        case .redirect(let location):
+            respondLocal(status: 307, reason: "Temporary Redirect",
+                         fields: [("Location", location), ("Cache-Control", "no-store"), ("Data-Mode-Variant", rewrite.id)],
+                         body: [], close: false)
+        case .file(let path, let contentType):
+            serveFile(head, path: path, contentType: contentType, variant: rewrite.id)
+        }
+    }
+
+    // MARK: completion
+
+    /// The exchange is over: its upstream goes back to the pool (or is closed), its line is written, and the
+    /// session goes on with the next request (or closes).
+    func finishExchange(recycleUpstream: Bool) {
+        releaseUpstream(recycle: recycleUpstream)
+        logExchange()
+        client.exchangeFinished(self)
+    }
+
+    /// Gives the upstream lease back: to the pool at a clean message boundary, else closed.
+    func releaseUpstream(recycle: Bool) {
+        guard let upstream else { return }
+        upstream.detach()
+        self.upstream = nil
+        if recycle && evbuffer_get_length(upstream.input) == 0 {
+            worker.pool.put(upstream)
+        } else {
+            upstream.close()
+        }
+    }
+
+    func logExchange() {
+        guard !exchange.logged else { return }
+        exchange.logged = true
+        worker.record(exchange, client: client.peerText)
+    }
+
+    /// The session is freed (an abort, an error, the end of a tunnel): the upstream and the splices go with it,
+    /// and the line is written if it was not (a tunnel's is written here, when it ends).
+    func released() {
+        for relay in splices { relay.stop() }
+        splices = []
+        tunnel?.fail()
+        upstream?.close()
+        upstream = nil
+        logExchange()
+    }
+
+    // MARK: after each callback
+
+    /// Called after the session flushed its writes: a tunnel passes ends on and may go to splice(2); a large body
+    /// may go to splice(2).
+    func afterFlush() {
+        if tunnel != nil {
+            guard let tunnel else { return }
+            if tunnel.clientEnded || tunnel.originEnded { propagateTunnelEnds() }
+            if !client.released && SpliceRelay.enabled && splices.isEmpty { switchTunnelToSpliceIfIdle() }
+        } else if splices.isEmpty && response != nil {
+            switchBodyToSpliceIfIdle()
+        }
+    }
+
+    /// A pump moves only what fits below the destination's high water. If the write that follows empties the
+    /// destination, no write event is registered (writes are speculative), and the bytes left in the source
+    /// were already read from its socket, so no read event will come for them either: move them now.
+    /// Returns whether anything moved.
+    func moveWhatFlushingMadeRoomFor() -> Bool {
+        guard let upstream, upstream.isConnected else { return false }
+        let before = evbuffer_get_length(input) + evbuffer_get_length(upstream.input)
+        if tunnel != nil {
+            if evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
+                pumpTunnel(fromClient: false)
+            }
+            if evbuffer_get_length(input) > 0 && evbuffer_get_length(upstream.output) < Flow.highWater {
+                pumpTunnel(fromClient: true)
+            }
+        } else {
+            if response != nil && evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
+                pumpResponseBody()
+            }
+            if isCurrent, self.upstream === upstream, !requestBody.isComplete,
+               evbuffer_get_length(input) > 0, evbuffer_get_length(upstream.output) < Flow.highWater {
+                pumpRequestBody()
+            }
+        }
+        guard isCurrent, self.upstream === upstream else { return false }
+        return evbuffer_get_length(input) + evbuffer_get_length(upstream.input) < before
+    }
+}
