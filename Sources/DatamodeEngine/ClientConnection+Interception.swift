@@ -53,8 +53,7 @@ extension ClientConnection {
         guard let tunnel = intercepted else { return }
         intercepted = nil
         apply(.disarmTimer)
-        driver.tunnel = TunnelStateMachine()
-        driver.exchange.bytesCountedWhileFlowing = true
+        driver.startTunnel(established: false)
         machine.tunnel(driver)
         let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: tunnel.host, port: tunnel.port))
         driver.upstream = upstream

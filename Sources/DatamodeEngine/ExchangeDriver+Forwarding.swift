@@ -21,7 +21,6 @@ extension ExchangeDriver {
                                                            mode: exchange.mode, upgrade: upgrade,
                                                            framing: requestFraming, connectionTokens: tokens,
                                                            variantTarget: variant != nil)
-        link?.up.charge(headBytes.count, now: worker.clock.nowNanoseconds())
         exchange.variant = variant
         if head.method == "GET" {
             // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
@@ -46,7 +45,7 @@ extension ExchangeDriver {
         upstreamReused = upstream.isReused
         upstream.attach(self)
         upstream.send(headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
-        countOriginBytes(headBytes.count)
+        allowance.charge(.up, headBytes.count, session: client)
         upstream.start()
         guard isForwarding(upstream) else { return }
         if upstream.isConnected { perform(machine.upstreamConnected()) }
@@ -96,18 +95,45 @@ extension ExchangeDriver {
     /// body is relayed (and its framing checked) while the upstream is still connecting too, so a bad chunk is
     /// refused with 400 however the client's bytes and the connect race.
     func pumpRequestBody() {
-        guard let upstream = upstream, upstream.acceptsRequestBytes, !requestBody.isComplete else { return }
-        let before = evbuffer_get_length(input)
-        let room = allowedMove(room: Flow.highWater - evbuffer_get_length(upstream.output), available: before,
-                               bucket: link?.up)
-        guard room > 0 else { return }
-        let progress = requestBody.pump(from: input, to: upstream.output, budget: room)
-        let left = evbuffer_get_length(input)
-        link?.up.charge(before - left, now: worker.clock.nowNanoseconds())
-        countOriginBytes(before - left)
-        upstream.requestBytesAdded(before - left)
-        exchange.bytesIn = requestBody.transferred
-        perform(machine.requestBodyStep(step(progress, before: before, left: left)))
+        guard let upstream, upstream.acceptsRequestBytes, !requestBody.isComplete,
+              let step = relay(.up, &requestBody, from: input, to: upstream.output,
+                               room: Flow.highWater - evbuffer_get_length(upstream.output)) else { return }
+        upstream.requestBytesAdded(step.before - step.left)
+        perform(machine.requestBodyStep(step))
+    }
+
+    /// The one relay, for every body and both ways of a tunnel: moves from `source` to `sink`, through `body`'s
+    /// framing (checked as it passes), what the destination's `room` and the allowance (budgets, link bucket) let
+    /// move now, and counts what moved: charged to the allowance, and, unless `record` is false (a body held back
+    /// is not the client's yet), added to the exchange's record (and to the metrics at once for a tunnel, which
+    /// may live for hours). nil: nothing may move now (the shaping timer or the sink's write event comes back).
+    @inline(__always)
+    func relay(_ direction: LinkDirection, _ body: inout BodyRelay, from source: OpaquePointer, to sink: OpaquePointer,
+               room: Int, record: Bool = true) -> RelayStep? {
+        let before = evbuffer_get_length(source)
+        let allowed = allowance.room(direction, room: room, available: before, session: client)
+        guard allowed > 0 else { return nil }
+        let progress = body.pump(from: source, to: sink, budget: allowed)
+        let left = evbuffer_get_length(source)
+        counted(direction, before - left, record: record)
+        return step(progress, before: before, left: left)
+    }
+
+    /// `bytes` of a body or a tunnel crossed the link `direction` (moved by `relay` or by splice(2)): the one place
+    /// they are counted.
+    @inline(__always)
+    func counted(_ direction: LinkDirection, _ bytes: Int, record: Bool = true) {
+        guard bytes > 0 else { return }
+        allowance.charge(direction, bytes, session: client)
+        guard record else { return }
+        switch direction {
+        case .up:
+            exchange.bytesIn &+= UInt64(bytes)
+            if exchange.bytesCountedWhileFlowing { worker.metrics.add(bytesIn: bytes) }
+        case .down:
+            exchange.bytesOut &+= UInt64(bytes)
+            if exchange.bytesCountedWhileFlowing { worker.metrics.add(bytesOut: bytes) }
+        }
     }
 
     func step(_ progress: BodyRelay.Progress, before: Int, left: Int) -> RelayStep {
@@ -207,7 +233,7 @@ extension ExchangeDriver {
         guard isForwarding(upstream) else { return }
         // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
         if response == nil, evbuffer_get_length(upstream.input) > 0,
-           !latencyElapsed(arrived: true) {
+           !allowance.latencyElapsed(arrived: true, session: client) {
             originClosedWhileHeld = true
             return
         }
@@ -224,7 +250,7 @@ extension ExchangeDriver {
 
     func readResponseHead(_ upstream: UpstreamConnection) {
         // A link profile's latency is added before the head is relayed (SPEC §10).
-        guard latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0) else { return }
+        guard allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: client) else { return }
         while isForwarding(upstream), response == nil {
             switch upstream.takeResponseHead() {
             case .incomplete:
@@ -234,7 +260,7 @@ extension ExchangeDriver {
                 upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + ClientConnection.detail(for: error))
                 return
             case .complete(let head, let length):
-                countOriginBytes(length)
+                allowance.charge(.down, length, session: client)
                 if head.status < 200 {
                     handleInterim(head, upstream)
                 } else {
@@ -285,7 +311,6 @@ extension ExchangeDriver {
         let bytes = MessageHeads.relayedResponse(head, keepAlive: machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        link?.down.charge(bytes.count, now: worker.clock.nowNanoseconds())
         if manifestCap != nil || imageSettings != nil,
            let capture = manifestCapture(head, framing: framing, strip: strip, headBytes: bytes)
             ?? imageCapture(head, framing: framing, strip: strip, headBytes: bytes) {
@@ -316,15 +341,8 @@ extension ExchangeDriver {
             pumpCapture(capture, upstream)
             return
         }
-        let before = evbuffer_get_length(upstream.input)
-        let room = allowedMove(room: Flow.highWater - outputLength, available: before, bucket: link?.down)
-        guard room > 0 else { return }
-        let progress = responseBody.pump(from: upstream.input, to: output, budget: room)
-        let moved = before - evbuffer_get_length(upstream.input)
-        link?.down.charge(moved, now: worker.clock.nowNanoseconds())
-        countOriginBytes(moved)
-        exchange.bytesOut = responseBody.transferred
-        let step = step(progress, before: before, left: evbuffer_get_length(upstream.input))
+        guard let step = relay(.down, &responseBody, from: upstream.input, to: output,
+                               room: Flow.highWater - outputLength) else { return }
         // Nothing of this response has been written while all of it is still queued at the output's tail.
         let unwritten = outputLength >= responseHeadLength + Int(responseBody.delivered)
         perform(machine.responseBodyStep(step, unwritten: unwritten))
@@ -371,7 +389,7 @@ extension ExchangeDriver {
     /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer
     /// read while the client is being written to: what was read drains, then the rest is spliced.
     func switchBodyToSpliceIfIdle() {
-        guard Self.bodySpliceEnabled, transport.isPlain, link == nil, !hasHardBudget(), splices.isEmpty,
+        guard Self.bodySpliceEnabled, transport.isPlain, allowance.allowsSplice(worker.budgets), splices.isEmpty,
               response != nil, capture == nil,
               case .relaying(untilClose: false) = machine.phase, machine.requestComplete,
               !machine.originEnded,
@@ -417,9 +435,8 @@ extension ExchangeDriver {
         let delta = relay.moved - splicedBytes[1]
         splicedBytes[1] = relay.moved
         if delta > 0 {
-            countOriginBytes(Int(delta))
             responseBody.movedElsewhere(delta)
-            exchange.bytesOut = responseBody.transferred
+            counted(.down, Int(delta))
         }
         if relay.failed {
             client.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")

@@ -3,6 +3,7 @@ import CLibevent
 import DatamodeConfig
 import DatamodeHTTP
 import DatamodePolicy
+import DatamodeState
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -137,5 +138,19 @@ extension ExchangeDriver {
                 finishExchange(recycleUpstream: false)
             }
         }
+    }
+
+    /// `403 budget-exhausted`, naming the budget and when it resets.
+    func refuseForBudget(_ index: Int, url: String) {
+        let ledger = worker.budgets
+        let budget = ledger.budgets[index]
+        let resetsAt = Timestamp.rfc3339(wallNanoseconds: ledger.period(index).end * 1_000_000_000, fractionDigits: 0)
+        exchange.outcome = .rejected
+        exchange.reason = ProxyErrorCode.budgetExhausted.rawValue
+        let problem = ProblemDetail(code: .budgetExhausted,
+                                    detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).",
+                                    extra: [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)),
+                                            ("url", JSONText.quote(url))])
+        respondProblem(problem, close: false)
     }
 }

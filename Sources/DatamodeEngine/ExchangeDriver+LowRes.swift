@@ -72,17 +72,11 @@ extension ExchangeDriver {
 
     /// `pumpResponseBody` for a captured response: buffer, decide, and write the response once decided.
     func pumpCapture(_ capture: ResponseCapture, _ upstream: UpstreamConnection) {
-        let before = evbuffer_get_length(upstream.input)
         // A held-back body is still the origin's bytes crossing the link: it passes the link profile's bucket and
         // counts against data budgets as it is taken in, exactly as a streamed one does (SPEC §10, §11).
-        let room = allowedMove(room: max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1),
-                               available: before, bucket: link?.down)
-        guard room > 0 else { return }
-        let progress = responseBody.pump(from: upstream.input, to: capture.buffer, budget: room)
-        let moved = before - evbuffer_get_length(upstream.input)
-        link?.down.charge(moved, now: worker.clock.nowNanoseconds())
-        countOriginBytes(moved)
-        let step = step(progress, before: before, left: evbuffer_get_length(upstream.input))
+        guard let step = relay(.down, &responseBody, from: upstream.input, to: capture.buffer,
+                               room: max(capture.limit + 1 - evbuffer_get_length(capture.buffer), 1), record: false)
+        else { return }
         if step.result == .invalid {
             // Nothing was written: the machine retracts (dropping the capture) and answers 502.
             perform(machine.responseBodyStep(step, unwritten: true))
@@ -100,7 +94,7 @@ extension ExchangeDriver {
             }
             passCaptureThrough(capture)
             perform(machine.responseBodyStep(step, unwritten: false))
-            if capture == nil, response != nil { pumpResponseBody() }
+            if self.capture == nil, response != nil { pumpResponseBody() }
             return
         }
         let action = machine.responseBodyStep(step, unwritten: false)

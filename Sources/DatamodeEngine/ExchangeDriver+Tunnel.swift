@@ -19,8 +19,7 @@ extension ExchangeDriver {
         }
         exchange.outcome = .forwarded
         machine.closeAfter()
-        tunnel = TunnelStateMachine()
-        exchange.bytesCountedWhileFlowing = true
+        startTunnel(established: false)
         client.machine.tunnel(self)
         let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: target.host, port: target.port))
         self.upstream = upstream
@@ -48,50 +47,30 @@ extension ExchangeDriver {
     func becomeTunnel() {
         machine.closeAfter()
         machine.end()
-        tunnel = TunnelStateMachine(established: true)
-        exchange.bytesCountedWhileFlowing = true
+        startTunnel(established: true)
         client.machine.tunnel(self)
         pumpTunnel(fromClient: true)
         pumpTunnel(fromClient: false)
     }
 
+    /// Relays what one side of the tunnel sent to the other, through the one relay (`relay`): a tunnel is two
+    /// bodies delimited by their ends.
     func pumpTunnel(fromClient: Bool) {
-        guard let upstream = upstream, tunnel?.phase == .established, upstream.isConnected else { return }
+        guard let upstream, tunnel?.phase == .established, upstream.isConnected else { return }
         if fromClient {
-            var n = min(evbuffer_get_length(input), Flow.highWater - evbuffer_get_length(upstream.output))
-            if n > 0 && budgetMask != 0 { n = budgetRoom(n) }
-            if n > 0, let link = link {
-                n = shapedBudget(link.up, wanted: n)
-                link.up.charge(n, now: worker.clock.nowNanoseconds())
-            }
-            if n > 0 {
-                evbuffer_remove_buffer(input, upstream.output, n)
-                worker.metrics.add(bytesIn: n)
-                exchange.bytesIn += UInt64(n)
-                countOriginBytes(n)
-            }
+            _ = relay(.up, &requestBody, from: input, to: upstream.output,
+                      room: Flow.highWater - evbuffer_get_length(upstream.output))
         } else {
-            var n = min(evbuffer_get_length(upstream.input), Flow.highWater - outputLength)
             // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
-            guard latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0) else { return }
-            if n > 0 && budgetMask != 0 { n = budgetRoom(n) }
-            if n > 0, let link = link {
-                n = shapedBudget(link.down, wanted: n)
-                link.down.charge(n, now: worker.clock.nowNanoseconds())
-            }
-            if n > 0 {
-                evbuffer_remove_buffer(upstream.input, output, n)
-                worker.metrics.add(bytesOut: n)
-                exchange.bytesOut += UInt64(n)
-                countOriginBytes(n)
-            }
+            guard allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: client) else { return }
+            _ = relay(.down, &responseBody, from: upstream.input, to: output, room: Flow.highWater - outputLength)
         }
     }
 
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
     /// order is kept: everything read so far has been written before the kernel takes over.
     func switchTunnelToSpliceIfIdle() {
-        guard transport.isPlain, tunnel?.canSplice == true, link == nil, !hasHardBudget(),
+        guard transport.isPlain, tunnel?.canSplice == true, allowance.allowsSplice(worker.budgets),
               let upstream = upstream,
               upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(input) == 0, outputLength == 0,
@@ -114,11 +93,7 @@ extension ExchangeDriver {
     func spliceProgressed(_ relay: SpliceRelay, index: Int) {
         let delta = Int(relay.moved - splicedBytes[index])
         splicedBytes[index] = relay.moved
-        if delta > 0 {
-            countOriginBytes(delta)
-            if index == 0 { worker.metrics.add(bytesIn: delta) } else { worker.metrics.add(bytesOut: delta) }
-            if index == 0 { exchange.bytesIn += UInt64(delta) } else { exchange.bytesOut += UInt64(delta) }
-        }
+        counted(index == 0 ? .up : .down, delta)
         if relay.failed {
             // Relay 0 reads the client and writes the upstream; relay 1 the reverse.
             let clientSide = (index == 0) != relay.failedWriting
@@ -157,5 +132,14 @@ extension ExchangeDriver {
                 return
             }
         }
+    }
+
+    /// From here on the exchange is a tunnel: two bodies delimited by their ends, whose bytes are counted in the
+    /// metrics as they flow.
+    func startTunnel(established: Bool) {
+        tunnel = TunnelStateMachine(established: established)
+        requestBody = BodyRelay(framing: .untilClose)
+        responseBody = BodyRelay(framing: .untilClose)
+        exchange.bytesCountedWhileFlowing = true
     }
 }

@@ -72,16 +72,10 @@ final class ExchangeDriver {
     /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
     /// fixed pair, so that no array is allocated per exchange.
     var splicedBytes = SIMD2<UInt64>(0, 0)
-    /// The link profile's buckets this exchange passes (SPEC §10); nil: unshaped (and splice is allowed).
-    var link: LinkBuckets?
-    /// The latency still to add before the response head (or a tunnel's first byte) is relayed.
-    var latency = AddedLatency.none
     /// The origin closed while its response head was held back for the added latency: handled on release.
     var originClosedWhileHeld = false
-    /// Bit i: the exchange counts against budget i of the ledger (SPEC §11).
-    var budgetMask: UInt64 = 0
-    /// A `hard` budget was spent while this exchange ran: it is to be closed.
-    var budgetCut = false
+    /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
+    var allowance = Allowance()
 
     init(client: ClientConnection, exchange: Exchange) {
         self.client = client
@@ -116,7 +110,7 @@ final class ExchangeDriver {
         }
         if let url = admission.url { exchange.url = url }
         exchange.session = admission.session
-        budgetMask = admission.budgetMask
+        allowance.budgetMask = admission.budgetMask
         if let mode = admission.mode { exchange.mode = mode }
         if let tags = admission.tags {
             exchange.tags = tags
@@ -127,13 +121,14 @@ final class ExchangeDriver {
         case .refuse, .reject, .budgetExhausted:
             break
         case .intercept, .tunnel, .forward, .serveVariant:
-            applyLinkProfile(linkProfile(mode: exchange.mode))
+            allowance.apply(Allowance.profile(session: exchange.session, mode: exchange.mode, settings: settings),
+                            worker: worker, client: client.peerAddress)
             if let intercepted = client.intercepted {
                 // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first
                 // request's response head, not every request's.
                 if intercepted.latencyAdded {
-                    latency = .none
-                } else if case .pending = latency {
+                    allowance.latency = .none
+                } else if case .pending = allowance.latency {
                     intercepted.latencyAdded = true
                 }
             }
@@ -276,5 +271,35 @@ final class ExchangeDriver {
         }
         guard isCurrent, self.upstream === upstream else { return false }
         return evbuffer_get_length(input) + evbuffer_get_length(upstream.input) < before
+    }
+
+    // MARK: shaping
+
+    /// The session's shaping timer fired: a bucket has refilled or an added latency has passed; move what waited,
+    /// or end the exchange when a hard budget it counts against is spent (SPEC §11).
+    func shapingTimerFired() {
+        if allowance.budgetCut {
+            exchange.outcome = exchange.outcome ?? .error
+            exchange.reason = AbortReason.budgetExhausted.rawValue
+            client.abort(.budgetExhausted, detail: "a hard data budget is spent")
+            return
+        }
+        guard client.machine.isRelaying else { return }
+        if tunnel != nil {
+            pumpTunnel(fromClient: true)
+            pumpTunnel(fromClient: false)
+            return
+        }
+        guard let upstream else { return }
+        if response == nil {
+            readResponseHead(upstream)
+            if originClosedWhileHeld, case .none = allowance.latency, self.upstream === upstream {
+                originClosedWhileHeld = false
+                upstreamClosed(upstream)
+            }
+        } else {
+            pumpResponseBody()
+        }
+        if isCurrent { pumpRequestBody() }
     }
 }
