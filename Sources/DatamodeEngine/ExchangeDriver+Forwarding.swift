@@ -311,9 +311,7 @@ extension ExchangeDriver {
         let bytes = MessageHeads.relayedResponse(head, keepAlive: machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
                                                  connectionTokens: upstreamTokens)
-        if manifestCap != nil || imageSettings != nil,
-           let capture = manifestCapture(head, framing: framing, strip: strip, headBytes: bytes)
-            ?? imageCapture(head, framing: framing, strip: strip, headBytes: bytes) {
+        if exchange.variant == nil, manifestCap != nil || imageSettings != nil, let capture = heldBack(head, framing, strip, bytes) {
             self.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
         } else {
             evbuffer_add(output, bytes, bytes.count)
@@ -332,13 +330,26 @@ extension ExchangeDriver {
         perform(action)
     }
 
+    /// The capture a response head about to be relayed is held back in, when it may be rewritten (a manifest under
+    /// a cap, an image to transcode), else nil.
+    func heldBack(_ head: ResponseHead, _ framing: BodyFraming, _ strip: Bool, _ headBytes: [UInt8]) -> ResponseCapture? {
+        if let cap = manifestCap, let capture = ResponseCapture.forManifest(head, framing: framing, strip: strip,
+                                                                            headBytes: headBytes, cap: cap,
+                                                                            arrived: upstream?.input, metrics: worker.metrics) {
+            return capture
+        }
+        guard let settings = imageSettings else { return nil }
+        return ResponseCapture.forImage(head, framing: framing, strip: strip, headBytes: headBytes, settings: settings,
+                                        acceptsWebP: acceptsWebP, metrics: worker.metrics)
+    }
+
     /// Moves response body bytes from the upstream to the client, as far as the client's buffer has room;
     /// a full client buffer leaves the bytes in the upstream's input, whose read watermark then stops reading
     /// from the origin (backpressure).
     func pumpResponseBody() {
         guard let upstream = upstream, response != nil else { return }
         if let capture = capture {
-            pumpCapture(capture, upstream)
+            capture.pump(self, upstream)
             return
         }
         guard let step = relay(.down, &responseBody, from: upstream.input, to: output,

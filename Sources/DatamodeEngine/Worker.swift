@@ -190,7 +190,7 @@ final class Worker {
         }
         for result in results {
             guard let driver = result.token.driver else { continue }
-            driver.imageTranscoded(outcome: result.outcome)
+            driver.capture?.imageTranscoded(driver, outcome: result.outcome)
         }
     }
 
