@@ -150,10 +150,10 @@ final class ExchangeDriver {
             if let budget {
                 var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
                 problem.extra.append(("budget", JSONText.quote(budget)))
-                respondProblem(problem, close: false, extraFields: reasonField)
+                respond(.problem(problem, extraFields: reasonField), close: false)
             } else {
-                respondProblem(rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
-                               close: false, extraFields: reasonField)
+                respond(.problem(rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
+                                 extraFields: reasonField), close: false)
             }
             if head.method == "GET", let known = worker.knownLengths[exchange.url] {
                 worker.metrics.saved(.rejected, bytes: Int(known))
@@ -185,9 +185,7 @@ final class ExchangeDriver {
                              close: false)
             }
         case .redirect(let location):
-            respondLocal(status: 307, reason: "Temporary Redirect",
-                         fields: [("Location", location), ("Cache-Control", "no-store"), ("Data-Mode-Variant", rewrite.id)],
-                         body: [], close: false)
+            respond(.redirect(to: location, variant: rewrite.id), close: false)
         case .file(let path, let contentType):
             serveFile(head, path: path, contentType: contentType, variant: rewrite.id)
         }
