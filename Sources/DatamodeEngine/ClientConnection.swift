@@ -130,7 +130,7 @@ final class ClientConnection {
             driver.discardRequestBody()
         case .tunnel(let driver):
             readMoreIfPending()
-            driver.pumpTunnel(fromClient: true)
+            driver.tunnel?.pump(fromClient: true)
         case .openingInterception(let driver):
             clientHelloReadable(driver)
         case .closing:
@@ -173,7 +173,7 @@ final class ClientConnection {
         case .forwarding(let driver):
             driver.pumpResponseBody()
         case .tunnel(let driver):
-            driver.pumpTunnel(fromClient: false)
+            driver.tunnel?.pump(fromClient: false)
         case .readingHead, .drainingRefusedBody, .parked, .openingInterception, .closed:
             break
         }
@@ -205,7 +205,7 @@ final class ClientConnection {
         case .drainingRefusedBody(let driver):
             driver.discardRequestBody()
         case .tunnel(let driver):
-            driver.tunnelPeerClosed(client: true)
+            driver.tunnel?.peerClosed(client: true)
         case .openingInterception(let driver):
             // Gone before any byte of a ClientHello: the CONNECT is over.
             if driver.tunnel == nil { close() }
@@ -306,7 +306,7 @@ final class ClientConnection {
         if let driver = machine.exchange, driver.exchange.outcome != .rejected {
             let exchange = driver.exchange
             // An established tunnel was forwarded, whichever way it ends; the reason says how it ended.
-            if driver.tunnel == nil || driver.tunnel?.phase == .connecting { exchange.outcome = .error }
+            if driver.tunnel == nil || driver.tunnel?.machine.phase == .connecting { exchange.outcome = .error }
             if exchange.reason == nil { exchange.reason = reason.rawValue }
         }
         worker.logger.debug("exchange aborted", metadata: ["reason": "\(reason.rawValue)", "detail": "\(detail)"])

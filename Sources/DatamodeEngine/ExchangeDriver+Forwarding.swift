@@ -167,13 +167,13 @@ extension ExchangeDriver {
     }
 
     func upstreamWritable(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { pumpTunnel(fromClient: true); return }
+        if isTunnelling(upstream) { tunnel?.pump(fromClient: true); return }
         guard isForwarding(upstream) else { return }
         pumpRequestBody()
     }
 
     func upstreamReadable(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { pumpTunnel(fromClient: false); return }
+        if isTunnelling(upstream) { tunnel?.pump(fromClient: false); return }
         guard isForwarding(upstream) else { return }
         if response == nil {
             readResponseHead(upstream)
@@ -185,7 +185,7 @@ extension ExchangeDriver {
     /// The upstream failed before or while answering.
     func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
         if isTunnelling(upstream) {
-            if tunnel?.phase == .connecting && !connectAnswered {
+            if tunnel?.machine.phase == .connecting && !connectAnswered {
                 self.upstream = nil
                 respondError(code, detail: detail, close: true)
             } else {
@@ -229,7 +229,7 @@ extension ExchangeDriver {
     /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
     /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).
     func upstreamClosed(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { tunnelPeerClosed(client: false); return }
+        if isTunnelling(upstream) { tunnel?.peerClosed(client: false); return }
         guard isForwarding(upstream) else { return }
         // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
         if response == nil, evbuffer_get_length(upstream.input) > 0,
@@ -400,7 +400,7 @@ extension ExchangeDriver {
     /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer
     /// read while the client is being written to: what was read drains, then the rest is spliced.
     func switchBodyToSpliceIfIdle() {
-        guard Self.bodySpliceEnabled, transport.isPlain, allowance.allowsSplice(worker.budgets), splices.isEmpty,
+        guard Self.bodySpliceEnabled, transport.isPlain, allowance.allowsSplice(worker.budgets), bodySplice == nil,
               response != nil, capture == nil,
               case .relaying(untilClose: false) = machine.phase, machine.requestComplete,
               !machine.originEnded,
@@ -428,9 +428,9 @@ extension ExchangeDriver {
         drainingForSplice = false
         transport.suspendForSplice()
         upstream.suspendIO()
-        splicedBytes = .zero
+        bodySpliced = 0
         relay.onProgress = { [unowned self] relay in self.bodySpliceProgressed(relay) }
-        splices = [relay]
+        bodySplice = relay
         worker.metrics.bodySpliced()
         relay.start()
     }
@@ -443,8 +443,8 @@ extension ExchangeDriver {
     }
 
     private func bodySpliceProgressed(_ relay: SpliceRelay) {
-        let delta = relay.moved - splicedBytes[1]
-        splicedBytes[1] = relay.moved
+        let delta = relay.moved - bodySpliced
+        bodySpliced = relay.moved
         if delta > 0 {
             responseBody.movedElsewhere(delta)
             counted(.down, Int(delta))
@@ -456,7 +456,7 @@ extension ExchangeDriver {
         guard relay.complete || relay.finished else { return }
         // The body is over, or the origin closed before its end: libevent takes both sockets back.
         relay.stop()
-        splices = []
+        bodySplice = nil
         transport.resumeAfterSplice()
         upstream?.resumeIO()
         if relay.complete {

@@ -60,18 +60,18 @@ final class ExchangeDriver {
     var capture: ResponseCapture?
     /// The framing error behind a refusal found while relaying a body (for the problem's detail).
     var wireError: HTTPWireError?
-    /// For a CONNECT or Upgrade: the tunnel's half-close state, and its splice relays once spliced.
-    var tunnel: TunnelStateMachine?
-    var splices: [SpliceRelay] = []
+    /// For a CONNECT or Upgrade: the tunnel.
+    var tunnel: Tunnel?
+    /// The rest of a large Content-Length response body, moved by splice(2) (`switchBodyToSpliceIfIdle`).
+    var bodySplice: SpliceRelay?
     /// The origin is not read while what was already read of a large body drains to the client, so the rest can
     /// be spliced (`switchBodyToSpliceIfIdle`).
     var drainingForSplice = false
     /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
     /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
     var connectAnswered = false
-    /// Bytes each splice relay (0: client to origin, 1: origin to client) had moved at its last report; a
-    /// fixed pair, so that no array is allocated per exchange.
-    var splicedBytes = SIMD2<UInt64>(0, 0)
+    /// Bytes the body's splice relay had moved at its last report.
+    var bodySpliced: UInt64 = 0
     /// The origin closed while its response head was held back for the added latency: handled on release.
     var originClosedWhileHeld = false
     /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
@@ -222,9 +222,9 @@ final class ExchangeDriver {
     /// The session is freed (an abort, an error, the end of a tunnel): the upstream and the splices go with it,
     /// and the line is written if it was not (a tunnel's is written here, when it ends).
     func released() {
-        for relay in splices { relay.stop() }
-        splices = []
-        tunnel?.fail()
+        bodySplice?.stop()
+        bodySplice = nil
+        tunnel?.stop()
         upstream?.close()
         upstream = nil
         logExchange()
@@ -235,11 +235,9 @@ final class ExchangeDriver {
     /// Called after the session flushed its writes: a tunnel passes ends on and may go to splice(2); a large body
     /// may go to splice(2).
     func afterFlush() {
-        if tunnel != nil {
-            guard let tunnel else { return }
-            if tunnel.clientEnded || tunnel.originEnded { propagateTunnelEnds() }
-            if !client.released && SpliceRelay.enabled && splices.isEmpty { switchTunnelToSpliceIfIdle() }
-        } else if splices.isEmpty && response != nil {
+        if let tunnel {
+            tunnel.afterFlush()
+        } else if bodySplice == nil && response != nil {
             switchBodyToSpliceIfIdle()
         }
     }
@@ -251,12 +249,12 @@ final class ExchangeDriver {
     func moveWhatFlushingMadeRoomFor() -> Bool {
         guard let upstream, upstream.isConnected else { return false }
         let before = evbuffer_get_length(input) + evbuffer_get_length(upstream.input)
-        if tunnel != nil {
+        if let tunnel {
             if evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
-                pumpTunnel(fromClient: false)
+                tunnel.pump(fromClient: false)
             }
             if evbuffer_get_length(input) > 0 && evbuffer_get_length(upstream.output) < Flow.highWater {
-                pumpTunnel(fromClient: true)
+                tunnel.pump(fromClient: true)
             }
         } else {
             if response != nil && evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
@@ -283,9 +281,9 @@ final class ExchangeDriver {
             return
         }
         guard client.machine.isRelaying else { return }
-        if tunnel != nil {
-            pumpTunnel(fromClient: true)
-            pumpTunnel(fromClient: false)
+        if let tunnel {
+            tunnel.pump(fromClient: true)
+            tunnel.pump(fromClient: false)
             return
         }
         guard let upstream else { return }

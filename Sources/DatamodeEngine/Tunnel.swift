@@ -1,0 +1,118 @@
+import CDatamodeShims
+import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A CONNECT or Upgrade tunnel on an exchange: relays both ways through the buffers (the driver's one relay,
+/// two until-close bodies), hands itself to splice(2) once nothing is buffered in user space, and passes each
+/// side's EOF on as its machine (`TunnelStateMachine`) says.
+final class Tunnel {
+    unowned let driver: ExchangeDriver
+    var machine: TunnelStateMachine
+    /// Its splice relays once spliced: 0 reads the client and writes the upstream, 1 the reverse.
+    private(set) var splices: [SpliceRelay] = []
+    /// Bytes each splice relay had moved at its last report.
+    private var splicedBytes = SIMD2<UInt64>(0, 0)
+
+    init(driver: ExchangeDriver, established: Bool) {
+        self.driver = driver
+        machine = TunnelStateMachine(established: established)
+    }
+
+    /// Relays what one side of the tunnel sent to the other.
+    func pump(fromClient: Bool) {
+        guard let upstream = driver.upstream, machine.phase == .established, upstream.isConnected else { return }
+        if fromClient {
+            _ = driver.relay(.up, &driver.requestBody, from: driver.input, to: upstream.output,
+                             room: Flow.highWater - evbuffer_get_length(upstream.output))
+        } else {
+            // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
+            guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.client)
+            else { return }
+            _ = driver.relay(.down, &driver.responseBody, from: upstream.input, to: driver.output,
+                             room: Flow.highWater - driver.outputLength)
+        }
+    }
+
+    /// After each callback: ends are passed on, and an idle tunnel goes to splice(2).
+    func afterFlush() {
+        if machine.clientEnded || machine.originEnded { propagateEnds() }
+        if !driver.client.released && SpliceRelay.enabled && splices.isEmpty { switchToSpliceIfIdle() }
+    }
+
+    /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
+    /// order is kept: everything read so far has been written before the kernel takes over.
+    func switchToSpliceIfIdle() {
+        let transport = driver.transport
+        guard transport.isPlain, machine.canSplice, driver.allowance.allowsSplice(driver.worker.budgets),
+              let upstream = driver.upstream, upstream.isConnected, upstream.isPlainTCP,
+              evbuffer_get_length(driver.input) == 0, driver.outputLength == 0,
+              evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
+        let clientFD = transport.socket
+        let upstreamFD = upstream.socket
+        guard let up = SpliceRelay(base: driver.worker.base, source: clientFD, sink: upstreamFD),
+              let down = SpliceRelay(base: driver.worker.base, source: upstreamFD, sink: clientFD),
+              machine.spliced() else { return }
+        transport.suspendForSplice()
+        upstream.suspendIO()
+        up.onProgress = { [unowned self] relay in self.spliceProgressed(relay, index: 0) }
+        down.onProgress = { [unowned self] relay in self.spliceProgressed(relay, index: 1) }
+        splices = [up, down]
+        driver.worker.metrics.tunnelSpliced()
+        up.start()
+        down.start()
+    }
+
+    private func spliceProgressed(_ relay: SpliceRelay, index: Int) {
+        let delta = Int(relay.moved - splicedBytes[index])
+        splicedBytes[index] = relay.moved
+        driver.counted(index == 0 ? .up : .down, delta)
+        if relay.failed {
+            // Relay 0 reads the client and writes the upstream; relay 1 the reverse.
+            let clientSide = (index == 0) != relay.failedWriting
+            driver.client.abort(clientSide ? .clientAborted : .upstreamAborted, detail: "tunnel relay failed")
+        } else if splices.allSatisfy(\.finished), machine.spliceFinished() == .close {
+            driver.client.close()
+        }
+    }
+
+    /// One side sent its EOF: what it sent before goes on, then the EOF.
+    func peerClosed(client: Bool) {
+        if client {
+            machine.clientSentEOF()
+            pump(fromClient: true)
+        } else {
+            machine.originSentEOF()
+            pump(fromClient: false)
+        }
+        propagateEnds()
+    }
+
+    /// Passes each side's EOF on once everything it sent before has been written onwards; closes when both
+    /// have been (see `TunnelStateMachine`).
+    func propagateEnds() {
+        guard let upstream = driver.upstream else { return }
+        while let action = machine.nextAction(TunnelBuffers(
+            clientInput: evbuffer_get_length(driver.input), originOutput: evbuffer_get_length(upstream.output),
+            originInput: evbuffer_get_length(upstream.input), clientOutput: driver.client.unsentOutput)) {
+            switch action {
+            case .shutDownOriginWrite:
+                upstream.shutdownWrite()
+            case .shutDownClientWrite:
+                // TLS has its own half-close: close_notify (RFC 8446 §6.1); the socket stays open for the other way.
+                driver.transport.shutdownWrite()
+            case .close:
+                driver.client.close()
+                return
+            }
+        }
+    }
+
+    /// The session is freed: the splice relays stop, and the machine knows the tunnel failed.
+    func stop() {
+        for relay in splices { relay.stop() }
+        splices = []
+        machine.fail()
+    }
+}
