@@ -151,7 +151,10 @@ struct ClientConnectionStateMachine<Exchange> {
     /// A complete (or invalid) head was parsed: its timer stops; the decision that follows picks the next state.
     /// Returns when the head's first byte arrived.
     mutating func headParsed() -> (since: UInt64?, action: Action) {
-        guard case .readingHead(let since) = state else { return (nil, .none) }
+        guard case .readingHead(let since) = state else {
+            impossibleEvent("headParsed", state)
+            return (nil, .none)
+        }
         state = .readingHead(since: nil)
         parkDue = false
         return (since, .disarmTimer)
@@ -221,7 +224,10 @@ struct ClientConnectionStateMachine<Exchange> {
 
     /// The output was written out.
     mutating func outputDrained() -> Action {
-        guard case .closing = state else { return .none }
+        guard case .closing = state else {
+            impossibleEvent("outputDrained", state)
+            return .none
+        }
         state = .closed
         return .close
     }

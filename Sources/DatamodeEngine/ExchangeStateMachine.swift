@@ -142,7 +142,11 @@ struct ExchangeStateMachine {
     /// allows reuse (HTTP/1.1 without `close`, or 1.0 with keep-alive); `clientKeepsConnection`: the relayed
     /// response can keep the client connection (false e.g. when chunked framing is removed for a 1.0 client).
     mutating func responseHead(untilClose: Bool, originKeepsConnection: Bool, clientKeepsConnection: Bool) -> Action {
-        guard phase == .sending || phase == .connecting else { return .none }
+        guard phase == .sending || phase == .connecting else {
+            // A second head while relaying, or one after a local answer: the executor read what it must not.
+            impossibleEvent("responseHead", phase)
+            return .none
+        }
         phase = .relaying(untilClose: untilClose)
         if untilClose || !clientKeepsConnection || !requestComplete { keepAlive = false }
         upstreamReusable = !untilClose && originKeepsConnection && !originEnded
@@ -236,4 +240,12 @@ struct ExchangeStateMachine {
     mutating func closeAfter() {
         keepAlive = false
     }
+}
+
+/// An event that the machine's state makes impossible: a bug in the executor that fed it, not something a peer
+/// can cause. Debug builds (and the test suite, the model check included) stop on it, as swift-nio's state
+/// machines do; release builds ignore the event, as the machine always did.
+@inline(__always)
+func impossibleEvent(_ event: StaticString, _ state: @autoclosure () -> Any) {
+    assert(false, "\(event) is impossible in \(state())")
 }
