@@ -34,6 +34,8 @@ from procs import Procs, cpu_seconds, kernel_ticks, free_port, rss_kib, system_c
 SIZES = {"1k": 1024, "100k": 100 * 1024, "100m": 100 * 1024 * 1024}
 PEERS = ["haproxy", "nginx", "squid", "tinyproxy"]
 DM = "datamode-proxy"
+# `--baseline-bin`: another datamode-proxy build measured beside DM in the same run (before/after a change).
+BASE = "datamode-baseline"
 # Measurement 6 (scale across cores): second instances with two workers each, not pinned.
 SCALE_WORKERS = 2
 SCALE = {DM: "datamode-proxy-threads2", "haproxy": "haproxy-nbthread2", "nginx": "nginx-workers2"}
@@ -308,8 +310,8 @@ class Bench:
         return self.start_proxy(name, label, ["nginx", "-c", conf, "-e", os.path.join(self.work, f"logs/{conf_name}.err")],
                                 port, cpu=cpu, connect=False, connect_note="n/a: nginx cannot CONNECT")
 
-    def datamode_argv(self, name, conf, port, admin, mode=None, threads=1):
-        argv = [self.a.proxy_bin, "run", "--config", conf, "--listen", f"127.0.0.1:{port}",
+    def datamode_argv(self, name, conf, port, admin, mode=None, threads=1, binary=None):
+        argv = [binary or self.a.proxy_bin, "run", "--config", conf, "--listen", f"127.0.0.1:{port}",
                 "--admin-listen", f"127.0.0.1:{admin}", "--threads", str(threads),
                 "--state-dir", os.path.join(self.work, f"{name}-state")]
         if mode:
@@ -317,14 +319,14 @@ class Bench:
         return argv
 
     def start_datamode(self, name, label, extra_yaml=None, mode=None, threads=1, cpu=None, connect_port=None, env=None,
-                       probe=True):
+                       probe=True, binary=None):
         port, admin = free_port(), free_port()
         base = render("datamode.yaml.tmpl", port=port, admin_port=admin, origin_port=connect_port or self.origin_port,
                       work=self.work, name=name, threads=threads)
         text = base if extra_yaml is None else extra_yaml(base)
         conf = self.write(f"{name}.yaml", text)
         os.makedirs(os.path.join(self.work, f"{name}-state"), exist_ok=True)
-        t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode, threads), port,
+        t = self.start_proxy(name, label, self.datamode_argv(name, conf, port, admin, mode, threads, binary), port,
                              cwd=self.work, env=dict(NO_PROXY_ENV, **(env or {})), cpu=cpu, probe=probe)
         t.admin_port = admin
         if not t.available:
@@ -352,12 +354,15 @@ class Bench:
                 log(f"{DM}: not available: {t.reason}")
             else:
                 self.start_datamode(DM, "datamode-proxy")
+                if self.a.baseline_bin:
+                    self.start_datamode(BASE, "datamode-proxy (baseline)", binary=self.a.baseline_bin)
         self.start_peers()
 
     def order(self, names=None):
         """Targets in the fixed interleaving order."""
         if names is None:
-            names = [n for n in ["direct", DM] + PEERS if n == "direct" or n in self.a.targets]
+            names = [n for n in ["direct", DM, BASE] + PEERS
+                     if n == "direct" or n in self.a.targets or (n == BASE and self.a.baseline_bin)]
         return [self.targets[n] for n in names if n in self.targets]
 
     # ------------------------------------------------------------ sampling
@@ -947,6 +952,8 @@ def environment(a):
     if a.proxy_bin:
         vers["datamode-proxy"] = sh([a.proxy_bin, "--version"]).splitlines()[0:1] or [""]
         vers["datamode-proxy"] = vers["datamode-proxy"][0]
+    if a.baseline_bin:
+        vers[BASE] = (sh([a.baseline_bin, "--version"]).splitlines()[0:1] or [""])[0]
     commit = sh(["git", "-C", REPO, "rev-parse", "HEAD"])
     dirty = sh(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench"])
     with open("/proc/loadavg") as f:
@@ -965,6 +972,8 @@ def environment(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--proxy-bin", default="", help="datamode-proxy binary (empty: not available)")
+    ap.add_argument("--baseline-bin", default="",
+                    help="another datamode-proxy binary, measured beside --proxy-bin in the same run (rows 'datamode-baseline')")
     ap.add_argument("--datamode-unavailable", default="", help="why datamode-proxy is not available (build failed...)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run")

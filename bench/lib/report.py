@@ -1,8 +1,9 @@
 """Markdown report from the bench's results dict (see bench.py)."""
 import statistics
 
-ORDER = ["direct", "datamode-proxy", "haproxy", "nginx", "squid", "tinyproxy"]
-NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-proxy**", "haproxy": "HAProxy",
+ORDER = ["direct", "datamode-proxy", "datamode-baseline", "haproxy", "nginx", "squid", "tinyproxy"]
+NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-proxy**",
+         "datamode-baseline": "datamode-proxy baseline (`--baseline-bin`)", "haproxy": "HAProxy",
          "nginx": "nginx", "squid": "Squid", "tinyproxy": "tinyproxy",
          "datamode-constrained": "**datamode-proxy** constrained, 1,000 rules + 10,000 variants",
          "datamode-proxy-threads2": "**datamode-proxy** `threads: 2`", "haproxy-nbthread2": "HAProxy `nbthread 2`",
