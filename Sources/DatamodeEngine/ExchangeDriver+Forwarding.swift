@@ -382,91 +382,19 @@ extension ExchangeDriver {
     }
 }
 
-/// Content-Length response bodies, moved kernel to kernel.
+/// Content-Length response bodies, moved kernel to kernel (`BodySplice`).
 extension ExchangeDriver {
-    /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
-    /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
-    static let bodySpliceEnabled: Bool = getenv("DATAMODE_BODY_SPLICE").map { String(cString: $0) != "0" } ?? true
-    /// Below this much body left, the pipe is not worth setting up: with 64 KiB, 100 KiB responses cost
-    /// 105 instead of 58 us each (a pipe, two events and two bufferevent switches per response, against
-    /// copying the rest), while 100 MiB went from 0.70 to 0.22 CPU s/GB (bench/results/2026-11-24-2312.md).
-    static let bodySpliceThreshold: UInt64 = 1 << 20
-
-    /// Hands the rest of a Content-Length response body to splice(2) once nothing of the exchange is buffered
-    /// in user space (so order is kept), the request is complete, and the framing is passed through unchanged.
-    /// The relay reads exactly the bytes left of the body from the origin's socket, never the next response.
-    ///
-    /// An origin faster than the client never leaves those buffers empty by itself (the first 100 MiB download of
-    /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer
-    /// read while the client is being written to: what was read drains, then the rest is spliced.
+    /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`).
     func switchBodyToSpliceIfIdle() {
-        guard Self.bodySpliceEnabled, transport.isPlain, allowance.allowsSplice(worker.budgets), bodySplice == nil,
-              response != nil, capture == nil,
-              case .relaying(untilClose: false) = machine.phase, machine.requestComplete,
-              !machine.originEnded,
-              let remaining = responseBody.remainingLength, remaining >= Self.bodySpliceThreshold,
-              let upstream = upstream, upstream.isConnected, upstream.isPlainTCP,
-              evbuffer_get_length(upstream.output) == 0, evbuffer_get_length(input) == 0
-        else {
-            stopDrainingForSplice()
-            return
-        }
-        guard evbuffer_get_length(upstream.input) == 0, outputLength == 0 else {
-            // Only while a write event is armed: it comes when the client takes bytes, and the pump then moves
-            // what was read. Without one, nothing would wake the exchange once the origin is no longer read.
-            if !drainingForSplice && transport.isWaitingToWrite {
-                drainingForSplice = true
-                upstream.suspendIO()
+        guard let remaining = BodySplice.remaining(self) else {
+            if let bodySplice, bodySplice.relay == nil {
+                bodySplice.stopDraining()
+                self.bodySplice = nil
             }
             return
         }
-        guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: transport.socket,
-                                      limit: remaining) else {
-            stopDrainingForSplice()
-            return
-        }
-        drainingForSplice = false
-        transport.suspendForSplice()
-        upstream.suspendIO()
-        bodySpliced = 0
-        relay.onProgress = { [unowned self] relay in self.bodySpliceProgressed(relay) }
-        bodySplice = relay
-        worker.metrics.bodySpliced()
-        relay.start()
-    }
-
-    /// The body no longer qualifies (or no pipe could be made): the origin is read again.
-    private func stopDrainingForSplice() {
-        guard drainingForSplice else { return }
-        drainingForSplice = false
-        upstream?.resumeIO()
-    }
-
-    private func bodySpliceProgressed(_ relay: SpliceRelay) {
-        let delta = relay.moved - bodySpliced
-        bodySpliced = relay.moved
-        if delta > 0 {
-            responseBody.movedElsewhere(delta)
-            counted(.down, Int(delta))
-        }
-        if relay.failed {
-            client.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
-            return
-        }
-        guard relay.complete || relay.finished else { return }
-        // The body is over, or the origin closed before its end: libevent takes both sockets back.
-        relay.stop()
-        bodySplice = nil
-        transport.resumeAfterSplice()
-        upstream?.resumeIO()
-        if relay.complete {
-            perform(machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0),
-                                                                unwritten: false))
-        } else {
-            _ = machine.originSentEOF()
-            perform(machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0),
-                                                                unwritten: false))
-        }
-        client.flushPendingWrites()
+        let splice = bodySplice ?? BodySplice(driver: self)
+        bodySplice = splice
+        if !splice.startWhenIdle(remaining: remaining) { bodySplice = nil }
     }
 }

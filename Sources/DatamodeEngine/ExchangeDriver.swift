@@ -62,16 +62,11 @@ final class ExchangeDriver {
     var wireError: HTTPWireError?
     /// For a CONNECT or Upgrade: the tunnel.
     var tunnel: Tunnel?
-    /// The rest of a large Content-Length response body, moved by splice(2) (`switchBodyToSpliceIfIdle`).
-    var bodySplice: SpliceRelay?
-    /// The origin is not read while what was already read of a large body drains to the client, so the rest can
-    /// be spliced (`switchBodyToSpliceIfIdle`).
-    var drainingForSplice = false
+    /// The rest of a large Content-Length response body, moved by splice(2); nil for every other body.
+    var bodySplice: BodySplice?
     /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
     /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
     var connectAnswered = false
-    /// Bytes the body's splice relay had moved at its last report.
-    var bodySpliced: UInt64 = 0
     /// The origin closed while its response head was held back for the added latency: handled on release.
     var originClosedWhileHeld = false
     /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
@@ -237,7 +232,7 @@ final class ExchangeDriver {
     func afterFlush() {
         if let tunnel {
             tunnel.afterFlush()
-        } else if bodySplice == nil && response != nil {
+        } else if bodySplice?.relay == nil && response != nil {
             switchBodyToSpliceIfIdle()
         }
     }

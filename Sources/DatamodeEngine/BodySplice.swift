@@ -1,0 +1,114 @@
+import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The rest of a large Content-Length response body, moved kernel to kernel (splice(2)) once nothing of the
+/// exchange is buffered in user space (so order is kept), the request is complete, and the framing is passed
+/// through unchanged. The relay reads exactly the bytes left of the body from the origin's socket, never the
+/// next response. Made only for a body that qualifies: other exchanges pay one check (`ExchangeDriver.afterFlush`).
+///
+/// An origin faster than the client never leaves those buffers empty by itself (the first 100 MiB download of
+/// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer read
+/// while the client is being written to: what was read drains (`draining`), then the rest is spliced.
+final class BodySplice {
+    /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
+    /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
+    static let enabled: Bool = getenv("DATAMODE_BODY_SPLICE").map { String(cString: $0) != "0" } ?? true
+    /// Below this much body left, the pipe is not worth setting up: with 64 KiB, 100 KiB responses cost
+    /// 105 instead of 58 us each (a pipe, two events and two bufferevent switches per response, against
+    /// copying the rest), while 100 MiB went from 0.70 to 0.22 CPU s/GB (bench/results/2026-11-24-2312.md).
+    static let threshold: UInt64 = 1 << 20
+
+    unowned let driver: ExchangeDriver
+    /// The origin is not read while what was read of the body drains to the client.
+    private(set) var draining = false
+    /// The splice relay, once started.
+    private(set) var relay: SpliceRelay?
+    /// Bytes the relay had moved at its last report.
+    private var moved: UInt64 = 0
+
+    init(driver: ExchangeDriver) {
+        self.driver = driver
+    }
+
+    /// What is left of the driver's response body when it may be spliced now or after a drain, else nil.
+    static func remaining(_ driver: ExchangeDriver) -> UInt64? {
+        guard enabled, driver.transport.isPlain, driver.allowance.allowsSplice(driver.worker.budgets),
+              driver.response != nil, driver.capture == nil,
+              case .relaying(untilClose: false) = driver.machine.phase, driver.machine.requestComplete,
+              !driver.machine.originEnded,
+              let remaining = driver.responseBody.remainingLength, remaining >= threshold,
+              let upstream = driver.upstream, upstream.isConnected, upstream.isPlainTCP,
+              evbuffer_get_length(upstream.output) == 0, evbuffer_get_length(driver.input) == 0 else { return nil }
+        return remaining
+    }
+
+    /// The body qualifies (`remaining` bytes left): splice now if nothing is buffered, else drain first. Returns
+    /// false when no pipe could be made (the body then streams on through the buffers).
+    func startWhenIdle(remaining: UInt64) -> Bool {
+        guard relay == nil, let upstream = driver.upstream else { return true }
+        guard evbuffer_get_length(upstream.input) == 0, driver.outputLength == 0 else {
+            // Only while a write event is armed: it comes when the client takes bytes, and the relay then moves
+            // what was read. Without one, nothing would wake the exchange once the origin is no longer read.
+            if !draining && driver.transport.isWaitingToWrite {
+                draining = true
+                upstream.suspendIO()
+            }
+            return true
+        }
+        guard let relay = SpliceRelay(base: driver.worker.base, source: upstream.socket, sink: driver.transport.socket,
+                                      limit: remaining) else {
+            stopDraining()
+            return false
+        }
+        draining = false
+        driver.transport.suspendForSplice()
+        upstream.suspendIO()
+        relay.onProgress = { [unowned self] relay in self.progressed(relay) }
+        self.relay = relay
+        driver.worker.metrics.bodySpliced()
+        relay.start()
+        return true
+    }
+
+    /// The body no longer qualifies (or no pipe could be made): the origin is read again.
+    func stopDraining() {
+        guard draining else { return }
+        draining = false
+        driver.upstream?.resumeIO()
+    }
+
+    private func progressed(_ relay: SpliceRelay) {
+        let delta = relay.moved - moved
+        moved = relay.moved
+        if delta > 0 {
+            driver.responseBody.movedElsewhere(delta)
+            driver.counted(.down, Int(delta))
+        }
+        if relay.failed {
+            driver.client.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
+            return
+        }
+        guard relay.complete || relay.finished else { return }
+        // The body is over, or the origin closed before its end: libevent takes both sockets back.
+        let driver = self.driver
+        stop()
+        driver.bodySplice = nil
+        driver.transport.resumeAfterSplice()
+        driver.upstream?.resumeIO()
+        if relay.complete {
+            driver.perform(driver.machine.responseBodyStep(RelayStep(result: .complete, before: 0, left: 0), unwritten: false))
+        } else {
+            _ = driver.machine.originSentEOF()
+            driver.perform(driver.machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0), unwritten: false))
+        }
+        driver.client.flushPendingWrites()
+    }
+
+    /// The exchange ends (or its session is freed): the relay stops.
+    func stop() {
+        relay?.stop()
+        relay = nil
+    }
+}
