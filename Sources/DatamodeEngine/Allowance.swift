@@ -28,7 +28,7 @@ enum LinkDirection {
 /// Shaping never buffers: a relay that may not move bytes leaves them where they are (the source's input buffer),
 /// whose read watermark then stops reading from that socket, exactly as a slow peer would. While a bucket or a
 /// latency is what holds bytes back, the session's one shaping timer is armed for when something may pass
-/// (`ClientConnection.armShapingTimer`); an idle shaped connection has no timer at all. A shaped exchange, or one
+/// (`HTTP1Session.armShapingTimer`); an idle shaped connection has no timer at all. A shaped exchange, or one
 /// with a hard budget, is never handed to splice(2), which would move bytes past the buckets.
 struct Allowance {
     /// The link profile's buckets (SPEC §10); nil: unshaped.
@@ -69,7 +69,7 @@ struct Allowance {
 
     /// Whether the origin's first bytes may be relayed now. `arrived`: some are buffered. The first time bytes
     /// are there, the hold starts; the shaping timer ends it.
-    mutating func latencyElapsed(arrived: Bool, session: ClientConnection) -> Bool {
+    mutating func latencyElapsed(arrived: Bool, session: HTTP1Session) -> Bool {
         switch latency {
         case .none:
             return true
@@ -94,7 +94,7 @@ struct Allowance {
     /// 0: nothing may move, and the shaping timer is armed for when something can. With nothing buffered, `room` is
     /// returned as is (the relay still has an end of body to notice).
     @inline(__always)
-    mutating func room(_ direction: LinkDirection, room: Int, available: Int, session: ClientConnection) -> Int {
+    mutating func room(_ direction: LinkDirection, room: Int, available: Int, session: HTTP1Session) -> Int {
         guard room > 0, available > 0, budgetMask != 0 || link != nil else { return room }
         var room = room
         if budgetMask != 0 {
@@ -109,7 +109,7 @@ struct Allowance {
     /// timer is armed for when a quantum may pass (not when the destination is full: its write event resumes the
     /// relay then). A few bytes are not moved on their own: they wait for a quantum, so a slow link costs a few
     /// wake-ups a second, not one per segment.
-    private static func shaped(_ bucket: TokenBucket, wanted: Int, session: ClientConnection) -> Int {
+    private static func shaped(_ bucket: TokenBucket, wanted: Int, session: HTTP1Session) -> Int {
         let now = session.worker.clock.nowNanoseconds()
         let available = bucket.available(now: now)
         if available >= wanted { return wanted }
@@ -121,7 +121,7 @@ struct Allowance {
 
     /// `room` capped by what is left of the exchange's `hard` budgets; 0 when one is spent, and then the exchange
     /// is to be closed (from the shaping timer).
-    private mutating func budgetRoom(_ room: Int, session: ClientConnection) -> Int {
+    private mutating func budgetRoom(_ room: Int, session: HTTP1Session) -> Int {
         let ledger = session.worker.budgets
         guard hasHardBudget(ledger) else { return room }
         var left = room
@@ -144,7 +144,7 @@ struct Allowance {
     /// the exchange. A `hard` budget that this spends ends the exchange, from the shaping timer (never from inside
     /// the relay that counted).
     @inline(__always)
-    mutating func charge(_ direction: LinkDirection, _ bytes: Int, session: ClientConnection) {
+    mutating func charge(_ direction: LinkDirection, _ bytes: Int, session: HTTP1Session) {
         guard bytes > 0, budgetMask != 0 || link != nil else { return }
         let worker = session.worker
         if let link { (direction == .up ? link.up : link.down).charge(bytes, now: worker.clock.nowNanoseconds()) }

@@ -12,7 +12,7 @@ import Glibc
 /// It is the only type that knows which kind it is. The session above it reads `input`, writes `output`, and
 /// asks what the wire allows (`isPlain`: splice(2), bulk reads and parking work on the socket itself; under TLS
 /// the socket carries records, not the payload). Its libevent callbacks go to its owner, the session
-/// (`ClientConnection`), through the context pointer given at `configure`.
+/// (`HTTP1Session`), through the context pointer given at `configure`.
 final class ClientTransport {
     unowned let worker: Worker
     /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it. Freed while parked.

@@ -73,12 +73,12 @@ extension ExchangeDriver {
             upstream?.close()
             self.upstream = nil
             let error = wireError ?? .malformed("invalid chunked request body")
-            respondError(ClientConnection.code(for: error, fromClient: true), detail: ClientConnection.detail(for: error), close: true)
+            respondError(HTTP1Session.code(for: error, fromClient: true), detail: HTTP1Session.detail(for: error), close: true)
         case .retractAndAnswerBadGateway:
             upstream?.close()
             self.upstream = nil
             retractUnsentResponse()
-            let detail = wireError.map(ClientConnection.detail(for:)) ?? "invalid framing"
+            let detail = wireError.map(HTTP1Session.detail(for:)) ?? "invalid framing"
             respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
                          close: !requestBody.isComplete)
         case .truncate(let reason):
@@ -257,7 +257,7 @@ extension ExchangeDriver {
                 return
             case .invalid(let error):
                 upstream.close()
-                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + ClientConnection.detail(for: error))
+                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + HTTP1Session.detail(for: error))
                 return
             case .complete(let head, let length):
                 allowance.charge(.down, length, session: client)
@@ -299,7 +299,7 @@ extension ExchangeDriver {
         case .success(let f): framing = f
         case .failure(let error):
             upstream.close()
-            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + ClientConnection.detail(for: error))
+            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + HTTP1Session.detail(for: error))
             return
         }
         let strip = exchange.clientVersion == .http10 && framing == .chunked

@@ -12,7 +12,7 @@ import Glibc
 /// lease and receives that upstream's events itself, relays both bodies, and answers locally when it must. What
 /// to do next is decided by `ExchangeStateMachine`; this class feeds it and carries its actions out.
 ///
-/// The session it belongs to (`ClientConnection`, HTTP/1) reads heads in order and gives each one a driver; the
+/// The session it belongs to (`HTTP1Session`, HTTP/1) reads heads in order and gives each one a driver; the
 /// driver reads the request body from, and writes the response to, that session's buffers, and tells the session
 /// when it is over (`exchangeFinished`). The `Exchange` it drives is the record: what the log line and the
 /// metrics say about it.
@@ -20,7 +20,7 @@ final class ExchangeDriver {
     /// Strong: a driver keeps its session alive while it runs (a splice relay's or the image pool's callback may
     /// close the session and then still touch it). No cycle outlives the exchange: the session lets go of its
     /// driver when the exchange finishes or the connection closes.
-    let client: ClientConnection
+    let client: HTTP1Session
     /// What is recorded of this exchange (its log line).
     let exchange: Exchange
     @inline(__always) var worker: Worker { client.worker }
@@ -72,7 +72,7 @@ final class ExchangeDriver {
     /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
     var allowance = Allowance()
 
-    init(client: ClientConnection, exchange: Exchange) {
+    init(client: HTTP1Session, exchange: Exchange) {
         self.client = client
         self.exchange = exchange
     }

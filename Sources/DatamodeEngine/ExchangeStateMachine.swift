@@ -23,7 +23,7 @@ struct RelayStep: Equatable {
 }
 
 /// The life of one forwarded exchange on a client connection, from the decision to forward to the end of its
-/// response, as a value: events in, an `Action` out. Pure (no I/O, no C, no clock); `ClientConnection` feeds it
+/// response, as a value: events in, an `Action` out. Pure (no I/O, no C, no clock); `HTTP1Session` feeds it
 /// what its buffers and sockets did and carries out what it returns (STYLE: a connection is a state machine
 /// value plus an executor; models: swift-nio `HTTPServerPipelineHandler`, hummingbird
 /// `HTTPConnectionStateHandler`).
@@ -108,7 +108,7 @@ struct ExchangeStateMachine {
 
     /// The client half-closed. What it sent before is still answered: a body still buffered is relayed first,
     /// and requests pipelined behind this one are answered after it (the connection closes once nothing
-    /// complete is left to read; see `ClientConnectionStateMachine`).
+    /// complete is left to read; see `HTTP1SessionStateMachine`).
     mutating func clientSentEOF() -> Action {
         guard phase != .done else { return .none }
         clientEnded = true

@@ -75,35 +75,35 @@ let TLSBuffereventOptions = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue | BEV_OPT_DEFER
 let clientReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("clientReadCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.clientReadable()
     client.flushPendingWrites()
 }
 let clientWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("clientWriteCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.clientWritable()
     client.flushPendingWrites()
 }
 let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
     CallbackNesting.enter("clientEventCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.clientEvent(what)
     client.flushPendingWrites()
 }
 let clientParkedReadCallback: event_callback_fn = { _, what, ctx in
     CallbackNesting.enter("clientParkedReadCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.parkedReadFired(timedOut: what & Int16(EV_TIMEOUT) != 0)
     client.flushPendingWrites()
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("clientTimerCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.clientTimerFired()
     client.flushPendingWrites()
 }
@@ -111,7 +111,7 @@ let clientTimerCallback: event_callback_fn = { _, _, ctx in
 let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("clientShapingTimerCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: ClientConnection.self)
+    let client = owner(ctx, as: HTTP1Session.self)
     client.shapingTimerFired()
     client.flushPendingWrites()
 }
@@ -125,7 +125,7 @@ let controlTickCallback: event_callback_fn = { _, _, ctx in
 /// After an upstream callback: the attached client's flush writes its exchange's upstream too, so the
 /// upstream is flushed on its own only when no client took care of it (it used to be flushed twice).
 @inline(__always)
-func flushAfterUpstreamCallback(_ upstream: UpstreamConnection, _ client: ClientConnection?) {
+func flushAfterUpstreamCallback(_ upstream: UpstreamConnection, _ client: HTTP1Session?) {
     if let client, client.flushPendingWrites() === upstream { return }
     upstream.flushPendingWrites()
 }
@@ -237,7 +237,7 @@ let spliceWritableCallback: event_callback_fn = { _, _, ctx in
 
 let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
     guard let buffer, evbuffer_get_length(buffer) == 0 else { return }
-    owner(ctx, as: ClientConnection.self).socketOutputDrained()
+    owner(ctx, as: HTTP1Session.self).socketOutputDrained()
 }
 
 let tlsServerNameCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<Int32>?, UnsafeMutableRawPointer?) -> Int32 = {

@@ -13,7 +13,7 @@ struct TunnelBuffers: Equatable {
 }
 
 /// A CONNECT or Upgrade tunnel as a value: which directions have ended and been passed on. Pure; the
-/// `ClientConnection` reports EOFs and what its buffers hold, and carries out the returned actions.
+/// `HTTP1Session` reports EOFs and what its buffers hold, and carries out the returned actions.
 ///
 /// A half-close (`shutdown(SHUT_WR)`) is relayed as one, as TCP allows (a client that sends its request and
 /// half-closes still gets the answer): once everything a side sent before its EOF has been written onwards,

@@ -52,7 +52,7 @@ final class UpstreamConnection {
     private var ssl: OpaquePointer?
     private var writer = SpeculativeWriter()
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
-    var attachedClient: ClientConnection? { owner?.client }
+    var attachedClient: HTTP1Session? { owner?.client }
 
     init(worker: Worker, key: UpstreamKey) {
         self.worker = worker

@@ -48,7 +48,7 @@ final class Worker {
     private var generation: UInt64
     private var listener: OpaquePointer?
     private var listenerPaused = false
-    private var clients: [ObjectIdentifier: ClientConnection] = [:]
+    private var clients: [ObjectIdentifier: HTTP1Session] = [:]
     private var upstreams: [ObjectIdentifier: UpstreamConnection] = [:]
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
@@ -283,7 +283,7 @@ final class Worker {
             return
         }
         refreshSnapshot()
-        let client = ClientConnection(worker: self, bev: bev, peer: peer)
+        let client = HTTP1Session(worker: self, bev: bev, peer: peer)
         clients[ObjectIdentifier(client)] = client
         metrics.connectionOpened()
         client.start()
@@ -307,7 +307,7 @@ final class Worker {
         }
     }
 
-    func clientClosed(_ client: ClientConnection) {
+    func clientClosed(_ client: HTTP1Session) {
         if clients.removeValue(forKey: ObjectIdentifier(client)) != nil { metrics.connectionClosed() }
         exitIfDrained()
     }

@@ -19,7 +19,7 @@ final class WorkerSettings {
     let upstreamResponseMs: Int64
     let drainMs: Int64
     /// The client-side timeouts as the connection state machine takes them (once per snapshot).
-    var clientTimeouts: ClientConnectionStateMachine<ExchangeDriver>.Timeouts {
+    var clientTimeouts: HTTP1SessionStateMachine<ExchangeDriver>.Timeouts {
         .init(clientIdle: clientIdleMs, clientHeader: clientHeaderMs, drain: drainMs)
     }
     let policy: PolicySnapshot

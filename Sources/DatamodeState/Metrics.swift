@@ -205,7 +205,7 @@ public struct MetricsSnapshot: Sendable {
     public var bytesIn = 0
     public var bytesOut = 0
     public var connectionsActive = 0
-    /// Open client connections idle with their buffers freed (`ClientConnectionStateMachine.State.parked`).
+    /// Open client connections idle with their buffers freed (`HTTP1SessionStateMachine.State.parked`).
     public var connectionsParked = 0
     public var tunnelSplices = 0
     /// Content-Length response bodies handed to splice(2).

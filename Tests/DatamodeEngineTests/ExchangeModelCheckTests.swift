@@ -12,7 +12,7 @@ import Glibc
 /// may close early or answer before the whole request arrived; tiny watermarks — and then drives the real
 /// `ExchangeStateMachine` with a random interleaving of socket events (bytes arriving in any split, EOFs,
 /// slow readers, the upstream connecting late). A small simulated executor carries out the actions the way
-/// `ClientConnection` does, over byte-counting buffers, with a body relay that moves data freely and framing
+/// `HTTP1Session` does, over byte-counting buffers, with a body relay that moves data freely and framing
 /// elements only whole (as `BodyRelay` does). The invariants, after every step and at the end:
 /// - every body byte is delivered exactly once and in order, before any close (counts never pass what was
 ///   sent; at the end the receiver holds exactly what the sender sent, or a prefix only when the sender
@@ -298,7 +298,7 @@ struct ExchangeWorld {
         execute(.pumpResponseBody)  // the client's write callback
     }
 
-    // MARK: the executor, as ClientConnection carries actions out
+    // MARK: the executor, as HTTP1Session carries actions out
 
     mutating func execute(_ action: ExchangeStateMachine.Action) {
         switch action {

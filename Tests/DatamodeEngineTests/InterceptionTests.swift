@@ -156,7 +156,7 @@ import Testing
     }
 
     @Test func openingAnInterceptionIsBoundedByClientHeaderThenReadsHeads() {
-        typealias Machine = ClientConnectionStateMachine<Int>
+        typealias Machine = HTTP1SessionStateMachine<Int>
         var machine = Machine(timeouts: .init(clientIdle: 60_000, clientHeader: 15_000, drain: 10_000))
         #expect(machine.openInterception(7) == .armTimer(milliseconds: 15_000))
         #expect(machine.exchange == 7)

@@ -3,8 +3,8 @@ import Testing
 
 /// The engine's state machines without sockets or sleeping: every timeout of SPEC §6 (client-idle,
 /// client-header, drain, upstream-response) is a value transition here, driven with explicit times.
-@Suite struct ClientConnectionStateMachineTests {
-    typealias Machine = ClientConnectionStateMachine<Int>
+@Suite struct HTTP1SessionStateMachineTests {
+    typealias Machine = HTTP1SessionStateMachine<Int>
     static let timeouts = Machine.Timeouts(clientIdle: 60_000, clientHeader: 15_000, drain: 10_000)
 
     @Test func anIdleConnectionWaitsClientIdleThenCloses() {

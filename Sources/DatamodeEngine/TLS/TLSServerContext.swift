@@ -41,7 +41,7 @@ final class TLSServerContext {
 
     /// A connection state for a client whose CONNECT named `host`; the SNI callback may pick another leaf.
     /// The leaf for `host` is set now, so that a client without SNI gets it (SPEC §9: the CONNECT host).
-    func makeSSL(for connection: ClientConnection, host: String) -> OpaquePointer? {
+    func makeSSL(for connection: HTTP1Session, host: String) -> OpaquePointer? {
         guard let leaf = leaves.leaf(for: host), let ssl = SSL_new(context) else { return nil }
         guard SSL_use_certificate(ssl, leaf) == 1 else {
             SSL_free(ssl)
@@ -57,7 +57,7 @@ final class TLSServerContext {
         guard let raw = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name) else { return SSL_TLSEXT_ERR_OK }
         let name = String(cString: raw).lowercased()
         guard let pointer = SSL_get_ex_data(ssl, 0) else { return SSL_TLSEXT_ERR_OK }
-        let connection = owner(pointer, as: ClientConnection.self)
+        let connection = owner(pointer, as: HTTP1Session.self)
         guard let tunnel = connection.intercepted, name != tunnel.host else { return SSL_TLSEXT_ERR_OK }
         guard let server = connection.worker.tlsServer, let leaf = server.leaves.leaf(for: name),
               SSL_use_certificate(ssl, leaf) == 1 else {

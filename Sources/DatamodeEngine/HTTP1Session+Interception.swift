@@ -17,7 +17,7 @@ import Glibc
 /// Transport: `ClientTransport.startTLS` puts a `bufferevent_openssl` filter over the client's socket bufferevent.
 /// The HTTP path keeps working on an input and an output evbuffer of plaintext; what it must not do under TLS
 /// (speculative writes, bulk reads and splice(2) straight on the socket) the transport refuses (`isPlain`).
-extension ClientConnection {
+extension HTTP1Session {
     /// How long the whole thing may take: the ClientHello and the handshake, like a request head.
     func beginInterception(_ driver: ExchangeDriver, target: RequestTarget) {
         guard worker.settings.connectPorts.contains(target.port) else {

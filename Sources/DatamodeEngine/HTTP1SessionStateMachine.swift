@@ -6,7 +6,7 @@
 /// What happens inside one exchange is `ExchangeStateMachine`'s business, and inside a tunnel
 /// `TunnelStateMachine`'s; this one decides between them: read a head, forward, drain a refused body, tunnel,
 /// flush and close.
-struct ClientConnectionStateMachine<Exchange> {
+struct HTTP1SessionStateMachine<Exchange> {
     enum State {
         /// Waiting for, or parsing, the next request head. `since`: when its first byte arrived (for
         /// `timeouts.client-header`); nil while idle between requests (`timeouts.client-idle`).

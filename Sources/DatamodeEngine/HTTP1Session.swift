@@ -8,17 +8,17 @@ import DatamodeState
 import Glibc
 #endif
 
-/// One client connection: the executor of its state machines. It reads request heads, decides, forwards or
-/// answers, relays bodies, and keeps the connection alive for the next request. What to do next is decided by
-/// values (`ClientConnectionStateMachine` for the connection, `ExchangeStateMachine` for each exchange,
-/// `TunnelStateMachine` for a tunnel); this class feeds them what libevent reported and what its buffers hold,
-/// and carries out the actions they return.
+/// An HTTP/1 client connection (the session layer, as HAProxy's `h1c`): reads request heads in order, gives each
+/// an `ExchangeDriver` (which carries it from admission to its log line), keeps the connection alive for the
+/// next, and owns what belongs to the connection: its transport, its timers, parking, an intercepted CONNECT's
+/// opening. What to do next is decided by `HTTP1SessionStateMachine`, a value whose states carry the driver
+/// of the moment; this class feeds it what libevent reported and carries out the actions it returns.
 ///
 /// Requests on one connection are handled strictly one at a time, so pipelined requests are answered in order:
 /// the next head is not even parsed until the current response is complete (its bytes wait in the input
 /// buffer, bounded by the read watermark).
-final class ClientConnection {
-    typealias StateMachine = ClientConnectionStateMachine<ExchangeDriver>
+final class HTTP1Session {
+    typealias StateMachine = HTTP1SessionStateMachine<ExchangeDriver>
 
     unowned let worker: Worker
     /// The wire to the client: plain TCP or TLS, its buffers, speculative writes, parking.
