@@ -39,6 +39,12 @@ let package = Package(
             pkgConfig: "openssl",
             providers: [.apt(["libssl-dev"])]
         ),
+        // HTTP/2 (SPEC §17): Debian 12's libnghttp2-dev, whose security updates add the options DatamodeHTTP2 sets.
+        .systemLibrary(
+            name: "CNghttp2",
+            pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]
+        ),
         .target(
             name: "CDatamodeShims",
             dependencies: ["CLibevent", "COpenSSL"]
