@@ -1,8 +1,10 @@
 // swift-tools-version:6.0
 // datamode-proxy: an HTTP forward proxy on libevent that enforces data modes (Low Data Mode on the network).
 //
-// Module map (each module has one job; only DatamodeEngine touches C):
+// Module map (each module has one job; only DatamodeEngine touches C, besides DatamodeHTTP2's nghttp2):
 //   DatamodeHTTP    strict HTTP/1.1 wire parsing and head writing (RFC 9112), pure Swift
+//   DatamodeHTTP2   the HTTP/2 codec (RFC 9113, SPEC §17) on nghttp2, no sockets: strict translation to and from
+//                   DatamodeHTTP's heads, flow control as backpressure, flood limits; owns the CNghttp2 boundary
 //   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
 //   DatamodeMedia   HLS master playlists and DASH MPDs capped to a bitrate (SPEC §13); pure Swift, no I/O
 //   DatamodeConfig  YAML -> typed, validated configuration sections
@@ -57,6 +59,7 @@ let package = Package(
             linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16"), .linkedLibrary("webp")]
         ),
         .target(name: "DatamodeHTTP"),
+        .target(name: "DatamodeHTTP2", dependencies: ["CNghttp2", "DatamodeHTTP"]),
         .target(name: "DatamodeClient"),
         .target(name: "DatamodePolicy"),
         .target(name: "DatamodeMedia"),
@@ -111,6 +114,8 @@ let package = Package(
 
         .testTarget(name: "DatamodeClientTests", dependencies: ["DatamodeClient", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
+        // Drives the server session with a real nghttp2 client session in memory, and with hand-built frames.
+        .testTarget(name: "DatamodeHTTP2Tests", dependencies: ["DatamodeHTTP2", "DatamodeHTTP", "CNghttp2"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
@@ -152,4 +157,7 @@ if Context.environment["DATAMODE_FUZZ"] != nil {
     package.products.append(.executable(name: "DatamodeMediaFuzz", targets: ["DatamodeMediaFuzz"]))
     package.targets.append(.executableTarget(name: "DatamodeImageFuzz", dependencies: ["CDatamodeImage"]))
     package.products.append(.executable(name: "DatamodeImageFuzz", targets: ["DatamodeImageFuzz"]))
+    // The HTTP/2 server session after a valid preface: never crashes, surfaces only strictly valid requests.
+    package.targets.append(.executableTarget(name: "DatamodeHTTP2Fuzz", dependencies: ["DatamodeHTTP2", "DatamodeHTTP"]))
+    package.products.append(.executable(name: "DatamodeHTTP2Fuzz", targets: ["DatamodeHTTP2Fuzz"]))
 }
