@@ -124,9 +124,13 @@ struct HTTP2RequestBuilder {
         }
 
         if nameString == "cookie", part == .head {
-            // RFC 9113 §8.2.3: crumbs are joined with "; " for HTTP/1.1, where the first one was.
+            // RFC 9113 §8.2.3: crumbs are joined with "; " for HTTP/1.1, where the first one was. An empty crumb
+            // carries nothing; joining it would leave "; " at an end, whitespace HTTP/1.1 trims (found by fuzzing).
             if let cookieIndex {
-                fields[cookieIndex].value += "; " + valueString
+                if !valueString.isEmpty {
+                    let joined = fields[cookieIndex].value
+                    fields[cookieIndex].value = joined.isEmpty ? valueString : joined + "; " + valueString
+                }
                 return limitsExceeded()
             }
             cookieIndex = fields.count

@@ -232,6 +232,16 @@ struct RequestBuilderTests {
         }
     }
 
+    @Test("Cookie crumbs: joined with \"; \", empty ones left out (no whitespace at either end)")
+    func cookieCrumbs() throws {
+        let cases: [([String], String)] = [(["a=1", "b=2"], "a=1; b=2"), (["a=1", ""], "a=1"), (["", "b=2"], "b=2"),
+                                           (["", ""], ""), (["a=1", "", "c=3"], "a=1; c=3")]
+        for (crumbs, joined) in cases {
+            let request = try Self.build(Self.base + [("x", "1")] + crumbs.map { ("cookie", $0) }).get()
+            #expect(request.fields == [HTTPField(name: "x", value: "1"), HTTPField(name: "cookie", value: joined)], "\(crumbs)")
+        }
+    }
+
     @Test("Header section limits: size and count as HTTP/1.1 would carry them")
     func limits() {
         let limits = HTTPLimits(requestLine: 8192, headerSection: 1024, headerCount: 10)
