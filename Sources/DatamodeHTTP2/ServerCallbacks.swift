@@ -266,6 +266,11 @@ extension HTTP2ServerSession {
     /// END_STREAM from the client: the body is complete if it met `content-length` (RFC 9113 §8.1.1; nghttp2
     /// checks it too, and resets before this is called when it does not).
     private func requestBodyEnded(_ id: HTTP2StreamID, trailers: [HTTPField]) {
+        if case .refused? = streams[id]?.phase {
+            // Nothing to hand on; remembered so that no RST_STREAM(NO_ERROR) follows a response to it.
+            streams[id]!.requestEnded = true
+            return
+        }
         guard let stream = streams[id], case .open = stream.phase, !stream.requestEnded, stream.end == nil else { return }
         if let length = stream.contentLength, length != stream.bodyReceived {
             resetMalformed(id)

@@ -129,6 +129,22 @@ struct FloodTests {
         #expect(peer.connectionErrors.isEmpty)
     }
 
+    @Test("A refused request's body is discarded; after the 431, RST_STREAM(NO_ERROR) only if the body is still coming")
+    func refusedRequestBody() throws {
+        let limits = HTTPLimits(requestLine: 8192, headerSection: 256, headerCount: 100)
+        let large = Wire.requestBlock(method: "POST", [("x-large", String(repeating: "c", count: 300))])
+        for bodyEnds in [false, true] {
+            let peer = try RawPeer(HTTP2ServerConfiguration(headerLimits: limits))
+            peer.send(Wire.headersFrame(1, large, endStream: false) + Wire.dataFrame(1, Array("abc".utf8), endStream: bodyEnds))
+            #expect(peer.refusals.first?.1 == .headerSectionTooLarge)
+            #expect(!peer.events.contains { if case .requestBody = $0 { true } else { false } })
+            try peer.server.sendResponseHead(1, status: 431, fields: [], endStream: true)
+            peer.flush()
+            #expect(peer.rstCode(1) == (bodyEnds ? nil : .noError), "body ends: \(bodyEnds)")
+            #expect(peer.events.contains(.streamClosed(1, .completed)))
+        }
+    }
+
     @Test("SETTINGS flood (CVE-2019-9515): SETTINGS faster than the budget, even when every ACK is read")
     func settingsFlood() throws {
         let peer = try RawPeer()
