@@ -28,7 +28,7 @@ struct ConfigParser {
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
                                "tls", "profiles", "conditions", "shaping-scope", "budgets",
-                               "media", "images"]
+                               "media", "images", "deferral"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -79,6 +79,7 @@ struct ConfigParser {
         if let node = section["sessions"] { configuration.sessions = try sessions(node) }
         if let node = section["tls"] { configuration.tls = try tls(node) }
         if let node = section["budgets"] { configuration.budgets = try budgets(node) }
+        if let node = section["deferral"] { configuration.deferral = try deferral(node) }
         configuration.link = try link(profiles: section["profiles"], conditions: section["conditions"],
                                       scope: section["shaping-scope"])
 

@@ -52,6 +52,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var link: LinkSection
     /// Data budgets (SPEC §11), in order.
     public var budgets: [Budget]
+    /// Holding refused requests and storing refused uploads (SPEC §18).
+    public var deferral: DeferralSection = DeferralSection()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
