@@ -8,8 +8,8 @@
 //   DatamodePolicy  data modes, request tags, rules, variants, the decision; pure Swift, no I/O
 //   DatamodeMedia   HLS master playlists and DASH MPDs capped to a bitrate (SPEC §13); pure Swift, no I/O
 //   DatamodeConfig  YAML -> typed, validated configuration sections
-//   DatamodeState   what the engine and the admin plane share: runtime snapshot, sessions, budgets, metrics, clock;
-//                   pure Swift, no C
+//   DatamodeState   what the engine and the admin plane share: runtime snapshot, sessions, budgets, metrics, clock,
+//                   when a refusal lifts (SPEC §18.1); pure Swift, no C
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence; DatamodeState, not the engine
 //   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
@@ -119,6 +119,7 @@ let package = Package(
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
+        .testTarget(name: "DatamodeStateTests", dependencies: ["DatamodeState", "DatamodeConfig", "DatamodePolicy"]),
         .testTarget(
             name: "DatamodeEngineTests",
             dependencies: ["DatamodeEngine", "DatamodeState", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]
