@@ -10,6 +10,8 @@
 //   DatamodeConfig  YAML -> typed, validated configuration sections
 //   DatamodeState   what the engine and the admin plane share: runtime snapshot, sessions, budgets, metrics, clock,
 //                   when a refusal lifts (SPEC §18.1); pure Swift, no C
+//   DatamodeDeferral  the durable store of deferred uploads (SPEC §18.3): SQLite (CSQLite) on its own thread;
+//                   no libevent, no Foundation
 //   DatamodeEngine  libevent workers, client/upstream connections, tunnels, the admin listener transport
 //   DatamodeAdmin   the admin API endpoints (one file per endpoint), state persistence; DatamodeState, not the engine
 //   DatamodeInstance  the composition root: one process (state, mode, policy, workers, admin API, reload)
@@ -47,6 +49,12 @@ let package = Package(
             pkgConfig: "libnghttp2",
             providers: [.apt(["libnghttp2-dev"])]
         ),
+        // SPEC §18.3: the deferred uploads' store (Debian libsqlite3-dev). Only DatamodeDeferral imports it.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
         .target(
             name: "CDatamodeShims",
             dependencies: ["CLibevent", "COpenSSL"]
@@ -72,6 +80,9 @@ let package = Package(
             ]
         ),
         .target(name: "DatamodeState", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
+        // Not the engine's: the store runs on its own thread and hands results back through completions, so it
+        // links neither libevent nor Foundation (SPEC §18: the event loop never waits on the disk).
+        .target(name: "DatamodeDeferral", dependencies: ["CSQLite", "DatamodeHTTP"]),
         .target(
             name: "DatamodeEngine",
             dependencies: [
@@ -120,6 +131,7 @@ let package = Package(
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(name: "DatamodeStateTests", dependencies: ["DatamodeState", "DatamodeConfig", "DatamodePolicy"]),
+        .testTarget(name: "DatamodeDeferralTests", dependencies: ["DatamodeDeferral", "DatamodeHTTP"]),
         .testTarget(
             name: "DatamodeEngineTests",
             dependencies: ["DatamodeEngine", "DatamodeState", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]

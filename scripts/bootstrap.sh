@@ -2,7 +2,7 @@
 # Installs what datamode-proxy needs to build and run, only what is missing.
 # Used by scripts/start.sh, scripts/test.sh and docker/Dockerfile: one list, one place.
 #   scripts/bootstrap.sh            build + run dependencies (libevent, OpenSSL, libjpeg-turbo, libpng, libwebp,
-#                                   nghttp2 for HTTP/2, SPEC §17)
+#                                   nghttp2 for HTTP/2, SPEC §17; SQLite for the deferral store, SPEC §18)
 #   scripts/bootstrap.sh --test     also what the test suite drives: curl, the openssl CLI, Python requests,
 #                                   headless Chromium and certutil (the HTTPS browser test, SPEC §9), Debian's
 #                                   Pillow (the image tests' independent encoder), the linters the docker/
@@ -12,7 +12,8 @@ set -euo pipefail
 test_tools=false
 [ "${1:-}" = "--test" ] && test_tools=true
 
-packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev libpng-dev libwebp-dev libnghttp2-dev)
+packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev libpng-dev libwebp-dev libnghttp2-dev
+    libsqlite3-dev)
 if $test_tools; then
     packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil
         nghttp2-client)
