@@ -83,6 +83,9 @@ let package = Package(
         // Not the engine's: the store runs on its own thread and hands results back through completions, so it
         // links neither libevent nor Foundation (SPEC §18: the event loop never waits on the disk).
         .target(name: "DatamodeDeferral", dependencies: ["CSQLite", "DatamodeHTTP"]),
+        // Drives a DeferredStore from its own process: the crash test SIGKILLs it (`crash-child`), and
+        // bench/deferral-store measures commit latency with it (`bench`).
+        .executableTarget(name: "DatamodeDeferralProbe", dependencies: ["DatamodeDeferral", "DatamodeHTTP"]),
         .target(
             name: "DatamodeEngine",
             dependencies: [
@@ -131,6 +134,7 @@ let package = Package(
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(name: "DatamodeStateTests", dependencies: ["DatamodeState", "DatamodeConfig", "DatamodePolicy"]),
+        // The crash test runs the DatamodeDeferralProbe executable, built beside the test bundle.
         .testTarget(name: "DatamodeDeferralTests", dependencies: ["DatamodeDeferral", "DatamodeHTTP"]),
         .testTarget(
             name: "DatamodeEngineTests",
