@@ -20,8 +20,12 @@ import Glibc
 //       64 KiB in the database, larger in files); `inline`, all in the database; `file`, all in files.
 //       bench/deferral-store runs it.
 //
+//   DatamodeDeferralProbe fill DB SIZE COUNT
+//       Enqueues COUNT bodies of SIZE bytes into the store DB (created when missing) and leaves them there.
+//
 //   DatamodeDeferralProbe open DB
-//       Opens an existing store (with its quick_check) and prints how long that took, in milliseconds.
+//       Opens an existing store (its quick_check, the body files' check) and prints how long that took in
+//       milliseconds, then the live entries and bytes.
 
 func wallMilliseconds() -> Int64 {
     var ts = timespec()
@@ -156,6 +160,22 @@ func format3(_ value: Double) -> String {
     return "\(thousandths / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
 }
 
+func fill(database: String, size: Int, count: Int) -> Never {
+    let store = openStore(database, limits: DeferredStoreLimits(maxBody: max(size, 1), maxBytes: 1 << 40))
+    let body = ProbeBody.bytes(seed: UInt64(size), count: size)
+    let done = Slots(0)
+    for _ in 0..<count {
+        store.enqueue(DeferredUpload(method: "POST", url: "http://bench.example/upload", headers: [], body: body),
+                      now: wallMilliseconds()) { result in
+            if case .failure(let error) = result { fail("enqueue: \(error)") }
+            done.signal()
+        }
+        done.wait()
+    }
+    store.close()
+    exit(0)
+}
+
 func openTime(database: String) -> Never {
     let start = monotonicNanoseconds()
     let store = openStore(database, limits: DeferredStoreLimits(maxBody: 1 << 29, maxBytes: 1 << 40))
@@ -174,8 +194,11 @@ case "bench" where arguments.count == 5 || arguments.count == 6:
     let layout = arguments.count == 6 ? arguments[5] : "hybrid"
     guard ["hybrid", "inline", "file"].contains(layout) else { fail("the layout is hybrid, inline or file") }
     bench(directory: arguments[2], size: size, count: count, layout: layout)
+case "fill" where arguments.count == 5:
+    guard let size = Int(arguments[3]), let count = Int(arguments[4]) else { fail("SIZE and COUNT must be numbers") }
+    fill(database: arguments[2], size: size, count: count)
 case "open" where arguments.count == 3:
     openTime(database: arguments[2])
 default:
-    fail("usage: crash-child DB ACKFILE FIRST-SEED | bench DIR SIZE COUNT [hybrid|inline|file] | open DB")
+    fail("usage: crash-child DB ACKFILE FIRST-SEED | bench DIR SIZE COUNT [hybrid|inline|file] | fill DB SIZE COUNT | open DB")
 }
