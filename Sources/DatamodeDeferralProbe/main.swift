@@ -13,12 +13,12 @@ import Glibc
 //       after its completion reported success (the commit), `F <seed> <error>` after a refusal.
 //       Tests/DatamodeDeferralTests/CrashTests.swift SIGKILLs it at random moments.
 //
-//   DatamodeDeferralProbe bench DIR SIZE COUNT [hybrid|inline|file]
+//   DatamodeDeferralProbe bench DIR SIZE COUNT [hybrid|inline|file] [raw]
 //       Enqueues COUNT bodies of SIZE bytes one after the other in a fresh store in DIR and prints the latency of
 //       each enqueue (submit to completion: the commit, and any checkpoint the previous one left for the store
-//       thread) as `p50 p90 p99 max mean` in milliseconds. The layout of bodies: `hybrid`, the store's (up to
-//       64 KiB in the database, larger in files); `inline`, all in the database; `file`, all in files.
-//       bench/deferral-store runs it.
+//       thread) as `p50 p90 p99 max mean` in milliseconds, or with `raw` every sample, one per line. The layout of
+//       bodies: `hybrid`, the store's (up to 64 KiB in the database, larger in files); `inline`, all in the
+//       database; `file`, all in files. bench/deferral-store runs it.
 //
 //   DatamodeDeferralProbe fill DB SIZE COUNT
 //       Enqueues COUNT bodies of SIZE bytes into the store DB (created when missing) and leaves them there.
@@ -112,7 +112,7 @@ func crashChild(database: String, ackPath: String, firstSeed: UInt64) -> Never {
     }
 }
 
-func bench(directory: String, size: Int, count: Int, layout: String) -> Never {
+func bench(directory: String, size: Int, count: Int, layout: String, raw: Bool) -> Never {
     let path = directory + "/bench-\(layout)-\(size).sqlite"
     let inline = layout == "inline" ? Int.max : layout == "file" ? 0 : DeferredStoreLimits.defaultInlineBody
     let store = openStore(path, limits: DeferredStoreLimits(maxBody: max(size, 1), maxBytes: 1 << 40, inlineBody: inline))
@@ -142,6 +142,10 @@ func bench(directory: String, size: Int, count: Int, layout: String) -> Never {
     store.close()
     unlink(path)
     rmdir(path + "-bodies")
+    if raw {
+        for sample in samples { print(format3(sample)) }
+        exit(0)
+    }
     samples.sort()
     func percentile(_ p: Double) -> Double { samples[min(samples.count - 1, Int((p * Double(samples.count)).rounded(.up)) - 1)] }
     let mean = samples.reduce(0, +) / Double(samples.count)
@@ -189,16 +193,17 @@ switch arguments.dropFirst().first {
 case "crash-child" where arguments.count == 5:
     guard let seed = UInt64(arguments[4]) else { fail("FIRST-SEED must be a number") }
     crashChild(database: arguments[2], ackPath: arguments[3], firstSeed: seed)
-case "bench" where arguments.count == 5 || arguments.count == 6:
+case "bench" where (5...7).contains(arguments.count):
     guard let size = Int(arguments[3]), let count = Int(arguments[4]), count > 0 else { fail("SIZE and COUNT must be numbers") }
-    let layout = arguments.count == 6 ? arguments[5] : "hybrid"
+    let layout = arguments.count >= 6 ? arguments[5] : "hybrid"
     guard ["hybrid", "inline", "file"].contains(layout) else { fail("the layout is hybrid, inline or file") }
-    bench(directory: arguments[2], size: size, count: count, layout: layout)
+    guard arguments.count < 7 || arguments[6] == "raw" else { fail("the last argument is raw or nothing") }
+    bench(directory: arguments[2], size: size, count: count, layout: layout, raw: arguments.count == 7)
 case "fill" where arguments.count == 5:
     guard let size = Int(arguments[3]), let count = Int(arguments[4]) else { fail("SIZE and COUNT must be numbers") }
     fill(database: arguments[2], size: size, count: count)
 case "open" where arguments.count == 3:
     openTime(database: arguments[2])
 default:
-    fail("usage: crash-child DB ACKFILE FIRST-SEED | bench DIR SIZE COUNT [hybrid|inline|file] | fill DB SIZE COUNT | open DB")
+    fail("usage: crash-child DB ACKFILE FIRST-SEED | bench DIR SIZE COUNT [hybrid|inline|file] [raw] | fill DB SIZE COUNT | open DB")
 }
