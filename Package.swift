@@ -1,7 +1,8 @@
 // swift-tools-version:6.0
 // datamode-proxy: an HTTP forward proxy on libevent that enforces data modes (Low Data Mode on the network).
 //
-// Module map (each module has one job; only DatamodeEngine touches C, besides DatamodeHTTP2's nghttp2):
+// Module map (each module has one job; only DatamodeEngine touches C, besides DatamodeHTTP2's nghttp2 and
+// DatamodeDeferral's SQLite):
 //   DatamodeHTTP    strict HTTP/1.1 wire parsing and head writing (RFC 9112), pure Swift
 //   DatamodeHTTP2   the HTTP/2 codec (RFC 9113, SPEC §17) on nghttp2, no sockets: strict translation to and from
 //                   DatamodeHTTP's heads, flow control as backpressure, flood limits; owns the CNghttp2 boundary
