@@ -35,10 +35,10 @@ final class BodySplice {
     /// What is left of the driver's response body when it may be spliced now or after a drain, else nil.
     static func remaining(_ driver: ExchangeDriver) -> UInt64? {
         guard enabled, driver.transport.isPlain, driver.allowance.allowsSplice(driver.worker.budgets),
-              driver.response != nil, driver.capture == nil,
+              let response = driver.response, response.capture == nil,
               case .relaying(untilClose: false) = driver.machine.phase, driver.machine.requestComplete,
               !driver.machine.originEnded,
-              let remaining = driver.responseBody.remainingLength, remaining >= threshold,
+              let remaining = response.body.remainingLength, remaining >= threshold,
               let upstream = driver.upstream, upstream.isConnected, upstream.isPlainTCP,
               evbuffer_get_length(upstream.output) == 0, evbuffer_get_length(driver.input) == 0 else { return nil }
         return remaining
@@ -83,7 +83,7 @@ final class BodySplice {
         let delta = relay.moved - moved
         moved = relay.moved
         if delta > 0 {
-            driver.responseBody.movedElsewhere(delta)
+            driver.response?.body.movedElsewhere(delta)
             driver.counted(.down, Int(delta))
         }
         if relay.failed {
@@ -94,7 +94,7 @@ final class BodySplice {
         // The body is over, or the origin closed before its end: libevent takes both sockets back.
         let driver = self.driver
         stop()
-        driver.bodySplice = nil
+        driver.response?.splice = nil
         driver.transport.resumeAfterSplice()
         driver.upstream?.resumeIO()
         if relay.complete {

@@ -60,7 +60,7 @@ extension ExchangeDriver {
         case .pumpRequestBody:
             pumpRequestBody()
         case .pumpResponseBody:
-            pumpResponseBody()
+            response?.pump()
         case .requestSent:
             upstream?.requestComplete()
         case .finish(let recycle):
@@ -77,7 +77,7 @@ extension ExchangeDriver {
         case .retractAndAnswerBadGateway:
             upstream?.close()
             self.upstream = nil
-            retractUnsentResponse()
+            response?.retract()
             let detail = wireError.map(HTTP1Session.detail(for:)) ?? "invalid framing"
             respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
                          close: !requestBody.isComplete)
@@ -161,6 +161,12 @@ extension ExchangeDriver {
         return driver === self && self.upstream === upstream
     }
 
+    /// A CONNECT's upstream is up (`Tunnel.connected`).
+    func tunnelConnected(_ upstream: UpstreamConnection) {
+        guard isTunnelling(upstream) else { return }
+        tunnel?.connected()
+    }
+
     func upstreamConnected(_ upstream: UpstreamConnection) {
         guard isForwarding(upstream) else { return }
         perform(machine.upstreamConnected())
@@ -176,7 +182,7 @@ extension ExchangeDriver {
         if isTunnelling(upstream) { tunnel?.pump(fromClient: false); return }
         guard isForwarding(upstream) else { return }
         if response == nil {
-            readResponseHead(upstream)
+            OriginResponse.readHead(self, upstream)
         } else {
             pumpResponseBody()
         }
@@ -243,158 +249,13 @@ extension ExchangeDriver {
             return
         }
         // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
-        readResponseHead(upstream)
+        OriginResponse.readHead(self, upstream)
         guard isForwarding(upstream), response == nil else { return }
         upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
     }
 
-    func readResponseHead(_ upstream: UpstreamConnection) {
-        // A link profile's latency is added before the head is relayed (SPEC §10).
-        guard allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: client) else { return }
-        while isForwarding(upstream), response == nil {
-            switch upstream.takeResponseHead() {
-            case .incomplete:
-                return
-            case .invalid(let error):
-                upstream.close()
-                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + HTTP1Session.detail(for: error))
-                return
-            case .complete(let head, let length):
-                allowance.charge(.down, length, session: client)
-                if head.status < 200 {
-                    handleInterim(head, upstream)
-                } else {
-                    startResponse(head, upstream)
-                }
-            }
-        }
-    }
-
-    /// 1xx responses: `100 Continue` and `103 Early Hints` are relayed to HTTP/1.1 clients; `101` turns the
-    /// connection into a tunnel when the client asked to upgrade.
-    func handleInterim(_ head: ResponseHead, _ upstream: UpstreamConnection) {
-        if head.status == 101 {
-            guard upgradeRequested else {
-                upstream.close()
-                upstreamFailed(upstream, code: .upstreamProtocolError, detail: "101 Switching Protocols without an Upgrade request")
-                return
-            }
-            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
-                                                     stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
-            evbuffer_add(output, bytes, bytes.count)
-            exchange.status = 101
-            becomeTunnel()
-            return
-        }
-        if exchange.clientVersion == .http11 {
-            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
-                                                     stripTransferEncoding: false, variant: nil)
-            evbuffer_add(output, bytes, bytes.count)
-        }
-    }
-
-    func startResponse(_ head: ResponseHead, _ upstream: UpstreamConnection) {
-        let framing: BodyFraming
-        switch head.bodyFraming(requestMethod: exchange.method) {
-        case .success(let f): framing = f
-        case .failure(let error):
-            upstream.close()
-            upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response framing: " + HTTP1Session.detail(for: error))
-            return
-        }
-        let strip = exchange.clientVersion == .http10 && framing == .chunked
-        let upstreamTokens = head.connectionTokens
-        let action = machine.responseHead(
-            untilClose: framing == .untilClose,
-            originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
-            clientKeepsConnection: !strip)
-        let bytes = MessageHeads.relayedResponse(head, keepAlive: machine.keepAlive, clientVersion: exchange.clientVersion,
-                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
-                                                 connectionTokens: upstreamTokens)
-        if exchange.variant == nil, manifestCap != nil || imageSettings != nil, let capture = heldBack(head, framing, strip, bytes) {
-            self.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
-        } else {
-            evbuffer_add(output, bytes, bytes.count)
-            responseHeadLength = bytes.count
-        }
-        response = head
-        exchange.status = head.status
-        responseBody = BodyRelay(framing: framing, stripChunkFraming: strip)
-        if exchange.method == "GET", head.status == 200, case .contentLength(let length) = framing {
-            if exchange.variant == nil {
-                worker.knownLengths.record(exchange.url, length: length)
-            } else if let saving = worker.knownLengths.saving(exchange.url, replacement: length) {
-                worker.metrics.saved(.variant, bytes: saving)
-            }
-        }
-        perform(action)
-    }
-
-    /// The capture a response head about to be relayed is held back in, when it may be rewritten (a manifest under
-    /// a cap, an image to transcode), else nil.
-    func heldBack(_ head: ResponseHead, _ framing: BodyFraming, _ strip: Bool, _ headBytes: [UInt8]) -> ResponseCapture? {
-        if let cap = manifestCap, let capture = ResponseCapture.forManifest(head, framing: framing, strip: strip,
-                                                                            headBytes: headBytes, cap: cap,
-                                                                            arrived: upstream?.input, metrics: worker.metrics) {
-            return capture
-        }
-        guard let settings = imageSettings else { return nil }
-        return ResponseCapture.forImage(head, framing: framing, strip: strip, headBytes: headBytes, settings: settings,
-                                        acceptsWebP: acceptsWebP, metrics: worker.metrics)
-    }
-
-    /// Moves response body bytes from the upstream to the client, as far as the client's buffer has room;
-    /// a full client buffer leaves the bytes in the upstream's input, whose read watermark then stops reading
-    /// from the origin (backpressure).
+    /// Moves what the origin sent of the response body on (`OriginResponse.pump`).
     func pumpResponseBody() {
-        guard let upstream = upstream, response != nil else { return }
-        if let capture = capture {
-            capture.pump(self, upstream)
-            return
-        }
-        guard let step = relay(.down, &responseBody, from: upstream.input, to: output,
-                               room: Flow.highWater - outputLength) else { return }
-        // Nothing of this response has been written while all of it is still queued at the output's tail.
-        let unwritten = outputLength >= responseHeadLength + Int(responseBody.delivered)
-        perform(machine.responseBodyStep(step, unwritten: unwritten))
-    }
-
-    /// Removes this exchange's response from the client's output, where it is still whole at the tail (anything
-    /// before it belongs to earlier responses), so that a clean answer can take its place.
-    func retractUnsentResponse() {
-        if capture != nil {
-            // Held back (SPEC §13): nothing of it was queued.
-            self.capture = nil
-            response = nil
-            return
-        }
-        let queued = responseHeadLength + Int(responseBody.delivered)
-        let length = outputLength
-        guard queued > 0, length >= queued else { return }
-        let earlier = evbuffer_new()!
-        transport.withOutputFrontUnfrozen {
-            evbuffer_remove_buffer(output, earlier, length - queued)
-            evbuffer_drain(output, queued)
-            evbuffer_add_buffer(output, earlier)
-        }
-        evbuffer_free(earlier)
-        response = nil
-    }
-}
-
-/// Content-Length response bodies, moved kernel to kernel (`BodySplice`).
-extension ExchangeDriver {
-    /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`).
-    func switchBodyToSpliceIfIdle() {
-        guard let remaining = BodySplice.remaining(self) else {
-            if let bodySplice, bodySplice.relay == nil {
-                bodySplice.stopDraining()
-                self.bodySplice = nil
-            }
-            return
-        }
-        let splice = bodySplice ?? BodySplice(driver: self)
-        bodySplice = splice
-        if !splice.startWhenIdle(remaining: remaining) { bodySplice = nil }
+        response?.pump()
     }
 }

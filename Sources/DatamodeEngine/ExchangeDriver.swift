@@ -45,25 +45,18 @@ final class ExchangeDriver {
     var upgradeRequested = false
     /// The request has a body and `Expect: 100-continue`: its client waits before sending the body.
     var expectsContinue = false
-    var response: ResponseHead?
-    var responseBody = BodyRelay(framing: .none)
-    /// The length of the relayed response head: with `responseBody.delivered`, what this response has queued
-    /// towards the client (to tell whether any of it has been written yet).
-    var responseHeadLength = 0
+    /// The origin's final response, from its head on; nil before (and after a retraction).
+    var response: OriginResponse?
     /// The bitrate cap for manifests when this is a GET under a capped mode (SPEC §13), else nil.
     var manifestCap: UInt64?
     /// Image transcoding settings when this is a GET under a mode that transcodes (SPEC §13), else nil.
     var imageSettings: ImagesSection?
     /// The request's `Accept` has `image/webp` (read only when `imageSettings` is set).
     var acceptsWebP = false
-    /// The response body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
-    var capture: ResponseCapture?
     /// The framing error behind a refusal found while relaying a body (for the problem's detail).
     var wireError: HTTPWireError?
     /// For a CONNECT or Upgrade: the tunnel.
     var tunnel: Tunnel?
-    /// The rest of a large Content-Length response body, moved by splice(2); nil for every other body.
-    var bodySplice: BodySplice?
     /// An intercepted CONNECT was answered `200` by the proxy before any origin connection (SPEC §9): a blind relay
     /// that follows must not answer again, and a failure to reach the origin can only close the tunnel.
     var connectAnswered = false
@@ -158,7 +151,7 @@ final class ExchangeDriver {
         case .intercept(let target):
             client.beginInterception(self, target: target)
         case .tunnel(let target):
-            beginTunnel(target: target)
+            Tunnel.connect(self, to: target)
         case .forward(let target, let tags):
             exchange.outcome = .forwarded
             forward(head, to: target, tags: tags, variant: nil)
@@ -217,8 +210,8 @@ final class ExchangeDriver {
     /// The session is freed (an abort, an error, the end of a tunnel): the upstream and the splices go with it,
     /// and the line is written if it was not (a tunnel's is written here, when it ends).
     func released() {
-        bodySplice?.stop()
-        bodySplice = nil
+        response?.splice?.stop()
+        response?.splice = nil
         tunnel?.stop()
         upstream?.close()
         upstream = nil
@@ -232,8 +225,8 @@ final class ExchangeDriver {
     func afterFlush() {
         if let tunnel {
             tunnel.afterFlush()
-        } else if bodySplice?.relay == nil && response != nil {
-            switchBodyToSpliceIfIdle()
+        } else if let response, response.splice?.relay == nil {
+            response.switchToSpliceIfIdle()
         }
     }
 
@@ -283,7 +276,7 @@ final class ExchangeDriver {
         }
         guard let upstream else { return }
         if response == nil {
-            readResponseHead(upstream)
+            OriginResponse.readHead(self, upstream)
             if originClosedWhileHeld, case .none = allowance.latency, self.upstream === upstream {
                 originClosedWhileHeld = false
                 upstreamClosed(upstream)

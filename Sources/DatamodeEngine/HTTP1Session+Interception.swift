@@ -53,7 +53,7 @@ extension HTTP1Session {
         guard let tunnel = intercepted else { return }
         intercepted = nil
         apply(.disarmTimer)
-        driver.startTunnel(established: false)
+        Tunnel.start(driver, established: false)
         machine.tunnel(driver)
         let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: tunnel.host, port: tunnel.port))
         driver.upstream = upstream

@@ -165,7 +165,8 @@ extension ResponseCapture {
     func pump(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
         // A held-back body is still the origin's bytes crossing the link: it passes the link profile's bucket and
         // counts against data budgets as it is taken in, exactly as a streamed one does (SPEC §10, §11).
-        guard let step = driver.relay(.down, &driver.responseBody, from: upstream.input, to: buffer,
+        guard let response = driver.response,
+              let step = driver.relay(.down, &response.body, from: upstream.input, to: buffer,
                                room: max(limit + 1 - evbuffer_get_length(buffer), 1), record: false)
         else { return }
         if step.result == .invalid {
@@ -185,7 +186,7 @@ extension ResponseCapture {
             }
             passThrough(driver)
             driver.perform(driver.machine.responseBodyStep(step, unwritten: false))
-            if driver.capture == nil, driver.response != nil { driver.pumpResponseBody() }
+            if let response = driver.response, response.capture == nil { driver.pumpResponseBody() }
             return
         }
         let action = driver.machine.responseBodyStep(step, unwritten: false)
@@ -225,11 +226,11 @@ extension ResponseCapture {
 
     /// Writes the held-back response as the origin sent it; from here on the body streams.
     func passThrough(_ driver: ExchangeDriver) {
-        driver.capture = nil
+        driver.response?.capture = nil
         evbuffer_add(driver.output, passThroughHead, passThroughHead.count)
-        driver.responseHeadLength = passThroughHead.count
+        driver.response?.headLength = passThroughHead.count
         evbuffer_add_buffer(driver.output, buffer)
-        driver.exchange.bytesOut = driver.responseBody.transferred
+        if let response = driver.response { driver.exchange.bytesOut = response.body.transferred }
     }
 
     /// The whole body is here: write the capped manifest, or the original.
@@ -241,14 +242,14 @@ extension ResponseCapture {
         guard case .manifest(let cap) = purpose else { return }
         switch ManifestCap.rewrite(body, cap: cap) {
         case .rewritten(let kind, let rewritten, _):
-            driver.capture = nil
+            driver.response?.capture = nil
             let head = MessageHeads.relayedResponse(origin, keepAlive: driver.machine.keepAlive,
                                                     clientVersion: driver.exchange.clientVersion, stripTransferEncoding: false,
                                                     variant: kind.variantName,
                                                     framing: .contentLength(UInt64(rewritten.count)))
             evbuffer_add(driver.output, head, head.count)
             evbuffer_add(driver.output, rewritten, rewritten.count)
-            driver.responseHeadLength = head.count
+            driver.response?.headLength = head.count
             driver.exchange.variant = kind.variantName
             driver.exchange.bytesOut = UInt64(rewritten.count)
             driver.worker.metrics.saved(kind == .hls ? .hlsCap : .dashCap, bytes: body.count - rewritten.count)
@@ -338,7 +339,7 @@ extension ResponseCapture {
     /// A result from the pool, on this connection's worker loop. Whatever did not become a smaller image (a
     /// failure, a limit hit) sends the original bytes, counted by why.
     func imageTranscoded(_ driver: ExchangeDriver, outcome: TranscodeOutcome) {
-        guard !driver.client.released, driver.isCurrent, driver.capture === self,
+        guard !driver.client.released, driver.isCurrent, driver.response?.capture === self,
               let pending = pendingImage else { return }
         pendingImage = nil
         switch outcome {
@@ -369,7 +370,7 @@ extension ResponseCapture {
             passThrough(driver)
             return
         }
-        driver.capture = nil
+        driver.response?.capture = nil
         var head = origin
         let vary = head.values(of: "vary").filter { !$0.isEmpty }
         head.fields.removeAll { field in
@@ -385,7 +386,7 @@ extension ResponseCapture {
                                                  variant: "transcoded", framing: .contentLength(UInt64(output.count)))
         evbuffer_add(output_: driver.output, bytes)
         evbuffer_add(output_: driver.output, output)
-        driver.responseHeadLength = bytes.count
+        driver.response?.headLength = bytes.count
         driver.exchange.variant = "transcoded"
         driver.exchange.bytesOut = UInt64(output.count)
         driver.worker.metrics.saved(.transcoded, bytes: body.count - output.count)

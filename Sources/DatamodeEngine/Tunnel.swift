@@ -1,5 +1,6 @@
 import CDatamodeShims
 import CLibevent
+import DatamodeHTTP
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -10,27 +11,86 @@ import Glibc
 final class Tunnel {
     unowned let driver: ExchangeDriver
     var machine: TunnelStateMachine
+    /// Each way is a body delimited by its end, through the driver's one relay.
+    private var up = BodyRelay(framing: .untilClose)
+    private var down = BodyRelay(framing: .untilClose)
     /// Its splice relays once spliced: 0 reads the client and writes the upstream, 1 the reverse.
     private(set) var splices: [SpliceRelay] = []
     /// Bytes each splice relay had moved at its last report.
     private var splicedBytes = SIMD2<UInt64>(0, 0)
 
-    init(driver: ExchangeDriver, established: Bool) {
+    private init(driver: ExchangeDriver, established: Bool) {
         self.driver = driver
         machine = TunnelStateMachine(established: established)
     }
+
+    // MARK: starting
+
+    /// From here on `driver`'s exchange is a tunnel, whose bytes are counted in the metrics as they flow.
+    @discardableResult
+    static func start(_ driver: ExchangeDriver, established: Bool) -> Tunnel {
+        let tunnel = Tunnel(driver: driver, established: established)
+        driver.tunnel = tunnel
+        driver.exchange.bytesCountedWhileFlowing = true
+        return tunnel
+    }
+
+    /// CONNECT: a tunnel to `target` (a port in `connect.ports`), answered `200` once the origin's TCP connection
+    /// is up (`connected`).
+    static func connect(_ driver: ExchangeDriver, to target: RequestTarget) {
+        guard driver.worker.settings.connectPorts.contains(target.port) else {
+            driver.respondError(.connectPortDenied, detail: "port \(target.port) is not in connect.ports", close: false)
+            return
+        }
+        driver.exchange.outcome = .forwarded
+        driver.machine.closeAfter()
+        start(driver, established: false)
+        driver.client.machine.tunnel(driver)
+        let upstream = UpstreamConnection(worker: driver.worker, key: UpstreamKey(host: target.host, port: target.port))
+        driver.upstream = upstream
+        upstream.attach(driver)
+        upstream.send([], responseTimeoutMs: -1)
+        upstream.start()
+    }
+
+    /// `101 Switching Protocols`: the exchange's upstream becomes the other end of a tunnel.
+    static func upgrade(_ driver: ExchangeDriver) {
+        driver.machine.closeAfter()
+        driver.machine.end()
+        let tunnel = start(driver, established: true)
+        driver.client.machine.tunnel(driver)
+        tunnel.pump(fromClient: true)
+        tunnel.pump(fromClient: false)
+    }
+
+    /// CONNECT: the upstream TCP connection is up; say so to the client (unless interception already did) and start
+    /// relaying. Bytes the client sent before our 200 (RFC 9110 §9.3.6 lets a client optimistically send the TLS
+    /// ClientHello) are relayed now, in order, never interpreted as HTTP. The tunnel's line is logged when it ends
+    /// (SPEC §8), with the bytes of both directions.
+    func connected() {
+        guard machine.phase == .connecting else { return }
+        machine.established()
+        if !driver.connectAnswered {
+            let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
+            _ = head.withCString { evbuffer_add(driver.output, $0, strlen($0)) }
+        }
+        driver.exchange.status = 200
+        pump(fromClient: true)
+    }
+
+    // MARK: relaying
 
     /// Relays what one side of the tunnel sent to the other.
     func pump(fromClient: Bool) {
         guard let upstream = driver.upstream, machine.phase == .established, upstream.isConnected else { return }
         if fromClient {
-            _ = driver.relay(.up, &driver.requestBody, from: driver.input, to: upstream.output,
+            _ = driver.relay(.up, &up, from: driver.input, to: upstream.output,
                              room: Flow.highWater - evbuffer_get_length(upstream.output))
         } else {
             // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
             guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.client)
             else { return }
-            _ = driver.relay(.down, &driver.responseBody, from: upstream.input, to: driver.output,
+            _ = driver.relay(.down, &down, from: upstream.input, to: driver.output,
                              room: Flow.highWater - driver.outputLength)
         }
     }

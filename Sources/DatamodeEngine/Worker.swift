@@ -190,7 +190,7 @@ final class Worker {
         }
         for result in results {
             guard let driver = result.token.driver else { continue }
-            driver.capture?.imageTranscoded(driver, outcome: result.outcome)
+            driver.response?.capture?.imageTranscoded(driver, outcome: result.outcome)
         }
     }
 

@@ -1,0 +1,192 @@
+import CLibevent
+import DatamodeHTTP
+
+/// The origin's final response on its way to the client: its head as relayed (or held back), its body's relay,
+/// and how the body leaves user space: streamed through the one relay, held back and maybe rewritten
+/// (`ResponseCapture`, SPEC §13), or spliced (`BodySplice`). Made when the final head arrives; the driver's
+/// `response` is nil before that, and again after a response that was not written yet was retracted for a `502`.
+///
+/// Reading the head (`OriginResponse.readHead`) also passes interim responses on (`100`, `103`) and turns a `101`
+/// into a tunnel.
+final class OriginResponse {
+    unowned let driver: ExchangeDriver
+    let head: ResponseHead
+    var body: BodyRelay
+    /// The length of the relayed head: with `body.delivered`, what this response has queued towards the client (to
+    /// tell whether any of it has been written yet).
+    var headLength = 0
+    /// The body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
+    var capture: ResponseCapture?
+    /// The rest of a large Content-Length body, moved by splice(2); nil for every other body.
+    var splice: BodySplice?
+
+    init(driver: ExchangeDriver, head: ResponseHead, body: BodyRelay) {
+        self.driver = driver
+        self.head = head
+        self.body = body
+    }
+
+    // MARK: the head
+
+    /// Reads what the origin sent as far as a final head: interim heads are passed on (or become a tunnel), a final
+    /// one starts the response (`start`). A link profile's latency is added before the head is relayed (SPEC §10).
+    static func readHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
+        guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.client)
+        else { return }
+        while driver.isForwarding(upstream), driver.response == nil {
+            switch upstream.takeResponseHead() {
+            case .incomplete:
+                return
+            case .invalid(let error):
+                upstream.close()
+                driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+                                      detail: "invalid response head: " + HTTP1Session.detail(for: error))
+                return
+            case .complete(let head, let length):
+                driver.allowance.charge(.down, length, session: driver.client)
+                if head.status < 200 {
+                    interim(driver, head, upstream)
+                } else {
+                    start(driver, head, upstream)
+                }
+            }
+        }
+    }
+
+    /// 1xx responses: `100 Continue` and `103 Early Hints` are relayed to HTTP/1.1 clients; `101` turns the
+    /// connection into a tunnel when the client asked to upgrade.
+    private static func interim(_ driver: ExchangeDriver, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+        let exchange = driver.exchange
+        if head.status == 101 {
+            guard driver.upgradeRequested else {
+                upstream.close()
+                driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+                                      detail: "101 Switching Protocols without an Upgrade request")
+                return
+            }
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: exchange.variant, upgrade: true)
+            evbuffer_add(driver.output, bytes, bytes.count)
+            exchange.status = 101
+            Tunnel.upgrade(driver)
+            return
+        }
+        if exchange.clientVersion == .http11 {
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: false, variant: nil)
+            evbuffer_add(driver.output, bytes, bytes.count)
+        }
+    }
+
+    /// The final head: its framing decides the body's relay and keep-alive, its relayed form is queued for the
+    /// client (or held back with the body), and the exchange machine relays the body.
+    private static func start(_ driver: ExchangeDriver, _ head: ResponseHead, _ upstream: UpstreamConnection) {
+        let exchange = driver.exchange
+        let framing: BodyFraming
+        switch head.bodyFraming(requestMethod: exchange.method) {
+        case .success(let f): framing = f
+        case .failure(let error):
+            upstream.close()
+            driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+                                  detail: "invalid response framing: " + HTTP1Session.detail(for: error))
+            return
+        }
+        let strip = exchange.clientVersion == .http10 && framing == .chunked
+        let upstreamTokens = head.connectionTokens
+        let action = driver.machine.responseHead(
+            untilClose: framing == .untilClose,
+            originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
+            clientKeepsConnection: !strip)
+        let bytes = MessageHeads.relayedResponse(head, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion,
+                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
+                                                 connectionTokens: upstreamTokens)
+        let response = OriginResponse(driver: driver, head: head, body: BodyRelay(framing: framing, stripChunkFraming: strip))
+        if exchange.variant == nil, driver.manifestCap != nil || driver.imageSettings != nil,
+           let capture = heldBack(driver, head, framing, strip, bytes) {
+            response.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+        } else {
+            evbuffer_add(driver.output, bytes, bytes.count)
+            response.headLength = bytes.count
+        }
+        driver.response = response
+        exchange.status = head.status
+        if exchange.method == "GET", head.status == 200, case .contentLength(let length) = framing {
+            let worker = driver.worker
+            if exchange.variant == nil {
+                worker.knownLengths.record(exchange.url, length: length)
+            } else if let saving = worker.knownLengths.saving(exchange.url, replacement: length) {
+                worker.metrics.saved(.variant, bytes: saving)
+            }
+        }
+        driver.perform(action)
+    }
+
+    /// The capture a response head about to be relayed is held back in, when it may be rewritten (a manifest under
+    /// a cap, an image to transcode), else nil.
+    private static func heldBack(_ driver: ExchangeDriver, _ head: ResponseHead, _ framing: BodyFraming, _ strip: Bool,
+                                 _ headBytes: [UInt8]) -> ResponseCapture? {
+        let metrics = driver.worker.metrics
+        if let cap = driver.manifestCap,
+           let capture = ResponseCapture.forManifest(head, framing: framing, strip: strip, headBytes: headBytes, cap: cap,
+                                                     arrived: driver.upstream?.input, metrics: metrics) {
+            return capture
+        }
+        guard let settings = driver.imageSettings else { return nil }
+        return ResponseCapture.forImage(head, framing: framing, strip: strip, headBytes: headBytes, settings: settings,
+                                        acceptsWebP: driver.acceptsWebP, metrics: metrics)
+    }
+
+    // MARK: the body
+
+    /// Moves body bytes from the upstream to the client, as far as the client's buffer has room; a full client
+    /// buffer leaves the bytes in the upstream's input, whose read watermark then stops reading from the origin
+    /// (backpressure).
+    func pump() {
+        guard let upstream = driver.upstream else { return }
+        if let capture {
+            capture.pump(driver, upstream)
+            return
+        }
+        guard let step = driver.relay(.down, &body, from: upstream.input, to: driver.output,
+                                      room: Flow.highWater - driver.outputLength) else { return }
+        // Nothing of this response has been written while all of it is still queued at the output's tail.
+        let unwritten = driver.outputLength >= headLength + Int(body.delivered)
+        driver.perform(driver.machine.responseBodyStep(step, unwritten: unwritten))
+    }
+
+    /// Removes this response from the client's output, where it is still whole at the tail (anything before it
+    /// belongs to earlier responses), so that a clean answer can take its place.
+    func retract() {
+        guard capture == nil else {
+            // Held back (SPEC §13): nothing of it was queued.
+            driver.response = nil
+            return
+        }
+        let queued = headLength + Int(body.delivered)
+        let output = driver.output
+        let length = driver.outputLength
+        guard queued > 0, length >= queued else { return }
+        let earlier = evbuffer_new()!
+        driver.transport.withOutputFrontUnfrozen {
+            evbuffer_remove_buffer(output, earlier, length - queued)
+            evbuffer_drain(output, queued)
+            evbuffer_add_buffer(output, earlier)
+        }
+        evbuffer_free(earlier)
+        driver.response = nil
+    }
+
+    /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`).
+    func switchToSpliceIfIdle() {
+        guard let remaining = BodySplice.remaining(driver) else {
+            if let splice, splice.relay == nil {
+                splice.stopDraining()
+                self.splice = nil
+            }
+            return
+        }
+        let splice = splice ?? BodySplice(driver: driver)
+        self.splice = splice
+        if !splice.startWhenIdle(remaining: remaining) { self.splice = nil }
+    }
+}
