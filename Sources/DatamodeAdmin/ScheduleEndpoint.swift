@@ -7,14 +7,7 @@ import Synchronization
 /// A mode timeline (SPEC §12): steps of `after` then `mode`, each `after` counted from the previous step's
 /// nominal time (never from when it actually ran, so lateness does not accumulate), optionally repeated.
 public struct ModeSchedule: Sendable, Equatable {
-    public struct Step: Sendable, Equatable {
-        public var after: Duration
-        public var mode: DataMode
-        public init(after: Duration, mode: DataMode) {
-            self.after = after
-            self.mode = mode
-        }
-    }
+    public typealias Step = ScheduleStep
 
     /// `nil`: the global mode; else a session id.
     public var scope: String?

@@ -1,17 +1,21 @@
 import DatamodeConfig
 import DatamodePolicy
 
+/// One step of a mode timeline (SPEC §12): `after` the previous step's nominal time, `mode` applies. Shared by the
+/// admin plane's running schedules (`ModeSchedule`) and what a refusal's `liftsAt` reads of them.
+public struct ScheduleStep: Sendable, Equatable {
+    public var after: Duration
+    public var mode: DataMode
+    public init(after: Duration, mode: DataMode) {
+        self.after = after
+        self.mode = mode
+    }
+}
+
 /// The steps still to come of the schedule on one scope (SPEC §12), in wall-clock time: what `liftsAt` needs of a
 /// running `ModeSchedule`. `steps[next]` applies at `nextAt`; each later step `after` the one before it.
 public struct ScheduleOutlook: Sendable, Equatable {
-    public struct Step: Sendable, Equatable {
-        public var after: Duration
-        public var mode: DataMode
-        public init(after: Duration, mode: DataMode) {
-            self.after = after
-            self.mode = mode
-        }
-    }
+    public typealias Step = ScheduleStep
 
     public var steps: [Step]
     /// After the last step, start again at the first.
