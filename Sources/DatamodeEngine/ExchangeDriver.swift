@@ -70,6 +70,11 @@ final class ExchangeDriver {
         self.exchange = exchange
     }
 
+    deinit {
+        // The upstream's back-reference is not counted: it must not outlive the driver (see `UpstreamConnection.owner`).
+        if let upstream, upstream.owner === self { upstream.detach() }
+    }
+
     /// Whether this driver is still the one its session is busy with (an upstream callback may arrive for one
     /// that has just ended).
     var isCurrent: Bool { client.machine.exchange === self }

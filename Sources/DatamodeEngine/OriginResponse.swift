@@ -9,7 +9,8 @@ import DatamodeHTTP
 /// Reading the head (`OriginResponse.readHead`) also passes interim responses on (`100`, `103`) and turns a `101`
 /// into a tunnel.
 final class OriginResponse {
-    unowned let driver: ExchangeDriver
+    /// The driver that owns this (and outlives it): not reference-counted, as it is read on every relay step.
+    unowned(unsafe) let driver: ExchangeDriver
     let head: ResponseHead
     var body: BodyRelay
     /// The length of the relayed head: with `body.delivered`, what this response has queued towards the client (to

@@ -9,7 +9,8 @@ import Glibc
 /// two until-close bodies), hands itself to splice(2) once nothing is buffered in user space, and passes each
 /// side's EOF on as its machine (`TunnelStateMachine`) says.
 final class Tunnel {
-    unowned let driver: ExchangeDriver
+    /// The driver that owns this (and outlives it): not reference-counted, as it is read on every relay step.
+    unowned(unsafe) let driver: ExchangeDriver
     var machine: TunnelStateMachine
     /// Each way is a body delimited by its end, through the driver's one relay.
     private var up = BodyRelay(framing: .untilClose)

@@ -41,8 +41,11 @@ final class UpstreamConnection {
     private(set) var output: OpaquePointer
     private var timer: OpaquePointer?
     /// The exchange holding this connection's lease: it receives the connection's events (nil while idle in the
-    /// pool, or flushing after its tunnel's client went away).
-    private weak var owner: ExchangeDriver?
+    /// pool, or flushing after its tunnel's client went away). Not reference-counted: a weak reference to a
+    /// per-request object cost a side table, slow loads and a slow deinit on every request (~2,000 instructions,
+    /// bench/instructions.py). Every way the lease ends clears it (`detach`, `close`), and a driver that goes away
+    /// still holding the lease detaches it in its `deinit`.
+    private(set) unowned(unsafe) var owner: ExchangeDriver?
     private var lookup: DNSLookup?
     private var addresses: [SocketAddress] = []
     private var nextAddress = 0
