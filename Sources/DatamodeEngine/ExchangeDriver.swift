@@ -9,8 +9,9 @@ import Glibc
 #endif
 
 /// Drives one exchange from admission to its log line: carries out admission's verdict, holds the upstream's
-/// lease and receives that upstream's events itself, relays both bodies, and answers locally when it must. What
-/// to do next is decided by `ExchangeStateMachine`; this class feeds it and carries its actions out.
+/// lease and receives that upstream's events itself, relays the request body (the response goes through its
+/// `OriginResponse`), and answers locally when it must. What to do next is decided by `ExchangeStateMachine`;
+/// this class feeds it and carries its actions out.
 ///
 /// The session it belongs to (`HTTP1Session`, HTTP/1) reads heads in order and gives each one a driver; the
 /// driver reads the request body from, and writes the response to, that session's buffers, and tells the session
