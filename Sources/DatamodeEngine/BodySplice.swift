@@ -88,7 +88,7 @@ final class BodySplice {
             driver.counted(.down, Int(delta))
         }
         if relay.failed {
-            driver.client.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
+            driver.session.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
             return
         }
         guard relay.complete || relay.finished else { return }
@@ -104,7 +104,7 @@ final class BodySplice {
             _ = driver.machine.originSentEOF()
             driver.perform(driver.machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0), unwritten: false))
         }
-        driver.client.flushPendingWrites()
+        driver.session.flushPendingWrites()
     }
 
     /// The exchange ends (or its session is freed): the relay stops.

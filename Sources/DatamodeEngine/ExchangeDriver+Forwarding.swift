@@ -34,7 +34,7 @@ extension ExchangeDriver {
             }
         }
         upgradeRequested = upgrade
-        client.machine.forward(self)
+        session.machine.forward(self)
         connectUpstream(key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
                         reuse: true)
     }
@@ -45,7 +45,7 @@ extension ExchangeDriver {
         upstreamReused = upstream.isReused
         upstream.attach(self)
         upstream.send(headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
-        allowance.charge(.up, headBytes.count, session: client)
+        allowance.charge(.up, headBytes.count, session: session)
         upstream.start()
         guard isForwarding(upstream) else { return }
         if upstream.isConnected { perform(machine.upstreamConnected()) }
@@ -82,12 +82,12 @@ extension ExchangeDriver {
             respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
                          close: !requestBody.isComplete)
         case .truncate(let reason):
-            client.truncated = true
+            session.truncated = true
             exchange.outcome = .error
             if exchange.reason == nil { exchange.reason = reason.rawValue }
             finishExchange(recycleUpstream: false)
         case .abort(let reason):
-            client.abort(reason, detail: "the client broke off its request")
+            session.abort(reason, detail: "the client broke off its request")
         }
     }
 
@@ -111,7 +111,7 @@ extension ExchangeDriver {
     func relay(_ direction: LinkDirection, _ body: inout BodyRelay, from source: OpaquePointer, to sink: OpaquePointer,
                room: Int, record: Bool = true) -> RelayStep? {
         let before = evbuffer_get_length(source)
-        let allowed = allowance.room(direction, room: room, available: before, session: client)
+        let allowed = allowance.room(direction, room: room, available: before, session: session)
         guard allowed > 0 else { return nil }
         let progress = body.pump(from: source, to: sink, budget: allowed)
         let left = evbuffer_get_length(source)
@@ -124,7 +124,7 @@ extension ExchangeDriver {
     @inline(__always)
     func counted(_ direction: LinkDirection, _ bytes: Int, record: Bool = true) {
         guard bytes > 0 else { return }
-        allowance.charge(direction, bytes, session: client)
+        allowance.charge(direction, bytes, session: session)
         guard record else { return }
         switch direction {
         case .up:
@@ -151,13 +151,13 @@ extension ExchangeDriver {
     /// Whether `upstream` is this exchange's lease and the exchange is still being forwarded (an upstream's
     /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
     func isForwarding(_ upstream: UpstreamConnection) -> Bool {
-        guard case .forwarding(let driver) = client.machine.state else { return false }
+        guard case .forwarding(let driver) = session.machine.state else { return false }
         return driver === self && self.upstream === upstream
     }
 
     /// The same for a CONNECT or Upgrade tunnel.
     func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
-        guard case .tunnel(let driver) = client.machine.state else { return false }
+        guard case .tunnel(let driver) = session.machine.state else { return false }
         return driver === self && self.upstream === upstream
     }
 
@@ -195,7 +195,7 @@ extension ExchangeDriver {
                 self.upstream = nil
                 respondError(code, detail: detail, close: true)
             } else {
-                client.abort(.upstreamAborted, detail: detail)
+                session.abort(.upstreamAborted, detail: detail)
             }
             return
         }
@@ -209,7 +209,7 @@ extension ExchangeDriver {
         case .answer(let close):
             respondError(code, detail: detail, close: close)
         case .abort:
-            client.abort(.upstreamAborted, detail: detail)
+            session.abort(.upstreamAborted, detail: detail)
         }
     }
 
@@ -239,7 +239,7 @@ extension ExchangeDriver {
         guard isForwarding(upstream) else { return }
         // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
         if response == nil, evbuffer_get_length(upstream.input) > 0,
-           !allowance.latencyElapsed(arrived: true, session: client) {
+           !allowance.latencyElapsed(arrived: true, session: session) {
             originClosedWhileHeld = true
             return
         }

@@ -82,7 +82,7 @@ extension ExchangeDriver {
             finishExchange(recycleUpstream: false)
             return
         }
-        client.machine.drainRefusedBody(self)
+        session.machine.drainRefusedBody(self)
         discardRequestBody()
     }
 
@@ -95,7 +95,7 @@ extension ExchangeDriver {
             finishExchange(recycleUpstream: false)
         case .inProgress:
             // The client ended mid-body: the local response already queued is still written, then we close.
-            if client.machine.clientEnded {
+            if session.machine.clientEnded {
                 machine.closeAfter()
                 finishExchange(recycleUpstream: false)
             }

@@ -21,15 +21,15 @@ final class ExchangeDriver {
     /// Strong: a driver keeps its session alive while it runs (a splice relay's or the image pool's callback may
     /// close the session and then still touch it). No cycle outlives the exchange: the session lets go of its
     /// driver when the exchange finishes or the connection closes.
-    let client: HTTP1Session
+    let session: HTTP1Session
     /// What is recorded of this exchange (its log line).
     let exchange: Exchange
-    @inline(__always) var worker: Worker { client.worker }
-    @inline(__always) var transport: ClientTransport { client.transport }
+    @inline(__always) var worker: Worker { session.worker }
+    @inline(__always) var transport: ClientTransport { session.transport }
     /// The request body comes from here, and the response goes there (plaintext under TLS).
-    @inline(__always) var input: OpaquePointer { client.input }
-    @inline(__always) var output: OpaquePointer { client.output }
-    @inline(__always) var outputLength: Int { client.outputLength }
+    @inline(__always) var input: OpaquePointer { session.input }
+    @inline(__always) var output: OpaquePointer { session.output }
+    @inline(__always) var outputLength: Int { session.outputLength }
 
     /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).
     var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
@@ -66,8 +66,8 @@ final class ExchangeDriver {
     /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
     var allowance = Allowance()
 
-    init(client: HTTP1Session, exchange: Exchange) {
-        self.client = client
+    init(session: HTTP1Session, exchange: Exchange) {
+        self.session = session
         self.exchange = exchange
     }
 
@@ -78,7 +78,7 @@ final class ExchangeDriver {
 
     /// Whether this driver is still the one its session is busy with (an upstream callback may arrive for one
     /// that has just ended).
-    var isCurrent: Bool { client.machine.exchange === self }
+    var isCurrent: Bool { session.machine.exchange === self }
 
     /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
     /// `source`: where the session's requests come from (the proxy port, an intercepted tunnel).
@@ -86,7 +86,7 @@ final class ExchangeDriver {
         let settings = worker.settings
         connectionTokens = head.connectionTokens
         let tlsServer = worker.tlsServer
-        let admission = Admission.admit(head, source: source, client: client.peerAddress, clientText: client.peerText,
+        let admission = Admission.admit(head, source: source, client: session.peerAddress, clientText: session.peerText,
                                         settings: settings, budgets: worker.budgets,
                                         intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
                                         now: worker.clock.wallNanoseconds() / 1_000_000_000)
@@ -116,8 +116,8 @@ final class ExchangeDriver {
             break
         case .intercept, .tunnel, .forward, .serveVariant:
             allowance.apply(Allowance.profile(session: exchange.session, mode: exchange.mode, settings: settings),
-                            worker: worker, client: client.peerAddress)
-            if let intercepted = client.intercepted {
+                            worker: worker, client: session.peerAddress)
+            if let intercepted = session.intercepted {
                 // SPEC §10: a tunnel's latency is added once; inside an intercepted tunnel that is the first
                 // request's response head, not every request's.
                 if intercepted.latencyAdded {
@@ -129,7 +129,7 @@ final class ExchangeDriver {
         }
         carryOut(admission.verdict, head)
         // The requests inside an intercepted tunnel act as the user of its CONNECT.
-        if case .intercept = admission.verdict { client.intercepted?.proxyUser = admission.proxyUser }
+        if case .intercept = admission.verdict { session.intercepted?.proxyUser = admission.proxyUser }
     }
 
     /// Carries out what admission decided.
@@ -155,7 +155,7 @@ final class ExchangeDriver {
         case .budgetExhausted(let index):
             refuseForBudget(index, url: exchange.url)
         case .intercept(let target):
-            client.beginInterception(self, target: target)
+            session.beginInterception(self, target: target)
         case .tunnel(let target):
             Tunnel.connect(self, to: target)
         case .forward(let target, let tags):
@@ -192,7 +192,7 @@ final class ExchangeDriver {
     func finishExchange(recycleUpstream: Bool) {
         releaseUpstream(recycle: recycleUpstream)
         logExchange()
-        client.exchangeFinished(self)
+        session.exchangeFinished(self)
     }
 
     /// Gives the upstream lease back: to the pool at a clean message boundary, else closed.
@@ -210,7 +210,7 @@ final class ExchangeDriver {
     func logExchange() {
         guard !exchange.logged else { return }
         exchange.logged = true
-        worker.record(exchange, client: client.peerText)
+        worker.record(exchange, client: session.peerText)
     }
 
     /// The session is freed (an abort, an error, the end of a tunnel): the upstream and the splices go with it,
@@ -271,10 +271,10 @@ final class ExchangeDriver {
         if allowance.budgetCut {
             exchange.outcome = exchange.outcome ?? .error
             exchange.reason = AbortReason.budgetExhausted.rawValue
-            client.abort(.budgetExhausted, detail: "a hard data budget is spent")
+            session.abort(.budgetExhausted, detail: "a hard data budget is spent")
             return
         }
-        guard client.machine.isRelaying else { return }
+        guard session.machine.isRelaying else { return }
         if let tunnel {
             tunnel.pump(fromClient: true)
             tunnel.pump(fromClient: false)

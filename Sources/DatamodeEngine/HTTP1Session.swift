@@ -253,7 +253,7 @@ final class HTTP1Session {
                 worker.refreshSnapshot()
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.outcome = .error
-                ExchangeDriver(client: self, exchange: exchange)
+                ExchangeDriver(session: self, exchange: exchange)
                     .respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
                 return
             case .complete(let head, let length):
@@ -263,7 +263,7 @@ final class HTTP1Session {
                 // A reload's timeouts apply to connections already open from their next request on, as before.
                 machine.timeouts = worker.settings.clientTimeouts
                 let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: started)
-                ExchangeDriver(client: self, exchange: exchange).begin(head, source: requestSource)
+                ExchangeDriver(session: self, exchange: exchange).begin(head, source: requestSource)
             }
         }
     }

@@ -32,7 +32,7 @@ final class OriginResponse {
     /// Reads what the origin sent as far as a final head: interim heads are passed on (or become a tunnel), a final
     /// one starts the response (`start`). A link profile's latency is added before the head is relayed (SPEC §10).
     static func readHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
-        guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.client)
+        guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.session)
         else { return }
         while driver.isForwarding(upstream), driver.response == nil {
             switch upstream.takeResponseHead() {
@@ -44,7 +44,7 @@ final class OriginResponse {
                                       detail: "invalid response head: " + HTTP1Session.detail(for: error))
                 return
             case .complete(let head, let length):
-                driver.allowance.charge(.down, length, session: driver.client)
+                driver.allowance.charge(.down, length, session: driver.session)
                 if head.status < 200 {
                     interim(driver, head, upstream)
                 } else {

@@ -339,7 +339,7 @@ extension ResponseCapture {
     /// A result from the pool, on this connection's worker loop. Whatever did not become a smaller image (a
     /// failure, a limit hit) sends the original bytes, counted by why.
     func imageTranscoded(_ driver: ExchangeDriver, outcome: TranscodeOutcome) {
-        guard !driver.client.released, driver.isCurrent, driver.response?.capture === self,
+        guard !driver.session.released, driver.isCurrent, driver.response?.capture === self,
               let pending = pendingImage else { return }
         pendingImage = nil
         switch outcome {
@@ -351,7 +351,7 @@ extension ResponseCapture {
             passThrough(driver)
         }
         driver.finishExchange(recycleUpstream: false)
-        driver.client.flushPendingWrites()
+        driver.session.flushPendingWrites()
     }
 
     private static func passReason(_ outcome: TranscodeOutcome) -> WorkerMetrics.ImagePassReason {

@@ -46,7 +46,7 @@ final class Tunnel {
         driver.exchange.outcome = .forwarded
         driver.machine.closeAfter()
         start(driver, established: false)
-        driver.client.machine.tunnel(driver)
+        driver.session.machine.tunnel(driver)
         let upstream = UpstreamConnection(worker: driver.worker, key: UpstreamKey(host: target.host, port: target.port))
         driver.upstream = upstream
         upstream.attach(driver)
@@ -59,7 +59,7 @@ final class Tunnel {
         driver.machine.closeAfter()
         driver.machine.end()
         let tunnel = start(driver, established: true)
-        driver.client.machine.tunnel(driver)
+        driver.session.machine.tunnel(driver)
         tunnel.pump(fromClient: true)
         tunnel.pump(fromClient: false)
     }
@@ -89,7 +89,7 @@ final class Tunnel {
                              room: Flow.highWater - evbuffer_get_length(upstream.output))
         } else {
             // A link profile's latency is added once per tunnel, before its first byte (SPEC §10).
-            guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.client)
+            guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.session)
             else { return }
             _ = driver.relay(.down, &down, from: upstream.input, to: driver.output,
                              room: Flow.highWater - driver.outputLength)
@@ -99,7 +99,7 @@ final class Tunnel {
     /// After each callback: ends are passed on, and an idle tunnel goes to splice(2).
     func afterFlush() {
         if machine.clientEnded || machine.originEnded { propagateEnds() }
-        if !driver.client.released && SpliceRelay.enabled && splices.isEmpty { switchToSpliceIfIdle() }
+        if !driver.session.released && SpliceRelay.enabled && splices.isEmpty { switchToSpliceIfIdle() }
     }
 
     /// Hands an established plain-TCP tunnel to splice(2) once nothing is buffered in user space, so that
@@ -132,9 +132,9 @@ final class Tunnel {
         if relay.failed {
             // Relay 0 reads the client and writes the upstream; relay 1 the reverse.
             let clientSide = (index == 0) != relay.failedWriting
-            driver.client.abort(clientSide ? .clientAborted : .upstreamAborted, detail: "tunnel relay failed")
+            driver.session.abort(clientSide ? .clientAborted : .upstreamAborted, detail: "tunnel relay failed")
         } else if splices.allSatisfy(\.finished), machine.spliceFinished() == .close {
-            driver.client.close()
+            driver.session.close()
         }
     }
 
@@ -156,7 +156,7 @@ final class Tunnel {
         guard let upstream = driver.upstream else { return }
         while let action = machine.nextAction(TunnelBuffers(
             clientInput: evbuffer_get_length(driver.input), originOutput: evbuffer_get_length(upstream.output),
-            originInput: evbuffer_get_length(upstream.input), clientOutput: driver.client.unsentOutput)) {
+            originInput: evbuffer_get_length(upstream.input), clientOutput: driver.session.unsentOutput)) {
             switch action {
             case .shutDownOriginWrite:
                 upstream.shutdownWrite()
@@ -164,7 +164,7 @@ final class Tunnel {
                 // TLS has its own half-close: close_notify (RFC 8446 §6.1); the socket stays open for the other way.
                 driver.transport.shutdownWrite()
             case .close:
-                driver.client.close()
+                driver.session.close()
                 return
             }
         }

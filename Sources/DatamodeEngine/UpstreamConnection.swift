@@ -55,7 +55,7 @@ final class UpstreamConnection {
     private var ssl: OpaquePointer?
     private var writer = SpeculativeWriter()
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
-    var attachedClient: HTTP1Session? { owner?.client }
+    var attachedClient: HTTP1Session? { owner?.session }
 
     init(worker: Worker, key: UpstreamKey) {
         self.worker = worker
