@@ -125,7 +125,7 @@ struct Admission {
         switch head.bodyFraming() {
         case .success(let framing): admission.framing = framing
         case .failure(let error):
-            return refuse(HTTP1Session.code(for: error, fromClient: true), HTTP1Session.detail(for: error), close: true)
+            return refuse(error.clientErrorCode, error.detail, close: true)
         }
         if head.count(of: "host") > 1 {
             return refuse(.badRequest, "more than one Host header field (RFC 9112 §3.2)", close: true)
@@ -149,7 +149,7 @@ struct Admission {
         switch RequestTarget.parse(head.target, method: head.method) {
         case .success(let parsed): target = parsed
         case .failure(let error):
-            return refuse(HTTP1Session.code(for: error, fromClient: true), HTTP1Session.detail(for: error), close: true)
+            return refuse(error.clientErrorCode, error.detail, close: true)
         }
         if case .intercepted(let origin) = source {
             switch targetInside(origin, target, host: head.values(of: "host").first) {

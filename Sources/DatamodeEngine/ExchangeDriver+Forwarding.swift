@@ -73,12 +73,12 @@ extension ExchangeDriver {
             upstream?.close()
             self.upstream = nil
             let error = wireError ?? .malformed("invalid chunked request body")
-            respondError(HTTP1Session.code(for: error, fromClient: true), detail: HTTP1Session.detail(for: error), close: true)
+            respondError(error.clientErrorCode, detail: error.detail, close: true)
         case .retractAndAnswerBadGateway:
             upstream?.close()
             self.upstream = nil
             response?.retract()
-            let detail = wireError.map(HTTP1Session.detail(for:)) ?? "invalid framing"
+            let detail = wireError.map(\.detail) ?? "invalid framing"
             respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
                          close: !requestBody.isComplete)
         case .truncate(let reason):

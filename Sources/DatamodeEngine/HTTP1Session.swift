@@ -254,7 +254,7 @@ final class HTTP1Session {
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.outcome = .error
                 ExchangeDriver(session: self, exchange: exchange)
-                    .respondError(Self.code(for: error, fromClient: true), detail: Self.detail(for: error), close: true)
+                    .respondError(error.clientErrorCode, detail: error.detail, close: true)
                 return
             case .complete(let head, let length):
                 evbuffer_drain(input, length)
@@ -388,24 +388,5 @@ final class HTTP1Session {
     func disarmTimer() {
         guard let timer else { return }
         event_del(timer)
-    }
-
-    // MARK: error mapping
-
-    static func code(for error: HTTPWireError, fromClient: Bool) -> ProxyErrorCode {
-        guard fromClient else { return .upstreamProtocolError }
-        switch error {
-        case .malformed: return .badRequest
-        case .requestLineTooLong: return .uriTooLong
-        case .headerSectionTooLarge: return .headersTooLarge
-        }
-    }
-
-    static func detail(for error: HTTPWireError) -> String {
-        switch error {
-        case .malformed(let why): why
-        case .requestLineTooLong: "the request line is longer than limits.request-line"
-        case .headerSectionTooLarge: "the header section exceeds limits.header-section or limits.header-count"
-        }
     }
 }

@@ -41,7 +41,7 @@ final class OriginResponse {
             case .invalid(let error):
                 upstream.close()
                 driver.upstreamFailed(upstream, code: .upstreamProtocolError,
-                                      detail: "invalid response head: " + HTTP1Session.detail(for: error))
+                                      detail: "invalid response head: " + error.detail)
                 return
             case .complete(let head, let length):
                 driver.allowance.charge(.down, length, session: driver.session)
@@ -89,7 +89,7 @@ final class OriginResponse {
         case .failure(let error):
             upstream.close()
             driver.upstreamFailed(upstream, code: .upstreamProtocolError,
-                                  detail: "invalid response framing: " + HTTP1Session.detail(for: error))
+                                  detail: "invalid response framing: " + error.detail)
             return
         }
         let strip = exchange.clientVersion == .http10 && framing == .chunked
