@@ -86,7 +86,7 @@ let package = Package(
         .target(name: "DatamodeDeferral", dependencies: ["CSQLite", "DatamodeHTTP"]),
         // Drives a DeferredStore from its own process: the crash test SIGKILLs it (`crash-child`), and
         // bench/deferral-store measures commit latency with it (`bench`).
-        .executableTarget(name: "DatamodeDeferralProbe", dependencies: ["DatamodeDeferral", "DatamodeHTTP"]),
+        .executableTarget(name: "DatamodeDeferralProbe", dependencies: ["DatamodeDeferral", "DatamodeHTTP", "DatamodeTestSupport"]),
         .target(
             name: "DatamodeEngine",
             dependencies: [
@@ -136,7 +136,7 @@ let package = Package(
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),
         .testTarget(name: "DatamodeStateTests", dependencies: ["DatamodeState", "DatamodeConfig", "DatamodePolicy"]),
         // The crash test runs the DatamodeDeferralProbe executable, built beside the test bundle.
-        .testTarget(name: "DatamodeDeferralTests", dependencies: ["DatamodeDeferral", "DatamodeHTTP"]),
+        .testTarget(name: "DatamodeDeferralTests", dependencies: ["DatamodeDeferral", "DatamodeHTTP", "DatamodeTestSupport"]),
         .testTarget(
             name: "DatamodeEngineTests",
             dependencies: ["DatamodeEngine", "DatamodeState", "DatamodeTestSupport", "DatamodeConfig", "DatamodePolicy", "DatamodeHTTP", "CLibevent"]

@@ -1,5 +1,6 @@
 import DatamodeDeferral
 import DatamodeHTTP
+import DatamodeTestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -82,12 +83,12 @@ func crashChild(database: String, ackPath: String, firstSeed: UInt64) -> Never {
     var seed = firstSeed
     while true {
         slots.wait()
-        let size = ProbeBody.size(seed: seed)
+        let size = SeededUploadBody.size(seed: seed)
         var headers = [HTTPField(name: "Content-Type", value: "application/octet-stream"),
                        HTTPField(name: "X-Probe-Seed", value: "\(seed)")]
         if seed % 3 == 0 { headers.append(HTTPField(name: "Idempotency-Key", value: "probe-\(seed)")) }
         let upload = DeferredUpload(method: seed % 2 == 0 ? "POST" : "PUT", url: "http://origin-\(seed % 4).example/upload/\(seed)",
-                                    headers: headers, body: ProbeBody.bytes(seed: seed, count: size))
+                                    headers: headers, body: SeededUploadBody.bytes(seed: seed, count: size))
         acks.write("B \(seed)")
         let current = seed
         store.enqueue(upload, now: wallMilliseconds()) { result in
@@ -116,7 +117,7 @@ func bench(directory: String, size: Int, count: Int, layout: String, raw: Bool) 
     let path = directory + "/bench-\(layout)-\(size).sqlite"
     let inline = layout == "inline" ? Int.max : layout == "file" ? 0 : DeferredStoreLimits.defaultInlineBody
     let store = openStore(path, limits: DeferredStoreLimits(maxBody: max(size, 1), maxBytes: 1 << 40, inlineBody: inline))
-    let body = ProbeBody.bytes(seed: UInt64(size), count: size)
+    let body = SeededUploadBody.bytes(seed: UInt64(size), count: size)
     let done = Slots(0)
     var samples: [Double] = []
     var ids: [String] = []
@@ -166,7 +167,7 @@ func format3(_ value: Double) -> String {
 
 func fill(database: String, size: Int, count: Int) -> Never {
     let store = openStore(database, limits: DeferredStoreLimits(maxBody: max(size, 1), maxBytes: 1 << 40))
-    let body = ProbeBody.bytes(seed: UInt64(size), count: size)
+    let body = SeededUploadBody.bytes(seed: UInt64(size), count: size)
     let done = Slots(0)
     for _ in 0..<count {
         store.enqueue(DeferredUpload(method: "POST", url: "http://bench.example/upload", headers: [], body: body),

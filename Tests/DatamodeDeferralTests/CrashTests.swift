@@ -1,4 +1,5 @@
 @testable import DatamodeDeferral
+import DatamodeTestSupport
 import Foundation
 import Testing
 
@@ -118,10 +119,10 @@ struct CrashTests {
                 } else {
                     figures.unacknowledgedFound += 1
                 }
-                let size = ExpectedBody.size(seed: seed)
+                let size = SeededUploadBody.size(seed: seed)
                 #expect(entry.bytes == size, "round \(round): \(entry.id) has \(entry.bytes) bytes, seed \(seed) has \(size)")
                 let body = try db.body(entry.id)
-                #expect(body == ExpectedBody.bytes(seed: seed, count: size), "round \(round): \(entry.id) (seed \(seed)) has a different body")
+                #expect(body == SeededUploadBody.bytes(seed: seed, count: size), "round \(round): \(entry.id) (seed \(seed)) has a different body")
                 figures.bytesChecked += body.count
                 if body.count > DeferredStoreLimits.defaultInlineBody { figures.inFiles += 1 }
                 #expect(entry.url == "http://origin-\(seed % 4).example/upload/\(seed)")
@@ -141,45 +142,5 @@ struct CrashTests {
             + "\(figures.inFiles) of the entries with their body in a file; \(figures.swept) body files without a commit swept")
         #expect(figures.acknowledged > Self.rounds, "too few uploads to prove anything")
         #expect(figures.inFlightAtKill > 0, "no kill landed during an enqueue")
-    }
-}
-
-/// The bodies the child enqueues, rebuilt here from their seeds: the same functions as
-/// Sources/DatamodeDeferralProbe/ProbeBody.swift, written again so that the test does not take the child's word.
-enum ExpectedBody {
-    static func size(seed: UInt64) -> Int {
-        let h = mix(seed)
-        switch h % 100 {
-        case 0..<60: return Int((h >> 8) % 16_384)
-        case 60..<90: return 16_384 + Int((h >> 8) % (496 * 1024))
-        default: return (1 << 20) + Int((h >> 8) % (5 << 20))
-        }
-    }
-
-    static func bytes(seed: UInt64, count: Int) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: count)
-        out.withUnsafeMutableBytes { raw in
-            var state = mix(seed) | 1
-            var index = 0
-            while index < count {
-                state ^= state << 13
-                state ^= state >> 7
-                state ^= state << 17
-                var word = state
-                for k in 0..<min(8, count - index) {
-                    raw[index + k] = UInt8(truncatingIfNeeded: word)
-                    word >>= 8
-                }
-                index += 8
-            }
-        }
-        return out
-    }
-
-    static func mix(_ value: UInt64) -> UInt64 {
-        var z = value &+ 0x9E37_79B9_7F4A_7C15
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -1,12 +1,10 @@
-/// The bodies the crash child stores: their size and bytes follow from a seed alone, so the test that kills the
-/// child can tell, for every entry it finds, whether its body is exactly what was enqueued.
-///
-/// The same two functions are written again in Tests/DatamodeDeferralTests/CrashTests.swift (`ExpectedBody`):
-/// the test must not trust the child's code to say what the child wrote. If the two ever differ, every crash
-/// round fails.
-enum ProbeBody {
+/// Bodies whose size and bytes follow from a seed alone: the deferral store's crash child
+/// (`DatamodeDeferralProbe`) stores them, and the test that kills it (`CrashTests`) rebuilds each from its seed to
+/// tell whether what it finds is exactly what was enqueued. One definition for both: if the child's bytes and the
+/// test's expectation could differ, every crash round would fail on the test's own bug.
+public enum SeededUploadBody {
     /// Mostly small bodies, some of hundreds of KiB, one in ten of 1 to 6 MiB (long commits, to be killed in).
-    static func size(seed: UInt64) -> Int {
+    public static func size(seed: UInt64) -> Int {
         let h = mix(seed)
         switch h % 100 {
         case 0..<60: return Int((h >> 8) % 16_384)
@@ -16,7 +14,7 @@ enum ProbeBody {
     }
 
     /// xorshift64 from the seed, eight bytes per step, little-endian.
-    static func bytes(seed: UInt64, count: Int) -> [UInt8] {
+    public static func bytes(seed: UInt64, count: Int) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: count)
         out.withUnsafeMutableBytes { raw in
             var state = mix(seed) | 1
@@ -37,7 +35,7 @@ enum ProbeBody {
     }
 
     /// splitmix64's finaliser.
-    static func mix(_ value: UInt64) -> UInt64 {
+    public static func mix(_ value: UInt64) -> UInt64 {
         var z = value &+ 0x9E37_79B9_7F4A_7C15
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
