@@ -91,7 +91,7 @@ let package = Package(
             name: "DatamodeEngine",
             dependencies: [
                 "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
-                "DatamodeHTTP", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia", "DatamodeState",
+                "DatamodeHTTP", "DatamodeHTTP2", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia", "DatamodeState",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -54,6 +54,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var budgets: [Budget]
     /// Holding refused requests and storing refused uploads (SPEC §18).
     public var deferral: DeferralSection = DeferralSection()
+    public var http2: HTTP2Section = HTTP2Section()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool

@@ -61,11 +61,12 @@ public final class AccessLog: Sendable {
         while !output.writerDone.load(ordering: .acquiring) && ContinuousClock.now < deadline { usleep(2_000) }
     }
 
-    func write(time: Int64, client: String, method: String, url: String, status: Int, bytesIn: UInt64, bytesOut: UInt64,
-               outcome: String, reason: String?, variant: String?, tags: RequestTags?, tagSources: TagProvenance,
-               rule: String?, durationSeconds: Double) {
+    func write(time: Int64, client: String, proto: String, method: String, url: String, status: Int, bytesIn: UInt64,
+               bytesOut: UInt64, outcome: String, reason: String?, variant: String?, tags: RequestTags?,
+               tagSources: TagProvenance, rule: String?, durationSeconds: Double) {
         guard let output else { return }
         var line = "{\"time\":\"\(Timestamp.rfc3339(wallNanoseconds: time))\",\"client\":\(JSONText.quote(client))"
+        line += ",\"proto\":\"\(proto)\""
         line += ",\"method\":\(JSONText.quote(method)),\"url\":\(JSONText.quote(url)),\"status\":\(status)"
         line += ",\"bytes\":\(bytesOut),\"bytesIn\":\(bytesIn),\"bytesOut\":\(bytesOut),\"outcome\":\"\(outcome)\""
         line += ",\"reason\":" + (reason.map(JSONText.quote) ?? "null")

@@ -35,8 +35,14 @@ final class ClientTransport {
     private(set) var parkedUntil: UInt64 = 0
     /// The bufferevent was freed by `park` and not yet replaced.
     private(set) var isParked = false
-    /// The owner's context pointer, for the callbacks.
+    /// The owner's context pointer, for the callbacks, and which callbacks.
     private var owner: UnsafeMutableRawPointer?
+    private var callbacks = ClientCallbacks.http1
+    /// One HTTP/2 stream's exchange (SPEC §17): `bev` is the session's end of a bufferevent pair whose other end
+    /// the stream holds (`HTTP2Stream`). No socket: no splice, bulk reads, parking or speculative writes.
+    let isStream: Bool
+    /// The stream told when the session lets go of its end (`release`): whether the end was clean.
+    private weak var stream: HTTP2Stream?
 
     init(worker: Worker, bev: OpaquePointer) {
         self.worker = worker
@@ -44,15 +50,30 @@ final class ClientTransport {
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         fd = bufferevent_getfd(bev)
+        isStream = false
+    }
+
+    /// The exchange's end of an HTTP/2 stream's pair.
+    init(worker: Worker, streamEnd bev: OpaquePointer, stream: HTTP2Stream) {
+        self.worker = worker
+        self.bev = bev
+        input = bufferevent_get_input(bev)
+        output = bufferevent_get_output(bev)
+        fd = -1
+        isStream = true
+        self.stream = stream
     }
 
     /// Plain TCP: the session may splice, bulk-read and park on the socket itself.
-    var isPlain: Bool { ssl == nil }
+    var isPlain: Bool { ssl == nil && !isStream }
 
     /// Registers `owner`'s callbacks and the connection's watermarks and limits; reading on, writing speculative.
-    func configure(owner: UnsafeMutableRawPointer) {
+    /// `callbacks`: the HTTP/1 session's, or the HTTP/2 session's once the client chose `h2` (the same wire,
+    /// another owner: `HTTP2Session.adopt`).
+    func configure(owner: UnsafeMutableRawPointer, callbacks: ClientCallbacks = .http1) {
         self.owner = owner
-        bufferevent_setcb(bev, clientReadCallback, clientWriteCallback, clientEventCallback, owner)
+        self.callbacks = callbacks
+        bufferevent_setcb(bev, callbacks.read, callbacks.write, callbacks.event, owner)
         // Read high watermark: a client cannot make us buffer more than this while we are busy with its
         // previous request (pipelining) or while the upstream is slower than the client (request bodies).
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
@@ -173,7 +194,7 @@ final class ClientTransport {
         output = bufferevent_get_output(new)
         writer = SpeculativeWriter()
         worker.metrics.connectionUnparked()
-        if let owner { configure(owner: owner) }
+        if let owner { configure(owner: owner, callbacks: callbacks) }
         return true
     }
 
@@ -204,11 +225,27 @@ final class ClientTransport {
         bev = filter
         input = bufferevent_get_input(filter)
         output = bufferevent_get_output(filter)
-        if let owner { configure(owner: owner) }
+        if let owner { configure(owner: owner, callbacks: callbacks) }
         // The ClientHello already sits in the socket bufferevent's input, and no new byte will come before the
         // client hears from us: run the handshake on it now.
         bufferevent_trigger(socketBev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
         return true
+    }
+
+    /// The protocol the client and the proxy agreed on in the handshake (ALPN, RFC 7301): `h2`, `http/1.1`, or nil.
+    var negotiatedProtocol: String? {
+        guard let ssl else { return nil }
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length > 0 else { return nil }
+        return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
+    /// The TLS state no longer points to the HTTP/1 session that made it (its SNI and ALPN callbacks read it): the
+    /// connection went to an HTTP/2 session (SPEC §17).
+    func forgetTLSOwner() {
+        if let ssl { SSL_set_ex_data(ssl, 0, nil) }
     }
 
     /// OpenSSL's errors for this connection, oldest first (a failed handshake says why).
@@ -234,6 +271,7 @@ final class ClientTransport {
     /// Ends the client's sending direction of a tunnel: close_notify under TLS (its own half-close, RFC 8446 §6.1),
     /// `shutdown(SHUT_WR)` on TCP; the other way stays open.
     func shutdownWrite() {
+        if isStream { return }  // a stream's exchange is never a tunnel (RFC 9113 §8.5 CONNECT is refused)
         if let ssl { sendCloseNotify(ssl) } else { shutdown(bufferevent_getfd(bev), Int32(SHUT_WR)) }
     }
 
@@ -247,7 +285,7 @@ final class ClientTransport {
         bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
         if let socketOutput, !watchingSocketOutput {
             watchingSocketOutput = true
-            evbuffer_add_cb(socketOutput, tlsSocketOutputCallback, owner)
+            evbuffer_add_cb(socketOutput, callbacks.socketDrained, owner)
         }
     }
 
@@ -257,7 +295,7 @@ final class ClientTransport {
     func release(cleanTLSEnd: Bool) {
         if watchingSocketOutput, let socketOutput {
             watchingSocketOutput = false
-            evbuffer_remove_cb(socketOutput, tlsSocketOutputCallback, owner)
+            evbuffer_remove_cb(socketOutput, callbacks.socketDrained, owner)
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
         if let parkedRead { event_free(parkedRead) }
@@ -269,5 +307,29 @@ final class ClientTransport {
         } else {
             bufferevent_free(bev)
         }
+        // A stream's end says how it ended: a close-delimited response ends cleanly, a cut one does not.
+        if isStream { stream?.exchangeSessionEnded(clean: cleanTLSEnd) }
     }
+}
+
+/// The libevent callbacks a client wire reports to: its owner's kind decides.
+struct ClientCallbacks {
+    let read: bufferevent_data_cb
+    let write: bufferevent_data_cb
+    let event: bufferevent_event_cb
+    /// Under TLS: the socket's buffer of records was written out (a closing connection closes then).
+    let socketDrained: evbuffer_cb_func
+
+    static let http1 = ClientCallbacks(read: clientReadCallback, write: clientWriteCallback, event: clientEventCallback,
+                                       socketDrained: tlsSocketOutputCallback)
+    static let http2 = ClientCallbacks(read: http2ReadCallback, write: http2WriteCallback, event: http2EventCallback,
+                                       socketDrained: http2SocketOutputCallback)
+}
+
+/// What the worker asks of every client connection it holds, whatever it speaks.
+protocol ClientSession: AnyObject {
+    /// Frees the connection at once.
+    func close()
+    /// Drain (SIGTERM): close when idle, else once what is in flight is done.
+    func drain()
 }

@@ -33,6 +33,14 @@ final class Exchange {
     /// it): the record at its end must not count them again.
     var bytesCountedWhileFlowing = false
     var logged = false
+    /// The request came on an HTTP/2 stream (SPEC §17); the head the engine read is its HTTP/1.1 translation.
+    var overHTTP2 = false
+
+    /// The access log's `proto`: how the client spoke, as ALPN names it (`h2`, `http/1.1`, `http/1.0`).
+    var protocolName: String {
+        if overHTTP2 { return "h2" }
+        return clientVersion == .http10 ? "http/1.0" : "http/1.1"
+    }
 
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {
         self.clientVersion = clientVersion

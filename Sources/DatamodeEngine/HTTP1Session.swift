@@ -17,7 +17,7 @@ import Glibc
 /// Requests on one connection are handled strictly one at a time, so pipelined requests are answered in order:
 /// the next head is not even parsed until the current response is complete (its bytes wait in the input
 /// buffer, bounded by the read watermark).
-final class HTTP1Session {
+final class HTTP1Session: ClientSession {
     typealias StateMachine = HTTP1SessionStateMachine<ExchangeDriver>
 
     unowned let worker: Worker
@@ -52,6 +52,19 @@ final class HTTP1Session {
         self.peerText = peer.hostText
         let settings = worker.settings
         machine = StateMachine(timeouts: settings.clientTimeouts)
+    }
+
+    /// The exchange of one HTTP/2 stream (SPEC §17): its HTTP/1.1 translation arrives on `end`, the session's end
+    /// of the stream's bufferevent pair, as a request inside `tunnel` (the connection's interception), and the
+    /// response goes back the same way. Everything above the transport is the HTTP/1 path, unchanged.
+    init(worker: Worker, stream: HTTP2Stream, end: OpaquePointer, peerAddress: IPAddress?, peerText: String,
+         tunnel: InterceptedTunnel) {
+        self.worker = worker
+        transport = ClientTransport(worker: worker, streamEnd: end, stream: stream)
+        self.peerAddress = peerAddress
+        self.peerText = peerText
+        machine = StateMachine(timeouts: worker.settings.clientTimeouts)
+        intercepted = tunnel
     }
 
     func start() {
@@ -253,8 +266,14 @@ final class HTTP1Session {
                 worker.refreshSnapshot()
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.outcome = .error
-                ExchangeDriver(session: self, exchange: exchange)
-                    .respondError(error.clientErrorCode, detail: error.detail, close: true)
+                let driver = ExchangeDriver(session: self, exchange: exchange)
+                if startsWithHTTP2Preface {
+                    driver.respondError(.httpVersionNotSupported,
+                                        detail: "HTTP/2 is spoken inside intercepted TLS (ALPN h2), not in clear text on the proxy port",
+                                        close: true)
+                } else {
+                    driver.respondError(error.clientErrorCode, detail: error.detail, close: true)
+                }
                 return
             case .complete(let head, let length):
                 evbuffer_drain(input, length)
@@ -263,9 +282,17 @@ final class HTTP1Session {
                 // A reload's timeouts apply to connections already open from their next request on, as before.
                 machine.timeouts = worker.settings.clientTimeouts
                 let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: started)
+                exchange.overHTTP2 = transport.isStream
                 ExchangeDriver(session: self, exchange: exchange).begin(head, source: requestSource)
             }
         }
+    }
+
+    /// The input starts with the HTTP/2 connection preface's request line (RFC 9113 §3.4): SPEC §17's `505`.
+    private var startsWithHTTP2Preface: Bool {
+        let line = Array("PRI * HTTP/2.0\r\n".utf8)
+        guard evbuffer_get_length(input) >= line.count, let start = evbuffer_pullup(input, line.count) else { return false }
+        return UnsafeRawBufferPointer(start: start, count: line.count).elementsEqual(line)
     }
 
     /// Stops the head timer; returns when the head's first byte arrived.
@@ -335,6 +362,18 @@ final class HTTP1Session {
         releaseShapingTimer()
         transport.release(cleanTLSEnd: cleanTLSEnd)
         worker.clientClosed(self)
+    }
+
+    /// The client chose `h2` in the intercepted handshake (SPEC §17): the wire goes to `successor`, which is this
+    /// same connection from now on; this session lets go of its timers and its place without closing anything.
+    func handOver(to successor: HTTP2Session) {
+        guard !released else { return }
+        machine.closed()
+        released = true
+        if let timer { event_free(timer) }
+        timer = nil
+        releaseShapingTimer()
+        worker.clientChangedHands(from: self, to: successor)
     }
 
     /// Drain: close now if idle between requests; otherwise close after the current response.

@@ -116,6 +116,61 @@ let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
     client.flushPendingWrites()
 }
 
+// MARK: HTTP/2 client side (SPEC §17)
+
+// An HTTP/2 connection's wire (the same TLS bufferevent its HTTP/1 session had) and each stream's end of its pair.
+// Every callback ends with `flushOutput()`: what the streams and the codec queued goes to the wire before the loop.
+
+let http2ReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2ReadCallback")
+    defer { CallbackNesting.leave() }
+    let session = owner(ctx, as: HTTP2Session.self)
+    session.clientReadable()
+    session.flushOutput()
+}
+let http2WriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2WriteCallback")
+    defer { CallbackNesting.leave() }
+    let session = owner(ctx, as: HTTP2Session.self)
+    session.clientWritable()
+    session.flushOutput()
+}
+let http2EventCallback: bufferevent_event_cb = { _, what, ctx in
+    CallbackNesting.enter("http2EventCallback")
+    defer { CallbackNesting.leave() }
+    let session = owner(ctx, as: HTTP2Session.self)
+    session.clientEvent(what)
+    session.flushOutput()
+}
+let http2TimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("http2TimerCallback")
+    defer { CallbackNesting.leave() }
+    let session = owner(ctx, as: HTTP2Session.self)
+    session.timerFired()
+    session.flushOutput()
+}
+let http2FlushCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("http2FlushCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HTTP2Session.self).flushOutput()
+}
+let http2StreamReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2StreamReadCallback")
+    defer { CallbackNesting.leave() }
+    let stream = owner(ctx, as: HTTP2Stream.self)
+    let session = stream.connection
+    stream.responseReadable()
+    session.flushOutput()
+}
+let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2StreamWriteCallback")
+    defer { CallbackNesting.leave() }
+    let stream = owner(ctx, as: HTTP2Stream.self)
+    let session = stream.connection
+    stream.requestBodyMovedOn()
+    session.flushOutput()
+}
+
 let controlTickCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: Ticker.self).fired()
 }
@@ -240,6 +295,11 @@ let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
     owner(ctx, as: HTTP1Session.self).socketOutputDrained()
 }
 
+let http2SocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
+    guard let buffer, evbuffer_get_length(buffer) == 0 else { return }
+    owner(ctx, as: HTTP2Session.self).socketOutputDrained()
+}
+
 let tlsServerNameCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<Int32>?, UnsafeMutableRawPointer?) -> Int32 = {
     ssl, alert, _ in
     guard let ssl else { return 0 }
@@ -247,6 +307,8 @@ let tlsServerNameCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<
 }
 let tlsALPNSelectCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<UnsafePointer<UInt8>?>?,
                                            UnsafeMutablePointer<UInt8>?, UnsafePointer<UInt8>?, UInt32,
-                                           UnsafeMutableRawPointer?) -> Int32 = { _, out, outLength, offered, offeredLength, _ in
-    TLSServerContext.selectALPN(out, outLength, offered, offeredLength)
+                                           UnsafeMutableRawPointer?) -> Int32 = { ssl, out, outLength, offered, offeredLength, _ in
+    // `h2` only when the connection's worker offers it now (`http2.client`, reloadable).
+    let offersH2 = ssl.flatMap { SSL_get_ex_data($0, 0) }.map { owner($0, as: HTTP1Session.self).worker.settings.http2.client } ?? false
+    return TLSServerContext.selectALPN(out, outLength, offered, offeredLength, offeringH2: offersH2)
 }

@@ -48,7 +48,8 @@ final class Worker {
     private var generation: UInt64
     private var listener: OpaquePointer?
     private var listenerPaused = false
-    private var clients: [ObjectIdentifier: HTTP1Session] = [:]
+    /// Every client connection, HTTP/1 or HTTP/2 (a stream's own session is its connection's, not listed here).
+    private var clients: [ObjectIdentifier: any ClientSession] = [:]
     private var upstreams: [ObjectIdentifier: UpstreamConnection] = [:]
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
@@ -307,9 +308,15 @@ final class Worker {
         }
     }
 
-    func clientClosed(_ client: HTTP1Session) {
+    func clientClosed(_ client: AnyObject) {
         if clients.removeValue(forKey: ObjectIdentifier(client)) != nil { metrics.connectionClosed() }
         exitIfDrained()
+    }
+
+    /// The connection `old` was is now `new`'s (an intercepted client chose `h2`): still one connection.
+    func clientChangedHands(from old: AnyObject, to new: any ClientSession) {
+        clients.removeValue(forKey: ObjectIdentifier(old))
+        clients[ObjectIdentifier(new)] = new
     }
 
     func upstreamOpened(_ upstream: UpstreamConnection) {
@@ -343,7 +350,8 @@ final class Worker {
                                   now: now)
         }
         if accessLog.isEnabled {
-            accessLog.write(time: clock.wallNanoseconds(), client: client, method: exchange.method, url: exchange.url,
+            accessLog.write(time: clock.wallNanoseconds(), client: client, proto: exchange.protocolName,
+                            method: exchange.method, url: exchange.url,
                             status: exchange.status, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
                             outcome: outcome.rawValue, reason: exchange.reason, variant: exchange.variant,
                             tags: exchange.tags, tagSources: exchange.tagSources, rule: exchange.rule,

@@ -38,6 +38,8 @@ final class WorkerSettings {
     let sessions: SessionSettings
     /// Which CONNECT hosts are intercepted (SPEC §9); reloadable.
     let tls: TLSSection
+    /// HTTP/2 to clients inside interception (SPEC §17): whether `h2` is offered, and the codec's settings.
+    let http2: HTTP2Section
     /// The link profile in force under the global mode (SPEC §10), resolved once per snapshot; nil: unshaped.
     let profile: LinkProfile?
     let shapingScope: ShapingScope
@@ -78,6 +80,7 @@ final class WorkerSettings {
         imageSettings = configuration.images.applies(in: snapshot.mode) ? configuration.images : nil
         sessions = SessionSettings(snapshot)
         tls = configuration.tls
+        http2 = configuration.http2
         profile = snapshot.profileInForce.profile
         shapingScope = configuration.link.scope
         apiProfile = snapshot.apiProfile

@@ -40,6 +40,9 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
     /// SPEC §12: `PUT /sessions/{id}` while sessions are off: a rig must not believe it has a session that nothing
     /// honours (the session header is ignored while they are off).
     case sessionsDisabled = "sessions-disabled"
+    /// SPEC §17: the HTTP/2 connection preface in clear text on the proxy port (HTTP/2 is spoken inside
+    /// intercepted TLS only); answered and closed.
+    case httpVersionNotSupported = "http-version-not-supported"
 
     public var status: Int {
         switch self {
@@ -54,6 +57,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .sessionsDisabled: 409
         case .upstreamTimeout: 504
         case .overloaded: 503
+        case .httpVersionNotSupported: 505
         }
     }
 
@@ -83,6 +87,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case .unknownProfile: "Unknown link profile"
         case .budgetExhausted: "Data budget exhausted"
         case .sessionsDisabled: "Sessions are off"
+        case .httpVersionNotSupported: "HTTP version not supported here"
         }
     }
 
@@ -98,6 +103,7 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         case 431: "Request Header Fields Too Large"
         case 502: "Bad Gateway"
         case 503: "Service Unavailable"
+        case 505: "HTTP Version Not Supported"
         case 504: "Gateway Timeout"
         case 508: "Loop Detected"
         default: "Error"

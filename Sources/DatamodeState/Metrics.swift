@@ -27,6 +27,11 @@ public final class WorkerMetrics: @unchecked Sendable {
     @usableFromInline let splices = Atomic<Int>(0)
     @usableFromInline let bodySplices = Atomic<Int>(0)
     @usableFromInline let intercepted = Atomic<Int>(0)
+    /// HTTP/2 on the client side (SPEC §17): connections open now, streams ever opened, errors by reason
+    /// (one counter per `http2ErrorReasons` entry).
+    @usableFromInline let http2Connections = Atomic<Int>(0)
+    @usableFromInline let http2Streams = Atomic<Int>(0)
+    private let http2Errors: UnsafeMutablePointer<Atomic<Int>>
     /// One counter per `TLSFailureLabel.all` entry.
     private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
     @usableFromInline let savedHLS = Atomic<Int>(0)
@@ -53,6 +58,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         for i in 0..<Self.durationBuckets.count { (buckets + i).initialize(to: Atomic(0)) }
         handshakeFailures = .allocate(capacity: TLSFailureLabel.all.count)
         for i in 0..<TLSFailureLabel.all.count { (handshakeFailures + i).initialize(to: Atomic(0)) }
+        http2Errors = .allocate(capacity: Self.http2ErrorReasons.count)
+        for i in 0..<Self.http2ErrorReasons.count { (http2Errors + i).initialize(to: Atomic(0)) }
         var index: [String: Int] = [:]
         for (i, reason) in Self.reasons.enumerated() { index[reason] = i }
         reasonIndex = index
@@ -65,6 +72,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         buckets.deallocate()
         handshakeFailures.deinitialize(count: TLSFailureLabel.all.count)
         handshakeFailures.deallocate()
+        http2Errors.deinitialize(count: Self.http2ErrorReasons.count)
+        http2Errors.deallocate()
         imagesUntouched.deinitialize(count: ImagePassReason.allCases.count)
         imagesUntouched.deallocate()
     }
@@ -111,6 +120,19 @@ public final class WorkerMetrics: @unchecked Sendable {
     @inlinable package func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
     @inlinable package func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
     @inlinable package func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
+    @inlinable package func http2ConnectionOpened() { http2Connections.add(1, ordering: .relaxed) }
+    @inlinable package func http2ConnectionClosed() { http2Connections.subtract(1, ordering: .relaxed) }
+    @inlinable package func http2StreamOpened() { http2Streams.add(1, ordering: .relaxed) }
+    /// `reason`: an entry of `http2ErrorReasons` (the codec's `HTTP2LimitReason` raw values and its connection
+    /// errors' labels); anything else is counted as `protocol-error`.
+    package func http2Error(_ reason: String) {
+        let index = Self.http2ErrorReasons.firstIndex(of: reason) ?? Self.http2ErrorReasons.firstIndex(of: "protocol-error")!
+        http2Errors[index].add(1, ordering: .relaxed)
+    }
+    /// The `reason` labels of `datamode_http2_errors_total` (SPEC §17), every one exported.
+    public static let http2ErrorReasons = ["rapid-reset", "continuation-flood", "header-too-large", "hpack-bomb",
+                                           "settings-flood", "ping-flood", "empty-frames", "too-many-streams",
+                                           "outbound-flood", "protocol-error", "internal-error"]
     package func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
         guard let index = TLSFailureLabel.all.firstIndex(of: TLSFailureLabel(side: side, reason: reason)) else { return }
         handshakeFailures[index].add(1, ordering: .relaxed)
@@ -168,6 +190,11 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.tunnelSplices += splices.load(ordering: .relaxed)
         total.bodySplices += bodySplices.load(ordering: .relaxed)
         total.tlsIntercepted += intercepted.load(ordering: .relaxed)
+        total.http2ConnectionsActive += http2Connections.load(ordering: .relaxed)
+        total.http2Streams += http2Streams.load(ordering: .relaxed)
+        for (i, reason) in Self.http2ErrorReasons.enumerated() {
+            total.http2Errors[reason, default: 0] += http2Errors[i].load(ordering: .relaxed)
+        }
         for (i, label) in TLSFailureLabel.all.enumerated() {
             total.tlsHandshakeFailures[label, default: 0] += handshakeFailures[i].load(ordering: .relaxed)
         }
@@ -223,6 +250,10 @@ public struct MetricsSnapshot: Sendable {
     public var logDropped = 0
     /// Intercepted tunnels whose client handshake completed (SPEC §9).
     public var tlsIntercepted = 0
+    /// HTTP/2 client connections open, streams opened, errors by reason (SPEC §17).
+    public var http2ConnectionsActive = 0
+    public var http2Streams = 0
+    public var http2Errors: [String: Int] = [:]
     /// Failed TLS handshakes by side and reason (every label present, zeros included).
     public var tlsHandshakeFailures: [TLSFailureLabel: Int] = [:]
     public init() {}

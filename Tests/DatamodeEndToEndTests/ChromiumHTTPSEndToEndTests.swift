@@ -127,4 +127,77 @@ import Testing
         #expect(metrics.counter("datamode_requests_total", ["outcome": "rewritten", "reason": ""]) >= 1)
         #expect(metrics.counter("datamode_tls_intercepted_total") >= 2, "\(metrics.text)")
     }
+
+    /// SPEC §17 with a real browser: a page of 30 images and a video over HTTP/2. Chromium offers `h2` and the proxy
+    /// takes it, so the page loads over one multiplexed connection, as it would without the proxy; in constrained
+    /// mode every image is its low-res variant (pixels) and the video is refused on its own stream while the images
+    /// around it load.
+    @Test(.timeLimit(.minutes(5)))
+    func aPageOfThirtyImagesLoadsOverOneH2ConnectionWithVariants() throws {
+        let host = "localhost"
+        let directory = try ScratchDirectory.make("datamode-chromium-h2")
+        defer { ScratchDirectory.remove(directory) }
+        let browser = try HeadlessChromium(directory: directory + "/browser")
+        let origin = try TLSFileServer(directory: directory + "/origin")
+        defer { origin.stop() }
+        let count = 30
+        let images = (0..<count).map { "<img src=\"/img/p\($0).png\" width=\"40\" height=\"40\">" }.joined()
+        let page = """
+            <!doctype html><html><head><meta charset="utf-8"><title>thirty</title>
+            <style>html, body { margin: 0; background: #ffffff; } img { display: block; float: left; }
+            video { display: block; clear: both; }</style></head>
+            <body><div style="width: 400px">\(images)</div>
+            <video src="/media/clip.mp4" width="320" height="60" preload="auto" muted></video></body></html>
+            """
+        try origin.publish("index.html", Array(page.utf8))
+        for i in 0..<count {
+            try origin.publish("img/p\(i).png", PNGImage(width: 40, height: 40, fill: Self.heroColour).encoded())
+            try origin.publish("small/p\(i).png", PNGImage(width: 4, height: 4, fill: Self.lowResColour).encoded())
+        }
+        try origin.publish("media/clip.mp4", [UInt8](repeating: 0x42, count: 256 * 1024))
+        let config = """
+            mode: constrained
+            tls:
+              intercept: ["\(host)"]
+            connect: {ports: [\(origin.port)]}
+            rules:
+              - {name: no-video-on-low-data, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+            variants:
+              - {id: small-images, match: "https://\(host):\(origin.port)/img/*.png", target: "https://\(host):\(origin.port)/small/$1.png", when: constrained}
+            """
+        let proxy = try ProxyProcess(config: config, environment: ["SSL_CERT_FILE": origin.certificatePath])
+        defer { proxy.stop() }
+        let admin = AdminAPIClient(port: proxy.adminPort)
+        let ca = try admin.get("/ca.pem")
+        let caPath = directory + "/proxy-ca.pem"
+        try ca.bodyText.write(toFile: caPath, atomically: true, encoding: .utf8)
+        try browser.trustCertificateAuthority(pemPath: caPath, nickname: "datamode-proxy")
+
+        let shot = try browser.screenshot("https://\(host):\(origin.port)/index.html", proxyPort: proxy.port)
+        // Ten images per 400-pixel row: the centre of image i is at (40·(i mod 10) + 20, 40·(i div 10) + 20).
+        let probes = [0, 9, 15, 29].map { (40 * ($0 % 10) + 20, 40 * ($0 / 10) + 20) }
+        for (x, y) in probes {
+            #expect(shot.screenshot.pixel(x: x, y: y).isClose(to: Self.lowResColour),
+                    "image pixels \(Self.describe(shot.screenshot, probes))\n\(shot.output)")
+        }
+        AdminPolling.until(timeout: .seconds(30)) {
+            !Self.entries(proxy, path: "/media/clip.mp4", from: 0).isEmpty
+                && (0..<count).allSatisfy { !Self.entries(proxy, path: "/img/p\($0).png", from: 0).isEmpty }
+        }
+        let lines = proxy.accessLog
+        let imageLines = lines.filter { ($0["url"] as? String)?.contains("/img/p") == true }
+        #expect(imageLines.count >= count, "\(imageLines.count) image lines")
+        #expect(imageLines.allSatisfy { $0["proto"] as? String == "h2" && $0["variant"] as? String == "small-images" },
+                "\(imageLines)")
+        let video = Self.entries(proxy, path: "/media/clip.mp4", from: 0)
+        #expect(!video.isEmpty && video.allSatisfy { $0["status"] as? Int == 403 && $0["proto"] as? String == "h2" },
+                "\(video)")
+        // The page, its thirty images and the video share a connection: Chromium opens at most a second, speculative
+        // one while the first handshake is under way (its socket pool does), never one per six requests as HTTP/1.1
+        // makes it.
+        let connects = lines.filter { $0["method"] as? String == "CONNECT" && ($0["url"] as? String)?.hasPrefix(host) == true }
+        #expect(connects.count >= 1 && connects.count <= 2, "\(connects)")
+        let metrics = try admin.scrape()
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "client"]) >= Double(count + 2), "\(metrics.text)")
+    }
 }

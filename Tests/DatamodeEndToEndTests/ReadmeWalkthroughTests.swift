@@ -302,14 +302,17 @@ import Testing
         let admin = ["--admin", "127.0.0.1:\(proxy.adminPort)"]
 
         let full = try curl("/img/hero.jpg")
-        #expect(full.stdout.hasPrefix("HTTP/1.1 200") && full.stdout.contains("full-size hero"), "\(full.output)")
+        // curl offers h2 and the proxy picks it inside the tunnel (SPEC §17), as the README shows.
+        #expect(full.stdout.hasPrefix("HTTP/2 200") && full.stdout.contains("full-size hero"), "\(full.output)")
         #expect(try ProxyProcess.runCLI(["mode", "constrained"] + admin).status == 0)
         let video = try curl("/video.mp4")
-        #expect(video.stdout.hasPrefix("HTTP/1.1 403"), "\(video.output)")
-        #expect(video.stdout.contains("Network-Unavailable-Reason: constrained"))
+        #expect(video.stdout.hasPrefix("HTTP/2 403"), "\(video.output)")
+        #expect(video.stdout.contains("network-unavailable-reason: constrained"))
         #expect(video.stdout.contains("\"url\":\"https://localhost:\(origin.port)/video.mp4\""))
         let small = try curl("/img/hero.jpg")
-        #expect(small.stdout.contains("Data-Mode-Variant: hero-small"), "\(small.output)")
+        #expect(small.stdout.hasPrefix("HTTP/2 200") && small.stdout.contains("data-mode-variant: hero-small"), "\(small.output)")
+        let h2Lines = proxy.accessLog.filter { $0["method"] as? String == "GET" }
+        #expect(!h2Lines.isEmpty && h2Lines.allSatisfy { $0["proto"] as? String == "h2" }, "the access log's proto: \(h2Lines)")
         #expect(small.stdout.hasSuffix("small hero image\n"), "\(small.output)")
         let untrusted = try curl("/img/hero.jpg", trust: false)
         #expect(untrusted.status == 60, "curl must refuse the leaf without the CA: \(untrusted.output)")

@@ -4,7 +4,7 @@ import COpenSSL
 import DatamodeState
 
 /// The TLS server side of interception (SPEC §9), one per worker (no sharing, no locks): an `SSL_CTX` made once
-/// and reused for every intercepted connection, the SNI callback that picks the leaf, ALPN `http/1.1` only,
+/// and reused for every intercepted connection, the SNI callback that picks the leaf, ALPN (`h2` or `http/1.1`),
 /// and the worker's cache of minted leaves.
 ///
 /// Session resumption: OpenSSL issues stateless session tickets by default and this context also keeps a
@@ -68,24 +68,27 @@ final class TLSServerContext {
         return SSL_TLSEXT_ERR_OK
     }
 
-    /// ALPN: `http/1.1` when the client offers it; otherwise no ALPN at all (the client then speaks HTTP/1.1,
-    /// RFC 7301 §3.2 allows the server to ignore the extension), never `h2`, which the engine does not speak yet.
+    /// ALPN (RFC 7301), the server's preference: `h2` when the client offers it and `offeringH2` (SPEC §17,
+    /// `http2.client`), else `http/1.1` when offered; otherwise no ALPN at all (the client then speaks HTTP/1.1,
+    /// RFC 7301 §3.2 allows the server to ignore the extension).
     static func selectALPN(_ out: UnsafeMutablePointer<UnsafePointer<UInt8>?>?, _ outLength: UnsafeMutablePointer<UInt8>?,
-                           _ offered: UnsafePointer<UInt8>?, _ offeredLength: UInt32) -> Int32 {
+                           _ offered: UnsafePointer<UInt8>?, _ offeredLength: UInt32, offeringH2: Bool) -> Int32 {
         guard let offered, let out, let outLength else { return SSL_TLSEXT_ERR_NOACK }
-        let wanted: [UInt8] = Array("http/1.1".utf8)
-        var i = 0
-        let n = Int(offeredLength)
-        while i < n {
-            let length = Int(offered[i])
-            let start = i + 1
-            guard start + length <= n else { break }
-            if length == wanted.count && (0..<length).allSatisfy({ offered[start + $0] == wanted[$0] }) {
-                out.pointee = offered + start
-                outLength.pointee = UInt8(length)
-                return SSL_TLSEXT_ERR_OK
+        let preferences: [[UInt8]] = offeringH2 ? [Array("h2".utf8), Array("http/1.1".utf8)] : [Array("http/1.1".utf8)]
+        for wanted in preferences {
+            var i = 0
+            let n = Int(offeredLength)
+            while i < n {
+                let length = Int(offered[i])
+                let start = i + 1
+                guard start + length <= n else { break }
+                if length == wanted.count && (0..<length).allSatisfy({ offered[start + $0] == wanted[$0] }) {
+                    out.pointee = offered + start
+                    outLength.pointee = UInt8(length)
+                    return SSL_TLSEXT_ERR_OK
+                }
+                i = start + length
             }
-            i = start + length
         }
         return SSL_TLSEXT_ERR_NOACK
     }

@@ -1,0 +1,272 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeHTTP
+import DatamodeHTTP2
+import DatamodePolicy
+import DatamodeState
+
+/// An HTTP/2 client connection (the session layer, as HAProxy's `h2c`): an intercepted TLS connection whose
+/// client chose `h2` in the handshake (SPEC §17). It owns the wire (the `ClientTransport` its HTTP/1 session had
+/// until then), the codec (`HTTP2ServerSession`: framing, HPACK, flow control and the limits of §17 on nghttp2),
+/// and one `HTTP2Stream` per request, each an exchange of its own. It moves bytes between the wire and the codec,
+/// turns the codec's events into stream calls, and closes: on the client's close, a connection error (GOAWAY is
+/// already queued), idleness, or a drain once the streams in flight are done.
+final class HTTP2Session: ClientSession {
+    unowned let worker: Worker
+    let transport: ClientTransport
+    let codec: HTTP2ServerSession
+    let peerAddress: IPAddress?
+    let peerText: String
+    /// The interception every stream's request is judged inside (SPEC §9): the CONNECT's authority, its user.
+    let tunnel: InterceptedTunnel
+    private var streams: [HTTP2StreamID: HTTP2Stream] = [:]
+    private var timer: OpaquePointer?
+    /// Runs `flushOutput` from the loop, for what a stream's exchange did outside this connection's callbacks
+    /// (its session ended: `HTTP2Stream.exchangeSessionEnded`).
+    private var flushEvent: OpaquePointer?
+    private(set) var released = false
+    /// Nothing more is read: the connection closes once its output is written (GOAWAY is in it).
+    private var closing = false
+    /// When bytes last moved either way (monotonic nanoseconds): idleness and a client that stopped reading.
+    private var lastProgress: UInt64
+
+    /// Nil when nghttp2 could not make a session (out of memory).
+    init?(worker: Worker, transport: ClientTransport, peerAddress: IPAddress?, peerText: String, tunnel: InterceptedTunnel) {
+        self.worker = worker
+        self.transport = transport
+        self.peerAddress = peerAddress
+        self.peerText = peerText
+        self.tunnel = tunnel
+        let settings = worker.settings
+        guard let codec = try? HTTP2ServerSession(configuration: HTTP2ServerConfiguration(
+            maxConcurrentStreams: UInt32(settings.http2.maxConcurrentStreams),
+            initialWindowSize: UInt32(settings.http2.initialWindow),
+            headerLimits: settings.limits)) else { return nil }
+        self.codec = codec
+        lastProgress = worker.clock.nowNanoseconds()
+    }
+
+    /// Takes the wire over (callbacks, timer) and reads what the client already sent (its preface, often).
+    func start() {
+        transport.configure(owner: context(self), callbacks: .http2)
+        timer = dm_timer_new(worker.base, http2TimerCallback, context(self))
+        flushEvent = event_new(worker.base, -1, 0, http2FlushCallback, context(self))
+        worker.metrics.http2ConnectionOpened()
+        armTimer()
+        clientReadable()
+    }
+
+    private var idleMilliseconds: Int64 { max(1, worker.settings.clientIdleMs) }
+
+    private func armTimer() {
+        if let timer { dm_event_add_ms(timer, idleMilliseconds) }
+    }
+
+    // MARK: reading
+
+    func clientReadable() {
+        guard !released else { return }
+        let input = transport.input
+        while evbuffer_get_length(input) > 0 {
+            if closing {
+                evbuffer_drain(input, evbuffer_get_length(input))
+                return
+            }
+            let length = evbuffer_get_contiguous_space(input)
+            guard length > 0, let start = evbuffer_pullup(input, length) else { return }
+            let events = codec.receive(UnsafeRawBufferPointer(start: start, count: length))
+            evbuffer_drain(input, length)
+            lastProgress = worker.clock.nowNanoseconds()
+            handle(events)
+        }
+    }
+
+    private func handle(_ events: [HTTP2ServerEvent]) {
+        for event in events {
+            switch event {
+            case .request(let id, let request, let endStream):
+                open(id, request, endStream: endStream)
+            case .requestBody(let id, let bytes):
+                if let stream = streams[id] {
+                    stream.requestBody(bytes)
+                } else {
+                    codec.consumeRequestBody(id, count: bytes.count)
+                }
+            case .requestEnd(let id, let trailers):
+                streams[id]?.requestEnded(trailers: trailers)
+            case .requestRefused(let id, let refusal):
+                refused(id, refusal)
+            case .responseBodyDrained(let id):
+                streams[id]?.resumeResponse()
+            case .streamClosed(let id, let end):
+                streams.removeValue(forKey: id)?.closed(end)
+            case .goaway:
+                break  // the codec stops wanting to read once the streams in flight are done
+            case .connectionError(let error):
+                worker.metrics.http2Error(error.reasonLabel)
+                worker.logger.info("http2 connection error", metadata: [
+                    "client": "\(peerText)", "reason": "\(error.reasonLabel)", "code": "\(error.code)",
+                    "detail": "\(error.detail)",
+                ])
+                closing = true
+            case .limitExceeded(let reason):
+                worker.metrics.http2Error(reason.rawValue)
+            }
+        }
+    }
+
+    /// A request that passed strict translation: a stream, an exchange.
+    private func open(_ id: HTTP2StreamID, _ request: HTTP2Request, endStream: Bool) {
+        guard !closing else {
+            try? codec.resetStream(id, code: .refusedStream)
+            return
+        }
+        worker.metrics.http2StreamOpened()
+        let stream = HTTP2Stream(connection: self, id: id, method: request.method)
+        streams[id] = stream
+        guard stream.start(request, endStream: endStream) else {
+            streams.removeValue(forKey: id)
+            try? codec.resetStream(id, code: .internalError)
+            return
+        }
+    }
+
+    /// A stream the codec refused before it became a request: `431` or `414` when it awaits an answer (the same
+    /// problem documents an HTTP/1 request gets), nothing for the ones already reset.
+    private func refused(_ id: HTTP2StreamID, _ refusal: HTTP2RequestRefusal) {
+        let error: HTTPWireError
+        switch refusal {
+        case .headerSectionTooLarge: error = .headerSectionTooLarge
+        case .pathTooLong: error = .requestLineTooLong
+        case .malformed, .tooManyStreams: return
+        }
+        let body = Array(ProblemDetail(code: error.clientErrorCode, detail: error.detail).json.utf8)
+        do throws(HTTP2SessionError) {
+            try codec.sendResponseHead(id, status: error.clientErrorCode.status, fields: [
+                HTTPField(name: "content-type", value: "application/problem+json"),
+                HTTPField(name: "cache-control", value: "no-store"),
+                HTTPField(name: "content-length", value: String(body.count)),
+            ], endStream: false)
+            let queued = body.withUnsafeBytes { bytes in Result { () throws(HTTP2SessionError) in try codec.sendResponseBody(id, bytes) } }
+            _ = try queued.get()
+            try codec.finishResponse(id)
+        } catch {
+            try? codec.resetStream(id, code: .internalError)
+        }
+    }
+
+    // MARK: writing
+
+    /// Moves the codec's frames to the wire while it takes them (called after every callback, as the HTTP/1
+    /// session's `flushPendingWrites`), and closes once nothing is left to say.
+    func flushOutput() {
+        guard !released else { return }
+        var rounds = 0
+        while codec.wantsWrite, transport.outputLength < Flow.highWater, rounds < 64 {
+            rounds += 1
+            let output = transport.output
+            let before = transport.outputLength
+            let events = codec.writeOutput(limit: Flow.highWater - before) { bytes in
+                _ = evbuffer_add(output, bytes.baseAddress, bytes.count)
+            }
+            if transport.outputLength > before { lastProgress = worker.clock.nowNanoseconds() }
+            handle(events)
+        }
+        transport.flush()
+        if !closing && !codec.wantsRead && !codec.wantsWrite && streams.isEmpty { closing = true }
+        if closing && !codec.wantsWrite { closeWhenWritten() }
+    }
+
+    /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs).
+    func scheduleFlush() {
+        guard !released, let flushEvent, event_pending(flushEvent, Int16(EV_TIMEOUT), nil) == 0 else { return }
+        event_active(flushEvent, Int32(EV_TIMEOUT), 0)
+    }
+
+    func clientWritable() {
+        guard !released else { return }
+        transport.writeCallbackRan()
+        lastProgress = worker.clock.nowNanoseconds()
+        if closing && transport.unsentOutput == 0 && !codec.wantsWrite { release(graceful: true) }
+    }
+
+    /// Under TLS the socket's buffer is watched too: once it is written, a closing connection closes (from the
+    /// timer, never inside the buffer's own callback).
+    func socketOutputDrained() {
+        guard closing, transport.unsentOutput == 0, let timer else { return }
+        dm_event_add_ms(timer, 0)
+    }
+
+    private func closeWhenWritten() {
+        if transport.unsentOutput == 0 {
+            release(graceful: true)
+        } else {
+            transport.closeWhenWritten()
+        }
+    }
+
+    // MARK: events, timer
+
+    func clientEvent(_ what: Int16) {
+        // EOF or an error: the client is gone (HTTP/2 has no half-close of the connection).
+        release(graceful: false)
+    }
+
+    /// Every `client-idle`: a connection with no stream and nothing moving is ended with GOAWAY; one whose
+    /// client stopped reading (output queued, or a response waiting for a window it never opens, nothing moved for
+    /// a whole period) is closed; a closing one whose GOAWAY cannot be written is closed.
+    func timerFired() {
+        guard !released else { return }
+        if closing && transport.unsentOutput == 0 {
+            release(graceful: true)
+            return
+        }
+        let idleFor = worker.clock.nowNanoseconds() &- lastProgress
+        let period = UInt64(idleMilliseconds) * 1_000_000
+        if idleFor >= period {
+            // Nothing moved for a whole period while something waits for the client: it stopped reading, or never
+            // opens its window (SPEC §17: the client-idle timeout applies).
+            let waitingForWindow = streams.keys.contains { codec.bufferedResponseBytes($0) > 0 }
+            if closing || transport.unsentOutput > 0 || waitingForWindow {
+                worker.logger.info("http2 client idle", metadata: [
+                    "client": "\(peerText)", "detail": "nothing moved for client-idle with a response waiting for the client",
+                ])
+                release(graceful: false)
+                return
+            }
+            if streams.isEmpty {
+                codec.drain()
+                closing = true
+            }
+        }
+        armTimer()
+    }
+
+    // MARK: closing
+
+    /// Drain (SIGTERM, SPEC §17): GOAWAY with the last stream id; the streams in flight finish.
+    func drain() {
+        guard !released, !closing else { return }
+        codec.drain()
+        flushOutput()
+    }
+
+    func close() {
+        release(graceful: false)
+    }
+
+    private func release(graceful: Bool) {
+        guard !released else { return }
+        released = true
+        let open = Array(streams.values)
+        streams.removeAll()
+        for stream in open { stream.connectionClosed() }
+        if let timer { event_free(timer) }
+        timer = nil
+        if let flushEvent { event_free(flushEvent) }
+        flushEvent = nil
+        transport.release(cleanTLSEnd: graceful)
+        worker.metrics.http2ConnectionClosed()
+        worker.clientClosed(self)
+    }
+}

@@ -1,0 +1,376 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeHTTP
+import DatamodeHTTP2
+
+/// One HTTP/2 stream of a client connection (SPEC §17), carried to its exchange as an HTTP/1.1 message.
+///
+/// Every stream is an exchange of the engine: an `HTTP1Session` of its own, whose transport is one end of a
+/// bufferevent pair (`ClientTransport(streamEnd:)`); this type holds the other end. The request the codec
+/// translated strictly (`HTTP2Request`) goes in as an HTTP/1.1 request for the tunnel's authority, framed by the
+/// stream (`content-length` when the client declared it, chunked otherwise), so tags, rules, the decision,
+/// variants, Save-Data, sessions, budgets, shaping, manifests and images, the access log and metrics are the
+/// HTTP/1 path's, unchanged. The answer comes back as the HTTP/1.1 response the session wrote, is read strictly
+/// (`HTTP1Parser`, `BodyFraming`, `ChunkedDecoder`) and handed to the codec as HEADERS and DATA. This is the shape
+/// of HAProxy 1.8's HTTP/2 (a mux that turned streams into HTTP/1 messages for the analysers behind it); the cost is
+/// one HTTP/1 head written and parsed per stream, in memory.
+///
+/// Backpressure both ways (SPEC §17 "flow control is backpressure"):
+/// - request body: DATA is written to the pair; its bytes are given back to the client's windows
+///   (`consumeRequestBody`) only once the pair moved them into the session's input, whose read watermark stops the
+///   pair when the origin is slower than the client;
+/// - response body: the pair moves at most `Self.responseWindow` into this end; the codec's queue says when to stop
+///   reading it (`sendResponseBody` false) and when to go on (`resumeResponse`); meanwhile the session's output
+///   fills, and its own watermark stops it reading the origin.
+///
+/// A response is complete only when its framing says so: a length met, a last chunk, or the session ending cleanly
+/// after a close-delimited body. Anything else resets the stream: a cut response is never presented as whole.
+final class HTTP2Stream {
+    /// The connection; it holds this stream (`HTTP2Session.streams`) for as long as either side is open.
+    unowned let connection: HTTP2Session
+    let id: HTTP2StreamID
+    /// The request's method: a response to HEAD has no body whatever its fields say.
+    let method: String
+    /// This stream's end of the pair (nil once freed).
+    private var end: OpaquePointer?
+    /// The exchange's session (nil once it ended).
+    private(set) var session: HTTP1Session?
+    /// The request body goes in chunked (no `content-length` from the client).
+    private var requestChunked = false
+    /// Request body bytes written to the pair and not yet given back to the client's windows.
+    private var unconsumed = 0
+
+    private enum ResponsePhase {
+        /// Waiting for the response head (1xx heads are relayed as they come).
+        case head
+        case body(BodyFraming, remaining: UInt64, decoder: ChunkedDecoder)
+        /// Complete, or given up (the stream was reset).
+        case over
+    }
+    private var phase = ResponsePhase.head
+    /// The codec's queue for this stream is full: read nothing more until `resumeResponse`.
+    private var paused = false
+    /// The session let go of its end: nil while it runs, then whether it ended cleanly (a close-delimited body is
+    /// complete only then).
+    private var sessionEnd: Bool?
+
+    /// The most response bytes the pair moves into this end at once.
+    static let responseWindow = 64 * 1024
+
+    init(connection: HTTP2Session, id: HTTP2StreamID, method: String) {
+        self.connection = connection
+        self.id = id
+        self.method = method
+    }
+
+    // MARK: the request
+
+    /// Makes the pair and the exchange's session, and writes the request head. False when no pair could be made.
+    func start(_ request: HTTP2Request, endStream: Bool) -> Bool {
+        let worker = connection.worker
+        var pair: [OpaquePointer?] = [nil, nil]
+        guard bufferevent_pair_new(worker.base, Int32(BEV_OPT_DEFER_CALLBACKS.rawValue), &pair) == 0,
+              let sessionEnd = pair[0], let end = pair[1] else { return false }
+        self.end = end
+        bufferevent_setcb(end, http2StreamReadCallback, http2StreamWriteCallback, nil, context(self))
+        bufferevent_setwatermark(end, Int16(EV_READ), 0, Self.responseWindow)
+        bufferevent_setwatermark(end, Int16(EV_WRITE), 0, 0)
+        bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
+
+        var head = request.method + " " + request.path + " HTTP/1.1\r\nhost: " + request.authority + "\r\n"
+        for field in request.fields {
+            head += field.name
+            head += ": "
+            head += field.value
+            head += "\r\n"
+        }
+        if !endStream && request.contentLength == nil {
+            requestChunked = true
+            head += "transfer-encoding: chunked\r\n"
+        }
+        head += "\r\n"
+        write(head)
+
+        let session = HTTP1Session(worker: worker, stream: self, end: sessionEnd, peerAddress: connection.peerAddress,
+                                   peerText: connection.peerText, tunnel: connection.tunnel)
+        self.session = session
+        session.start()
+        return true
+    }
+
+    func requestBody(_ bytes: [UInt8]) {
+        var responded = false
+        if case .over = phase { responded = true }
+        guard end != nil, session != nil, !responded else {
+            // Nobody reads it any more: give the windows back at once.
+            connection.codec.consumeRequestBody(id, count: bytes.count)
+            return
+        }
+        if requestChunked {
+            guard !bytes.isEmpty else { return }
+            write(String(bytes.count, radix: 16) + "\r\n")
+            write(bytes)
+            write("\r\n")
+        } else {
+            write(bytes)
+        }
+        unconsumed += bytes.count
+    }
+
+    /// END_STREAM: a chunked body gets its last chunk, and the trailers if any (HTTP/1.1 carries trailers only in
+    /// a chunked body; with `content-length` they are dropped, RFC 9110 §6.5 lets a recipient discard them).
+    func requestEnded(trailers: [HTTPField]) {
+        guard requestChunked, end != nil else { return }
+        var tail = "0\r\n"
+        for field in trailers { tail += field.name + ": " + field.value + "\r\n" }
+        tail += "\r\n"
+        write(tail)
+    }
+
+    /// The pair moved what was written into the session's input: the client may send as much again.
+    func requestBodyMovedOn() {
+        guard unconsumed > 0 else { return }
+        let count = unconsumed
+        unconsumed = 0
+        connection.codec.consumeRequestBody(id, count: count)
+    }
+
+    private func write(_ text: String) {
+        guard let end else { return }
+        var text = text
+        text.withUTF8 { _ = evbuffer_add(bufferevent_get_output(end), $0.baseAddress, $0.count) }
+    }
+
+    private func write(_ bytes: [UInt8]) {
+        guard let end else { return }
+        bytes.withUnsafeBytes { _ = evbuffer_add(bufferevent_get_output(end), $0.baseAddress, $0.count) }
+    }
+
+    // MARK: the response
+
+    /// The session wrote part of the response: relay what is whole to the codec.
+    func responseReadable() {
+        guard let end else { return }
+        let input = bufferevent_get_input(end)!
+        while !paused {
+            switch phase {
+            case .over:
+                evbuffer_drain(input, evbuffer_get_length(input))
+                return
+            case .head:
+                guard readHead(input) else { return }
+            case .body(let framing, let remaining, var decoder):
+                guard readBody(input, framing, remaining, &decoder) else { return }
+            }
+        }
+    }
+
+    /// The codec's queue for this stream drained: read on.
+    func resumeResponse() {
+        guard paused else { return }
+        paused = false
+        responseReadable()
+    }
+
+    /// Reads one response head (1xx or final); false when more bytes are needed or the stream is over.
+    private func readHead(_ input: OpaquePointer) -> Bool {
+        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
+                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits)
+        }
+        switch result {
+        case .incomplete:
+            return false
+        case .invalid(let error):
+            fail("the exchange's response head is not valid HTTP/1.1: \(error)")
+            return false
+        case .complete(let head, let length):
+            evbuffer_drain(input, length)
+            let fields = HTTP2ResponseTranslation.fields(of: head)
+            let codec = connection.codec
+            if head.status < 200 {
+                // 100 and 103 are relayed; 101 cannot be (HTTP/2 has no Upgrade, RFC 9113 §8.6).
+                do throws(HTTP2SessionError) {
+                    try codec.sendInformational(id, status: head.status, fields: fields)
+                } catch {
+                    fail("an interim response cannot go out in HTTP/2: \(error)")
+                    return false
+                }
+                return true
+            }
+            guard case .success(let framing) = head.bodyFraming(requestMethod: method) else {
+                fail("the exchange's response is not framed")
+                return false
+            }
+            let noBody: Bool
+            switch framing {
+            case .none, .contentLength(0): noBody = true
+            default: noBody = false
+            }
+            do throws(HTTP2SessionError) {
+                try codec.sendResponseHead(id, status: head.status, fields: fields, endStream: noBody)
+            } catch {
+                fail("the response head cannot go out in HTTP/2: \(error)")
+                return false
+            }
+            if noBody {
+                phase = .over
+                return false
+            }
+            let remaining: UInt64
+            if case .contentLength(let length) = framing { remaining = length } else { remaining = 0 }
+            phase = .body(framing, remaining: remaining, decoder: ChunkedDecoder(maxLineLength: 4096,
+                                                                              maxTrailerSection: Flow.responseLimits.headerSection))
+            return true
+        }
+    }
+
+    /// Relays body bytes; false when more bytes are needed, the codec said stop, or the body is over.
+    private func readBody(_ input: OpaquePointer, _ framing: BodyFraming, _ remaining: UInt64,
+                          _ decoder: inout ChunkedDecoder) -> Bool {
+        let available = evbuffer_get_length(input)
+        switch framing {
+        case .contentLength:
+            guard available > 0 else { return false }
+            let n = Int(min(UInt64(available), remaining))
+            guard send(input, count: n) else { return false }
+            let left = remaining - UInt64(n)
+            phase = .body(framing, remaining: left, decoder: decoder)
+            if left == 0 { finish(trailers: []) }
+            return left != 0 && !paused
+        case .untilClose:
+            if available > 0 && !send(input, count: available) { return false }
+            // Whole only when the session ended cleanly and every byte it wrote went out.
+            if sessionEnd == true && evbuffer_get_length(input) == 0 && !paused { finish(trailers: []) }
+            return false
+        case .chunked:
+            if decoder.dataRemaining > 0 {
+                guard available > 0 else { return false }
+                let n = Int(min(UInt64(available), decoder.dataRemaining))
+                guard send(input, count: n) else { return false }
+                decoder.consumeData(n)
+                phase = .body(framing, remaining: 0, decoder: decoder)
+                return !paused
+            }
+            guard available > 0 else { return false }
+            let window = min(available, 4096 + decoder.maxTrailerSection + 8)
+            guard let start = evbuffer_pullup(input, window) else { return false }
+            switch decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window)) {
+            case .needMore:
+                if window < available || available >= 4096 + decoder.maxTrailerSection + 8 {
+                    fail("a chunk framing element is larger than the limit")
+                }
+                return false
+            case .framing(let length):
+                evbuffer_drain(input, length)
+                phase = .body(framing, remaining: 0, decoder: decoder)
+                return true
+            case .end(let length):
+                let trailers = Self.trailers(UnsafeRawBufferPointer(start: start, count: length))
+                evbuffer_drain(input, length)
+                finish(trailers: trailers)
+                return false
+            case .invalid(let error):
+                fail("the exchange's chunked body is invalid: \(error)")
+                return false
+            }
+        case .none:
+            finish(trailers: [])
+            return false
+        }
+    }
+
+    /// Hands `count` bytes at the front of `input` to the codec; false when the stream failed.
+    private func send(_ input: OpaquePointer, count: Int) -> Bool {
+        guard count > 0, let start = evbuffer_pullup(input, count) else { return count == 0 }
+        let more: Bool
+        do throws(HTTP2SessionError) {
+            more = try connection.codec.sendResponseBody(id, UnsafeRawBufferPointer(start: start, count: count))
+        } catch {
+            fail("the response body cannot go out: \(error)")
+            return false
+        }
+        evbuffer_drain(input, count)
+        if !more { paused = true }
+        return true
+    }
+
+    private func finish(trailers: [HTTPField]) {
+        phase = .over
+        do throws(HTTP2SessionError) {
+            try connection.codec.finishResponse(id, trailers: HTTP2ResponseTranslation.trailerFields(trailers))
+        } catch {
+            fail("the response end cannot go out: \(error)")
+        }
+    }
+
+    /// The last-chunk element (`0` line, trailer fields, CRLF) as fields, read by the strict head parser.
+    static func trailers(_ element: UnsafeRawBufferPointer) -> [HTTPField] {
+        guard let lineEnd = element.firstIndex(of: UInt8(ascii: "\n")), lineEnd + 1 < element.count - 2 else { return [] }
+        let section = Array("HTTP/1.1 200 T\r\n".utf8) + Array(element[(lineEnd + 1)...])
+        let parsed = section.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits) }
+        if case .complete(let head, _) = parsed { return head.fields }
+        return []
+    }
+
+    /// The response cannot be relayed as it is: the stream is reset (INTERNAL_ERROR) and the exchange ended.
+    private func fail(_ detail: String) {
+        if case .over = phase { return }
+        phase = .over
+        connection.worker.logger.debug("http2 stream reset", metadata: ["stream": "\(id)", "detail": "\(detail)"])
+        try? connection.codec.resetStream(id, code: .internalError)
+        session?.abort(.upstreamAborted, detail: detail)
+    }
+
+    // MARK: ends
+
+    /// The session let go of its end (`ClientTransport.release`). `clean`: it ended gracefully, so a body delimited
+    /// by the close is complete; otherwise whatever is not complete is cut and the stream is reset.
+    func exchangeSessionEnded(clean: Bool) {
+        session = nil
+        sessionEnd = clean
+        // This runs inside the exchange's callbacks, not the connection's: what it queues is written from the loop.
+        defer { connection.scheduleFlush() }
+        responseReadable()
+        switch phase {
+        case .over:
+            break
+        case .body(.untilClose, _, _) where clean:
+            // Finished by `readBody` once the rest, waiting for the codec's queue, went out (`resumeResponse`).
+            break
+        default:
+            phase = .over
+            try? connection.codec.resetStream(id, code: clean ? .noError : .internalError)
+        }
+    }
+
+    /// The codec closed the stream (both sides done, or reset by either side): the exchange ends if it has not,
+    /// and the pair is freed.
+    func closed(_ end: HTTP2StreamEnd) {
+        phase = .over
+        if let session {
+            self.session = nil
+            switch end {
+            case .completed: session.close()
+            case .resetByClient, .resetByProxy: session.abort(.clientAborted, detail: "the client reset the HTTP/2 stream")
+            }
+        }
+        freeEnd()
+    }
+
+    /// The connection is going away: everything of this stream with it.
+    func connectionClosed() {
+        phase = .over
+        if let session {
+            self.session = nil
+            session.abort(.clientAborted, detail: "the HTTP/2 connection closed")
+        }
+        freeEnd()
+    }
+
+    private func freeEnd() {
+        guard let end else { return }
+        self.end = nil
+        bufferevent_free(end)
+    }
+}

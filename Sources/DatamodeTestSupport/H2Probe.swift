@@ -1,0 +1,351 @@
+import Foundation
+
+/// A raw HTTP/2 client for the malformed and flood cases of SPEC §17, in Python with the `h2`, `hpack` and
+/// `hyperframe` packages (PyPI, installed by `scripts/bootstrap.sh --test`): it opens a CONNECT tunnel through the
+/// proxy, does TLS with ALPN `h2` against the proxy's CA, and then writes frames no well-behaved library would
+/// (outbound validation off, hand-made frames), and reports what came back, one line:
+/// `response STATUS BODYLEN`, `reset CODE`, `goaway CODE`, `closed`, or `timeout`.
+public enum H2Probe {
+    public struct Outcome: CustomStringConvertible {
+        public let line: String
+        public let output: String
+        public var description: String { output }
+    }
+
+    /// Runs `scenario` against `https://host:port` through the proxy at `proxyPort`, trusting `caPath`.
+    /// `arguments` are the scenario's own (a header name and value, a count).
+    public static func run(_ scenario: String, proxyPort: UInt16, host: String, port: UInt16, caPath: String,
+                           arguments: [String] = [], timeout: Double = 30) throws -> Outcome {
+        // `python3` on PATH: the one `scripts/bootstrap.sh --test` installed `h2` for.
+        let result = try ExternalCommand.run("/usr/bin/env", ["python3", "-c", script, scenario, String(proxyPort), host, String(port),
+                                                                  caPath] + arguments, timeout: timeout + 10)
+        let last = result.stdout.split(separator: "\n").last.map(String.init) ?? ""
+        return Outcome(line: last, output: result.output)
+    }
+
+    static let script = #"""
+import socket, ssl, sys, time
+import h2.connection, h2.config, h2.events, h2.errors, h2.settings
+from hyperframe.frame import HeadersFrame, ContinuationFrame, RstStreamFrame, SettingsFrame, PingFrame, DataFrame
+import hpack
+
+scenario, proxy_port, host, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+extra = sys.argv[6:]
+
+raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=30)
+raw.sendall(("CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (host, port, host, port)).encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = raw.recv(1)
+    if not chunk:
+        print("closed"); sys.exit(0)
+    head += chunk
+context = ssl.create_default_context(cafile=ca)
+context.set_alpn_protocols(["h2"])
+tls = context.wrap_socket(raw, server_hostname=host)
+assert tls.selected_alpn_protocol() == "h2", tls.selected_alpn_protocol()
+
+config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                   normalize_outbound_headers=False, validate_inbound_headers=False)
+conn = h2.connection.H2Connection(config=config)
+conn.initiate_connection()
+tls.sendall(conn.data_to_send())
+authority = "%s:%d" % (host, port)
+deadline = time.time() + float(30)
+
+def request_headers(path="/hello.txt", method="GET", extra_fields=()):
+    return [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)] + list(extra_fields)
+
+def pump(until):
+    """Reads events until `until(event)` returns a line to print, or the connection ends."""
+    tls.settimeout(5)
+    while time.time() < deadline:
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            return "closed"
+        if not data:
+            return "closed"
+        try:
+            events = conn.receive_data(data)
+        except Exception as error:
+            return "client-error %s" % type(error).__name__
+        out = conn.data_to_send()
+        if out:
+            try:
+                tls.sendall(out)
+            except OSError:
+                return "closed"
+        for event in events:
+            line = until(event)
+            if line:
+                return line
+        # What the events made the client say (WINDOW_UPDATE after acknowledging data).
+        out = conn.data_to_send()
+        if out:
+            try:
+                tls.sendall(out)
+            except OSError:
+                return "closed"
+    return "timeout"
+
+def outcome_of(stream_id):
+    state = {"status": None, "body": 0}
+    def until(event):
+        if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream_id:
+            state["status"] = dict(event.headers).get(b":status", b"?").decode()
+        elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+            state["body"] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+            return "response %s %d" % (state["status"], state["body"])
+        elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream_id:
+            return "reset %s" % h2.errors.ErrorCodes(event.error_code).name
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            return "goaway %s" % h2.errors.ErrorCodes(event.error_code).name
+        return None
+    return until
+
+def goaway(event):
+    if isinstance(event, h2.events.ConnectionTerminated):
+        return "goaway %s" % h2.errors.ErrorCodes(event.error_code).name
+    return None
+
+def send_raw(frame_bytes):
+    tls.sendall(frame_bytes)
+
+from hyperframe.frame import Frame, GoAwayFrame
+def raw_until(watch):
+    """After hand-made frames the client library's state means nothing: read the server's frames raw.
+    `watch(frame)` returns a line or None; GOAWAY always ends it."""
+    tls.settimeout(5)
+    buffer = b""
+    while time.time() < deadline:
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            return "closed"
+        if not data:
+            return "closed"
+        buffer += data
+        while len(buffer) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(buffer[:9]))
+            if len(buffer) < 9 + length:
+                break
+            if not isinstance(frame, HeadersFrame) and not isinstance(frame, ContinuationFrame):
+                frame.parse_body(memoryview(buffer[9:9 + length]))
+            buffer = buffer[9 + length:]
+            if isinstance(frame, GoAwayFrame):
+                return "goaway %s" % h2.errors.ErrorCodes(frame.error_code).name
+            line = watch(frame)
+            if line:
+                return line
+    return "timeout"
+
+def raw_goaway():
+    return raw_until(lambda frame: None)
+
+if scenario == "get":
+    conn.send_headers(1, request_headers(extra[0] if extra else "/hello.txt"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print(pump(outcome_of(1)))
+elif scenario == "field":
+    # One request with a field given as raw bytes (name, value), unvalidated: the smuggling class.
+    name, value = extra[0].encode().decode("unicode_escape"), extra[1].encode().decode("unicode_escape")
+    fields = request_headers("/echo-headers") + [(name, value)]
+    conn.send_headers(1, fields, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print(pump(outcome_of(1)))
+elif scenario == "pseudo":
+    # The pseudo-headers as given, in order: "name=value" items (duplicated, missing, misplaced, unknown).
+    fields = [tuple(item.split("=", 1)) for item in extra]
+    conn.send_headers(1, fields, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print(pump(outcome_of(1)))
+elif scenario == "content-length-mismatch":
+    conn.send_headers(1, request_headers("/upload", "POST", [("content-length", "10")]), end_stream=False)
+    conn.send_data(1, b"12345", end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print(pump(outcome_of(1)))
+elif scenario == "mixed":
+    # A refused stream between good ones on one connection: each ends on its own (paths in extra).
+    ids = []
+    for i, path in enumerate(extra):
+        stream_id = 1 + 2 * i
+        ids.append(stream_id)
+        conn.send_headers(stream_id, request_headers(path), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    results = {}
+    state = {}
+    def until(event):
+        sid = getattr(event, "stream_id", None)
+        if isinstance(event, h2.events.ResponseReceived):
+            state[sid] = [dict(event.headers).get(b":status", b"?").decode(), 0]
+        elif isinstance(event, h2.events.DataReceived):
+            state[sid][1] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, sid)
+        elif isinstance(event, h2.events.StreamEnded):
+            results[sid] = "%s:%d" % tuple(state[sid])
+        elif isinstance(event, h2.events.StreamReset):
+            results[sid] = "reset"
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            return "goaway"
+        if len(results) == len(ids):
+            return "streams " + " ".join(results[i] for i in ids)
+        return None
+    print(pump(until))
+elif scenario == "rapid-reset":
+    # CVE-2023-44487: open a stream and reset it at once, many times, never waiting for an answer.
+    count = int(extra[0]) if extra else 1000
+    encoder = hpack.Encoder()
+    block = encoder.encode(request_headers("/bytes/100000"))
+    batch = b""
+    for i in range(count):
+        sid = 1 + 2 * i
+        frame = HeadersFrame(sid, block)
+        frame.flags.add("END_HEADERS"); frame.flags.add("END_STREAM")
+        batch += frame.serialize() + RstStreamFrame(sid, error_code=8).serialize()
+        if len(batch) > 16384:
+            try:
+                send_raw(batch)
+            except OSError:
+                break
+            batch = b""
+    try:
+        send_raw(batch)
+    except OSError:
+        pass
+    print(raw_goaway())
+elif scenario == "continuation-flood":
+    # CVE-2024-27316: HEADERS without END_HEADERS, then CONTINUATION frames that never end the block.
+    count = int(extra[0]) if extra else 10000
+    encoder = hpack.Encoder()
+    frame = HeadersFrame(1, encoder.encode(request_headers()))
+    try:
+        send_raw(frame.serialize())
+        for i in range(count):
+            send_raw(ContinuationFrame(1, encoder.encode([("x-filler-%d" % i, "a" * 100)])).serialize())
+    except OSError:
+        pass
+    print(raw_goaway())
+elif scenario == "hpack-bomb":
+    # One large dynamic-table entry referenced over and over: a small block that decodes to megabytes.
+    encoder = hpack.Encoder()
+    big = "x" * 4000
+    first = HeadersFrame(1, encoder.encode(request_headers() + [("x-bomb", big)]))
+    first.flags.add("END_HEADERS"); first.flags.add("END_STREAM")
+    second = HeadersFrame(3, encoder.encode(request_headers() + [("x-bomb", big)] * 2000))
+    second.flags.add("END_HEADERS"); second.flags.add("END_STREAM")
+    try:
+        send_raw(first.serialize() + second.serialize())
+    except OSError:
+        pass
+    def watch(frame):
+        if isinstance(frame, RstStreamFrame) and frame.stream_id == 3:
+            return "reset %s" % h2.errors.ErrorCodes(frame.error_code).name
+        if isinstance(frame, HeadersFrame) and frame.stream_id == 3:
+            return "response"
+        return None
+    print(raw_until(watch))
+elif scenario in ("settings-flood", "ping-flood", "empty-frames"):
+    count = int(extra[0]) if extra else 10000
+    batch = b""
+    if scenario == "empty-frames":
+        conn.send_headers(1, request_headers("/upload", "POST"), end_stream=False)
+        batch += conn.data_to_send()
+    for i in range(count):
+        if scenario == "settings-flood":
+            batch += SettingsFrame(0, settings={4: 65535 + i % 2}).serialize()
+        elif scenario == "ping-flood":
+            batch += PingFrame(0, opaque_data=i.to_bytes(8, "big")).serialize()
+        else:
+            batch += DataFrame(1, b"").serialize()
+        if len(batch) > 16384:
+            try:
+                send_raw(batch)
+            except OSError:
+                break
+            batch = b""
+    try:
+        send_raw(batch)
+    except OSError:
+        pass
+    print(raw_goaway())
+elif scenario == "too-many-streams":
+    # More open streams than SETTINGS_MAX_CONCURRENT_STREAMS, after acknowledging it.
+    count = int(extra[0]) if extra else 200
+    pump(lambda e: "ok" if isinstance(e, h2.events.RemoteSettingsChanged) else None)
+    encoder = hpack.Encoder()
+    batch = b""
+    for i in range(count):
+        frame = HeadersFrame(1 + 2 * i, encoder.encode(request_headers("/upload", "POST")))
+        frame.flags.add("END_HEADERS")
+        batch += frame.serialize()
+    try:
+        send_raw(batch)
+    except OSError:
+        pass
+    print(raw_until(lambda frame: "reset %s" % h2.errors.ErrorCodes(frame.error_code).name
+                    if isinstance(frame, RstStreamFrame) else None))
+elif scenario == "zero-window":
+    # A client that never opens its window: the proxy must not hold the connection forever.
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    conn.send_headers(1, request_headers(extra[0] if extra else "/bytes/1000000"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    started = time.time()
+    def until(event):
+        if isinstance(event, h2.events.ConnectionTerminated):
+            return "goaway %s after %.1f" % (h2.errors.ErrorCodes(event.error_code).name, time.time() - started)
+        return None
+    line = pump(until)
+    if line == "closed":
+        line = "closed after %.1f" % (time.time() - started)
+    print(line)
+elif scenario == "reset-mid-body":
+    # The client resets a large download part-way, then asks again on the same connection.
+    conn.send_headers(1, request_headers(extra[0] if extra else "/bytes/5000000"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    got = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            got["n"] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+            if got["n"] >= 100000:
+                conn.reset_stream(1, error_code=8)
+                return "reset-sent"
+        if isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
+            return "ended"
+        return None
+    first = pump(until)
+    tls.sendall(conn.data_to_send())
+    conn.send_headers(3, request_headers("/hello.txt"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print(first + " then " + pump(outcome_of(3)))
+elif scenario == "slow-reader":
+    # Reads a large body slowly (a small window, reopened after a pause): every byte arrives, in order.
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384})
+    conn.send_headers(1, request_headers(extra[0]), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    import hashlib
+    digest = hashlib.sha256()
+    got = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            got["n"] += len(event.data)
+            digest.update(event.data)
+            time.sleep(0.002)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+        if isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
+            return "body %d sha256 %s" % (got["n"], digest.hexdigest())
+        if isinstance(event, h2.events.StreamReset):
+            return "reset %s" % h2.errors.ErrorCodes(event.error_code).name
+        return None
+    print(pump(until))
+else:
+    print("unknown scenario " + scenario)
+"""#
+}

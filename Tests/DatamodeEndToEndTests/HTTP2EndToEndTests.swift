@@ -1,0 +1,137 @@
+import DatamodeTestSupport
+import Foundation
+import Testing
+
+/// HTTP/2 inside interception (SPEC §17) through the real binary, with curl as the client (`--http2`, ALPN
+/// `h2, http/1.1`): every stream is an exchange of its own, with the whole of §3–§15, on one connection.
+/// The origin is the HTTP/1.1 `HTTPSOrigin` (h2 client ↔ HTTP/1.1 origin).
+@Suite struct HTTP2EndToEndTests {
+    typealias Rig = InterceptionEndToEndTests.Rig
+
+    /// curl over h2 through the proxy: `-i` output and `-w` lines.
+    static func h2(_ rig: Rig, _ arguments: [String]) throws -> ExternalCommand.Result {
+        try rig.curl(arguments, http: "--http2")
+    }
+
+    @Test func curlSpeaksH2InsideTheTunnelAndSharesOneConnection() throws {
+        let rig = try Rig()
+        let result = try Self.h2(rig, ["-i", rig.url("/hello.txt"), rig.url("/hello.txt"), rig.url("/hello.txt"),
+                                       "-w", "proto=%{http_version} connects=%{num_connects}\n"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.components(separatedBy: "HTTP/2 200").count == 4, "\(result.stdout)")
+        #expect(result.stdout.components(separatedBy: "hello over tls\n").count == 4, "\(result.stdout)")
+        #expect(result.stdout.components(separatedBy: "proto=2 ").count == 4, "\(result.stdout)")
+        #expect(result.stdout.components(separatedBy: "connects=0").count == 3, "one connection for all: \(result.stdout)")
+        let gets = rig.proxy.accessLog.filter { $0["method"] as? String == "GET" }
+        #expect(gets.count == 3)
+        #expect(gets.allSatisfy { $0["proto"] as? String == "h2" && $0["status"] as? Int == 200 }, "\(gets)")
+        #expect(rig.proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }.count == 1)
+        let metrics = try rig.metrics()
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "client"]) == 3)
+        #expect(metrics.counter("datamode_tls_intercepted_total") == 1)
+    }
+
+    @Test func http1IsStillSpokenWhenTheClientAsksForIt() throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-i", rig.url("/hello.txt")])
+        #expect(result.stdout.hasPrefix("HTTP/1.1 200"), "\(result.output)")
+        #expect(rig.proxy.accessLog.contains { $0["method"] as? String == "GET" && $0["proto"] as? String == "http/1.1" })
+    }
+
+    @Test func h2IsNotOfferedWhenTurnedOff() throws {
+        let rig = try Rig("http2: {client: false}")
+        let result = try Self.h2(rig, ["-i", rig.url("/hello.txt")])
+        #expect(result.stdout.hasPrefix("HTTP/1.1 200"), "\(result.output)")
+    }
+
+    /// SPEC §17: a refusal is a complete 403 problem+json on its stream; variants of every kind work per stream;
+    /// the streams share one connection and none disturbs the others.
+    @Test func constrainedModeRefusesAndRewritesStreamByStream() throws {
+        let rig = try Rig("""
+            mode: constrained
+            rules:
+              - {name: video, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+            """, tls: "intercept: [localhost]")
+        try rig.origin.publish("media/video.mp4", [UInt8](repeating: 0x56, count: 100_000))
+        try rig.origin.publish("img/hero.jpg", Array("full-size hero\n".utf8))
+        try rig.origin.publish("img/hero@small.jpg", Array("small hero\n".utf8))
+        try FileManager.default.createDirectory(atPath: rig.proxy.directory + "/variants", withIntermediateDirectories: true)
+        try Data("poster bytes\n".utf8).write(to: URL(fileURLWithPath: rig.proxy.directory + "/variants/poster.jpg"))
+        let admin = AdminAPIClient(port: rig.proxy.adminPort)
+        #expect(try admin.putVariant("hero-small", ["match": rig.url("/img/*.jpg"), "target": rig.url("/img/$1@small.jpg"),
+                                                    "when": "constrained"]).status < 300)
+        #expect(try admin.putVariant("promo-poster", ["match": rig.url("/promo.mp4"), "file": "variants/poster.jpg"]).status < 300)
+
+        // One curl, one connection, four streams: a refusal between answers.
+        let result = try Self.h2(rig, ["-i", rig.url("/img/hero.jpg"), rig.url("/media/video.mp4"), rig.url("/promo.mp4"),
+                                       rig.url("/hello.txt"), "-w", "connects=%{num_connects}\n"])
+        #expect(result.status == 0, "\(result.output)")
+        let parts = result.stdout.components(separatedBy: "HTTP/2 ").dropFirst().map { "HTTP/2 " + $0 }
+        try #require(parts.count == 4, "\(result.stdout)")
+        #expect(parts[0].hasPrefix("HTTP/2 200") && parts[0].contains("data-mode-variant: hero-small")
+                && parts[0].contains("small hero\n"), "\(parts[0])")
+        #expect(parts[1].hasPrefix("HTTP/2 403"), "\(parts[1])")
+        #expect(parts[1].contains("content-type: application/problem+json"), "\(parts[1])")
+        #expect(parts[1].contains("network-unavailable-reason: constrained"), "\(parts[1])")
+        #expect(parts[1].contains("\"error\":\"constrained\""), "\(parts[1])")
+        #expect(parts[2].hasPrefix("HTTP/2 200") && parts[2].contains("poster bytes\n"), "\(parts[2])")
+        #expect(parts[3].hasPrefix("HTTP/2 200") && parts[3].contains("hello over tls\n"), "\(parts[3])")
+        #expect(result.stdout.components(separatedBy: "connects=0").count == 4, "\(result.stdout)")
+        // The origin saw the tags and Save-Data on an h2 stream's request, as on any other.
+        let echoed = try Self.h2(rig, [rig.url("/echo-headers")])
+        #expect(echoed.stdout.lowercased().contains("\nsave-data: on"), "\(echoed.stdout)")
+        #expect(echoed.stdout.lowercased().contains("\nallow-constrained: ?1"), "\(echoed.stdout)")
+        let lines = rig.proxy.accessLog.filter { $0["proto"] as? String == "h2" }
+        #expect(lines.contains { $0["status"] as? Int == 403 && $0["reason"] as? String == "constrained" })
+        #expect(lines.contains { $0["variant"] as? String == "hero-small" })
+    }
+
+    /// A 5 MB body each way, byte-exact, over one h2 stream each (flow control both ways, SPEC §17).
+    @Test func fiveMegabytesEachWayAreByteExact() throws {
+        let rig = try Rig()
+        let size = 5 * 1024 * 1024
+        let download = try Self.h2(rig, ["-o", rig.directory + "/down.bin", "-w", "%{http_code} %{size_download}",
+                                         rig.url("/bytes/\(size)")])
+        #expect(download.stdout == "200 \(size)", "\(download.output)")
+        let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/down.bin"))
+        #expect(got.count == size)
+        #expect(got.enumerated().allSatisfy { $0.element == HTTPSOrigin.patternByte($0.offset) })
+
+        var upload = [UInt8](repeating: 0, count: size)
+        for i in 0..<size { upload[i] = UInt8(truncatingIfNeeded: i &* 31 &+ i >> 9) }
+        try Data(upload).write(to: URL(fileURLWithPath: rig.directory + "/up.bin"))
+        let digest = try ExternalCommand.run("/usr/bin/sha256sum", [rig.directory + "/up.bin"], timeout: 30)
+        let expected = String(digest.stdout.prefix(64))
+        // With a length, and chunked (no length: the stream frames it, the proxy chunks it to the origin).
+        let sized = try Self.h2(rig, ["--data-binary", "@" + rig.directory + "/up.bin", rig.url("/upload")])
+        #expect(sized.stdout == "received \(size) bytes sha256 \(expected)\n", "\(sized.output)")
+        let chunked = try Self.h2(rig, ["-T", rig.directory + "/up.bin", "-H", "Transfer-Encoding:", "-X", "POST",
+                                        rig.url("/upload-chunked")])
+        #expect(chunked.stdout == "received \(size) bytes sha256 \(expected)\n", "\(chunked.output)")
+    }
+
+    /// No byte is lost and no truncation is sealed as complete (SPEC §6 over h2): a close-delimited body ends the
+    /// stream cleanly only when the origin ended it cleanly; a cut one resets the stream.
+    @Test(arguments: [("/close-delimited/300000", true), ("/cut/300000", false), ("/cut-mid-record/100000", false)])
+    func aCloseDelimitedBodyEndsTheStreamAsTheOriginEndedIt(path: String, whole: Bool) throws {
+        let rig = try Rig()
+        let result = try Self.h2(rig, ["-o", rig.directory + "/body.bin", "-w", "%{http_code}", rig.url(path)])
+        if whole {
+            #expect(result.status == 0, "\(result.output)")
+            let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/body.bin"))
+            #expect(got.count == 300_000)
+        } else {
+            // curl: (92) HTTP/2 stream was not closed cleanly: INTERNAL_ERROR
+            #expect(result.status != 0, "a cut body must not look complete: \(result.output)")
+            #expect(result.stderr.contains("INTERNAL_ERROR"), "\(result.output)")
+        }
+    }
+
+    /// SPEC §17: `:authority` other than the tunnel's is 421 on that stream.
+    @Test func anotherAuthorityIs421OnItsStream() throws {
+        let rig = try Rig()
+        let result = try Self.h2(rig, ["-i", "-H", "Host: elsewhere.example", rig.url("/hello.txt")])
+        #expect(result.stdout.hasPrefix("HTTP/2 421"), "\(result.output)")
+        #expect(result.stdout.contains("misdirected-request"))
+    }
+}
