@@ -7,7 +7,10 @@ browser that trusts the CA would. Three runs per target, interleaved over the ro
 
 - https_1k / https_100k: keep-alive, --connections clients, GET of the 1 KiB / 100 KiB file again and again;
 - https_newconn: --tls-new-connections clients, each connection CONNECT + full TLS handshake (no resumption) +
-  one 1 KiB GET + close.
+  one 1 KiB GET + close;
+- https_h2_1k: HTTP/2 inside the tunnel (SPEC §17): --connections clients, each one h2 connection with 10 streams
+  in flight (GET 1 KiB); Squid ssl_bump does not speak h2 to clients and has no row; mitmproxy speaks h2 on both
+  sides (the nginx origin offers h2), datamode-proxy to the client (HTTP/1.1 to the origin for now).
 
 CPU is read from the proxy's processes only (/proc/PID/stat, helpers included: Squid's certificate generator),
 as in the other measurements; the client and the origin are pinned to the other core.
@@ -23,7 +26,9 @@ from procs import free_port
 TLSLOAD_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tlsload.c")
 SQUID_CERTGEN = "/usr/lib/squid/security_file_certgen"
 DM_HTTPS = "datamode-https"
-ORDER = ["direct", DM_HTTPS, "squid-bump", "mitmproxy"]
+# `--baseline-bin`: another build beside it, in the same run (before/after a change).
+DM_HTTPS_BASE = "datamode-https-baseline"
+ORDER = ["direct", DM_HTTPS, DM_HTTPS_BASE, "squid-bump", "mitmproxy"]
 
 
 def log(msg):
@@ -61,10 +66,10 @@ def make_origin_certificates(work):
 
 def build_tlsload(work):
     out = os.path.join(work, "tlsload")
-    r = subprocess.run(["cc", "-O2", "-pthread", TLSLOAD_SRC, "-o", out, "-lssl", "-lcrypto"],
+    r = subprocess.run(["cc", "-O2", "-pthread", TLSLOAD_SRC, "-o", out, "-lssl", "-lcrypto", "-lnghttp2"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
-        raise RuntimeError("could not build lib/tlsload.c (needs cc and libssl-dev): " + r.stderr[-400:])
+        raise RuntimeError("could not build lib/tlsload.c (needs cc, libssl-dev, libnghttp2-dev): " + r.stderr[-400:])
     return out
 
 
@@ -81,8 +86,7 @@ def curl_probe(b, t):
     return True, "200 over TLS, leaf verified against its CA"
 
 
-def start_datamode(b):
-    name = DM_HTTPS
+def start_datamode(b, name=DM_HTTPS, binary=None):
     if b.a.datamode_unavailable or not b.a.proxy_bin:
         t = b.target(name, "datamode-proxy")
         t.reason = b.a.datamode_unavailable or "no binary"
@@ -95,8 +99,8 @@ def start_datamode(b):
     # The CA's key goes into the state directory, which must be private (SPEC §9: 0700).
     os.makedirs(os.path.join(b.work, f"{name}-state"), mode=0o700, exist_ok=True)
     # SSL_CERT_FILE: the origin's CA is the trust store the proxy verifies the origin against (SPEC §9).
-    t = b.start_datamode(name, "datamode-proxy", extra_yaml=with_tls, connect_port=b.origin_tls_port,
-                         env={"SSL_CERT_FILE": origin_ca}, probe=False)
+    t = b.start_datamode(name, "datamode-proxy" if binary is None else "datamode-proxy (baseline)", extra_yaml=with_tls,
+                         connect_port=b.origin_tls_port, env={"SSL_CERT_FILE": origin_ca}, probe=False, binary=binary)
     if not t.available:
         return t
     # its CA, as a client would get it: GET /ca.pem on the (loopback) admin listener
@@ -161,10 +165,14 @@ def start_all(b):
     ok, why = curl_probe(b, d)
     if not ok:
         raise RuntimeError("origin nginx does not serve HTTPS: " + why)
-    starters = [(DM_HTTPS, "datamode-proxy", start_datamode), ("squid-bump", "squid", start_squid),
-                ("mitmproxy", "mitmproxy", start_mitmproxy)]
+    starters = [(DM_HTTPS, "datamode-proxy", start_datamode),
+                (DM_HTTPS_BASE, "baseline", lambda b: start_datamode(b, DM_HTTPS_BASE, b.a.baseline_bin)),
+                ("squid-bump", "squid", start_squid), ("mitmproxy", "mitmproxy", start_mitmproxy)]
     for name, selector, start in starters:
-        if selector not in b.a.targets:
+        if selector == "baseline":
+            if not b.a.baseline_bin:
+                continue
+        elif selector not in b.a.targets:
             continue
         t = start(b)
         t.name = name
@@ -181,7 +189,12 @@ def start_all(b):
     return targets
 
 
-def measure_tls(b, tlsload, t, size, duration, new_connections):
+H2_STREAMS = 10
+
+
+def measure_tls(b, tlsload, t, size, duration, new_connections, h2=False):
+    if h2 and t.name == "squid-bump":
+        return {"available": False, "reason": "Squid ssl_bump does not speak HTTP/2 to clients"}
     if not t.available or (not t.is_direct and not t.alive()):
         if t.available:
             t.available, t.reason = False, "process exited during the run"
@@ -194,6 +207,8 @@ def measure_tls(b, tlsload, t, size, duration, new_connections):
         argv.append("--proxy")
     if new_connections:
         argv.append("--new-connections")
+    if h2:
+        argv += ["--h2", "--streams", str(H2_STREAMS)]
     before = b.snapshot(t)
     text, client_s, rc = b.run_client(argv, timeout=duration + 60)
     after = b.snapshot(t)
@@ -231,16 +246,17 @@ def measure(b):
     order = [targets[n] for n in ORDER if n in targets]
     info = {n: {"label": t.label, "available": t.available, "reason": t.reason, "port": t.port}
             for n, t in targets.items()}
-    runs = [("https_1k", "1k", False), ("https_100k", "100k", False), ("https_newconn", "1k", True)]
+    runs = [("https_1k", "1k", False), ("https_100k", "100k", False), ("https_newconn", "1k", True),
+            ("https_h2_1k", "1k", "h2")]
     blocks = {key: {t.name: [] for t in order} for key, _, _ in runs}
     if b.a.warmup > 0:
         for t in order:
             for key, size, new in runs:
-                measure_tls(b, tlsload, t, size, b.a.warmup, new)
+                measure_tls(b, tlsload, t, size, b.a.warmup, new is True, h2=new == "h2")
     for r in range(b.a.rounds):
         for key, size, new in runs:
             for t in order:
-                rec = measure_tls(b, tlsload, t, size, b.a.duration, new)
+                rec = measure_tls(b, tlsload, t, size, b.a.duration, new is True, h2=new == "h2")
                 rec["round"] = r
                 blocks[key][t.name].append(rec)
                 b.progress(key, t, rec)

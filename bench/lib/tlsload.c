@@ -8,10 +8,12 @@
  *   keep-alive mode (default): requests one after the other on the connection for --duration seconds;
  *   --new-connections: one request per connection, then close and start over (a full handshake every time:
  *   no session cache, no tickets).
+ *   --h2 --streams S: ALPN h2 instead, and S requests in flight on each connection at all times (nghttp2's client
+ *   session on the blocking socket), a new one submitted as each completes (SPEC §17's bench row).
  * Every response must be `200` with a Content-Length of --size bytes (otherwise it counts as an error).
  * Prints one line: BENCH_JSON {...} (requests, connections, errors by kind, latency percentiles in µs).
  *
- * Built by bench/lib/bench.py: cc -O2 -pthread tlsload.c -lssl -lcrypto
+ * Built by bench/lib/bench.py: cc -O2 -pthread tlsload.c -lssl -lcrypto -lnghttp2
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -32,13 +34,14 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include <nghttp2/nghttp2.h>
 
 enum { E_CONNECT, E_PROXY, E_HANDSHAKE, E_WRITE, E_READ, E_STATUS, E_SIZE, E_KINDS };
 static const char *error_names[E_KINDS] = {"connect", "proxy", "handshake", "write", "read", "status", "size"};
 
 static struct sockaddr_in connect_addr;
 static char target[256], target_host[256], path[1024];
-static int use_proxy, new_connections, connections = 10;
+static int use_proxy, new_connections, connections = 10, use_h2, h2_streams = 10;
 static double duration = 5;
 static long expect_size = -1;
 static int target_is_ip;
@@ -184,8 +187,143 @@ static int exchange(worker *w, SSL *ssl, const char *request, int request_len) {
     return 1;
 }
 
+
+/* ---- HTTP/2 (--h2) ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    worker *w;
+    SSL *ssl;
+    int failed;
+    int in_flight;
+} h2conn;
+
+typedef struct {
+    double start;
+    int status;
+    long length;
+    long bytes;
+} h2stream;
+
+static ssize_t h2_send(nghttp2_session *s, const uint8_t *data, size_t length, int flags, void *user) {
+    (void)s; (void)flags;
+    h2conn *c = user;
+    int r = SSL_write(c->ssl, data, (int)length);
+    if (r <= 0) { c->failed = 1; return NGHTTP2_ERR_CALLBACK_FAILURE; }
+    return r;
+}
+
+static int h2_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user) {
+    (void)flags; (void)user;
+    if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+    h2stream *st = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
+    if (!st) return 0;
+    char text[32];
+    size_t n = valuelen < sizeof text - 1 ? valuelen : sizeof text - 1;
+    memcpy(text, value, n);
+    text[n] = 0;
+    if (namelen == 7 && !memcmp(name, ":status", 7)) st->status = atoi(text);
+    if (namelen == 14 && !memcmp(name, "content-length", 14)) st->length = atol(text);
+    return 0;
+}
+
+static int h2_data(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t *data, size_t len, void *user) {
+    (void)flags; (void)data;
+    h2conn *c = user;
+    h2stream *st = nghttp2_session_get_stream_user_data(s, id);
+    if (st) st->bytes += (long)len;
+    c->w->bytes += len;
+    return 0;
+}
+
+static int submit_h2(nghttp2_session *s, h2conn *c);
+
+static int h2_close(nghttp2_session *s, int32_t id, uint32_t error_code, void *user) {
+    h2conn *c = user;
+    h2stream *st = nghttp2_session_get_stream_user_data(s, id);
+    if (!st) return 0;
+    c->in_flight--;
+    if (error_code) {
+        note_error(c->w, E_READ, "stream reset");
+    } else if (st->status != 200) {
+        char why[64];
+        snprintf(why, sizeof why, "status %d", st->status);
+        note_error(c->w, E_STATUS, why);
+    } else if (st->length < 0 || st->bytes != st->length || (expect_size >= 0 && st->bytes != expect_size)) {
+        note_error(c->w, E_SIZE, "unexpected body size");
+    } else {
+        c->w->requests++;
+        record(c->w, now() - st->start);
+    }
+    free(st);
+    if (now() < deadline && !c->failed) submit_h2(s, c);
+    return 0;
+}
+
+static int submit_h2(nghttp2_session *s, h2conn *c) {
+    h2stream *st = calloc(1, sizeof *st);
+    st->start = now();
+    st->length = -1;
+    nghttp2_nv nva[] = {
+        {(uint8_t *)":method", (uint8_t *)"GET", 7, 3, NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)":scheme", (uint8_t *)"https", 7, 5, NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)":authority", (uint8_t *)target, 10, strlen(target), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)":path", (uint8_t *)path, 5, strlen(path), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"user-agent", (uint8_t *)"tlsload", 10, 7, NGHTTP2_NV_FLAG_NONE},
+    };
+    if (nghttp2_submit_request(s, NULL, nva, 5, NULL, st) < 0) { free(st); return -1; }
+    c->in_flight++;
+    return 0;
+}
+
+/* One h2 connection for as long as the run lasts (or until it fails): S streams in flight. */
+static void run_h2_connection(worker *w, SSL *ssl) {
+    h2conn c = {w, ssl, 0, 0};
+    nghttp2_session_callbacks *cb;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_send_callback(cb, h2_send);
+    nghttp2_session_callbacks_set_on_header_callback(cb, h2_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_data);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_close);
+    nghttp2_session *s;
+    nghttp2_session_client_new(&s, cb, &c);
+    nghttp2_session_callbacks_del(cb);
+    nghttp2_settings_entry settings[] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 100},
+                                         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
+    nghttp2_submit_settings(s, NGHTTP2_FLAG_NONE, settings, 2);
+    for (int i = 0; i < h2_streams; i++) submit_h2(s, &c);
+    static __thread uint8_t buf[64 * 1024];
+    while (!c.failed && (now() < deadline || c.in_flight > 0)) {
+        if (nghttp2_session_send(s) != 0) { note_error(w, E_WRITE, "nghttp2_session_send"); break; }
+        if (c.in_flight == 0) break;
+        int r = SSL_read(ssl, buf, sizeof buf);
+        if (r <= 0) { note_error(w, E_READ, "connection closed or timed out"); break; }
+        if (nghttp2_session_mem_recv(s, buf, (size_t)r) < 0) { note_error(w, E_READ, "nghttp2_session_mem_recv"); break; }
+    }
+    nghttp2_session_del(s);
+}
+
 static void *run(void *arg) {
     worker *w = arg;
+    if (use_h2) {
+        while (now() < deadline) {
+            int fd = -1;
+            SSL *ssl = open_connection(w, &fd);
+            if (!ssl) { usleep(10000); continue; }
+            const unsigned char *chosen = NULL;
+            unsigned int chosen_len = 0;
+            SSL_get0_alpn_selected(ssl, &chosen, &chosen_len);
+            if (chosen_len != 2 || memcmp(chosen, "h2", 2) != 0) {
+                note_error(w, E_HANDSHAKE, "the server did not choose h2 (ALPN)");
+                close_connection(ssl, fd);
+                usleep(10000);
+                continue;
+            }
+            run_h2_connection(w, ssl);
+            close_connection(ssl, fd);
+        }
+        return NULL;
+    }
     char request[1500];
     int request_len = snprintf(request, sizeof request,
                                "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: tlsload\r\nAccept: */*\r\n\r\n", path, target);
@@ -218,7 +356,7 @@ static int compare(const void *a, const void *b) {
 
 static void usage(void) {
     fprintf(stderr, "usage: tlsload --connect IP:PORT --target HOST:PORT [--proxy] --path /p --cafile F "
-                    "[-c N] [-d SECONDS] [--size BYTES] [--new-connections]\n");
+                    "[-c N] [-d SECONDS] [--size BYTES] [--new-connections] [--h2 [--streams S]]\n");
     exit(2);
 }
 
@@ -228,6 +366,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--proxy")) use_proxy = 1;
+        else if (!strcmp(a, "--h2")) use_h2 = 1;
         else if (!strcmp(a, "--new-connections")) new_connections = 1;
         else if (!v) usage();
         else if (!strcmp(a, "--connect")) connect_to = argv[++i];
@@ -237,6 +376,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-c")) connections = atoi(argv[++i]);
         else if (!strcmp(a, "-d")) duration = atof(argv[++i]);
         else if (!strcmp(a, "--size")) expect_size = atol(argv[++i]);
+        else if (!strcmp(a, "--streams")) h2_streams = atoi(argv[++i]);
         else usage();
     }
     if (!connect_to || !target[0] || !path[0] || !cafile || connections < 1) usage();
@@ -265,7 +405,9 @@ int main(int argc, char **argv) {
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);   /* a full handshake on every new connection */
     SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
     static const unsigned char alpn[] = "\x08http/1.1";
-    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof alpn - 1);
+    static const unsigned char alpn_h2[] = "\x02h2";
+    if (use_h2) SSL_CTX_set_alpn_protos(ctx, alpn_h2, sizeof alpn_h2 - 1);
+    else SSL_CTX_set_alpn_protos(ctx, alpn, sizeof alpn - 1);
 
     worker *workers = calloc(connections, sizeof *workers);
     double started = now();
