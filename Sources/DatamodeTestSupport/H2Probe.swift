@@ -345,6 +345,51 @@ elif scenario == "slow-reader":
             return "reset %s" % h2.errors.ErrorCodes(event.error_code).name
         return None
     print(pump(until))
+elif scenario == "drain":
+    # SIGTERM to the proxy (pid in extra[1]) while a large body is on its way: GOAWAY comes, the stream finishes.
+    # Read raw after the request: a client library closes its state at GOAWAY and would refuse the DATA after it.
+    import os, signal
+    from hyperframe.frame import WindowUpdateFrame, DataFrame as _DF
+    conn.send_headers(1, request_headers(extra[0]), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    state = {"n": 0, "goaway": "none", "signalled": False}
+    tls.settimeout(5)
+    buffer = b""
+    line = "timeout"
+    while time.time() < deadline and line == "timeout":
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            line = "closed after %d goaway %s" % (state["n"], state["goaway"]); break
+        if not data:
+            line = "closed after %d goaway %s" % (state["n"], state["goaway"]); break
+        buffer += data
+        while len(buffer) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(buffer[:9]))
+            if len(buffer) < 9 + length:
+                break
+            if not isinstance(frame, (HeadersFrame, ContinuationFrame)):
+                frame.parse_body(memoryview(buffer[9:9 + length]))
+            buffer = buffer[9 + length:]
+            if isinstance(frame, GoAwayFrame):
+                state["goaway"] = h2.errors.ErrorCodes(frame.error_code).name
+            elif isinstance(frame, _DF) and frame.stream_id == 1:
+                state["n"] += len(frame.data)
+                if length:
+                    tls.sendall(WindowUpdateFrame(0, window_increment=length).serialize()
+                                + WindowUpdateFrame(1, window_increment=length).serialize())
+                if state["n"] >= 100000 and not state["signalled"]:
+                    state["signalled"] = True
+                    os.kill(int(extra[1]), signal.SIGTERM)
+                if "END_STREAM" in frame.flags:
+                    line = "body %d goaway %s" % (state["n"], state["goaway"])
+                    break
+            elif isinstance(frame, RstStreamFrame) and frame.stream_id == 1:
+                line = "reset %s after %d" % (h2.errors.ErrorCodes(frame.error_code).name, state["n"])
+                break
+    print(line)
 else:
     print("unknown scenario " + scenario)
 """#

@@ -13,6 +13,8 @@ import Glibc
 /// - `POST` anything: `received N bytes sha256 HEX` of the body (by `Content-Length` or chunked); `POST /slow-read`
 ///   reads the body slowly (16 KiB every 2 ms);
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
+/// - `/chunked/N`: a `103 Early Hints`, then those N bytes chunked (chunks of 1 to 9,000 bytes) with a trailer
+///   `x-checksum: <sha256 of the body>`;
 /// - `/close-delimited/N`, `/cut/N`: N bytes without `Content-Length`, then a clean TLS close (close_notify) or a
 ///   dropped TCP connection (a truncation the client must be able to see);
 /// - `/cut-mid-record/N`: as `/cut/N`, but the last thing on the wire is half a TLS record (a record header that
@@ -168,6 +170,25 @@ public final class HTTPSOrigin: @unchecked Sendable {
                 self.reply(200, text.encode(), "text/plain")
             elif self.path.startswith("/bytes/"):
                 self.reply(200, pattern(int(self.path[7:])))
+            elif self.path.startswith("/chunked/"):
+                # N pattern bytes in chunks of 1 to 9000 bytes, then a trailer section (`x-checksum`), after a
+                # 103 Early Hints: framing the proxy must carry (SPEC §17: trailers and 1xx relayed).
+                n = int(self.path[9:])
+                body = pattern(n)
+                self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Trailer", "x-checksum")
+                self.end_headers()
+                i, step = 0, 1
+                while i < n:
+                    part = body[i:i + step]
+                    self.wfile.write(b"%x\r\n" % len(part) + part + b"\r\n")
+                    i += len(part)
+                    step = step * 7 % 9001 or 1
+                self.wfile.write(b"0\r\nx-checksum: %s\r\n\r\n" % hashlib.sha256(body).hexdigest().encode())
+                self.wfile.flush()
             elif self.path.startswith(("/close-delimited/", "/cut/", "/cut-mid-record/")):
                 # No Content-Length: the body ends with the connection. /close-delimited/N ends it properly
                 # (close_notify), /cut/N just drops the TCP connection after N bytes (a truncation).

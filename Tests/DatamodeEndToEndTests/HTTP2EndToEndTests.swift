@@ -108,6 +108,9 @@ import Testing
         let chunked = try Self.h2(rig, ["-T", rig.directory + "/up.bin", "-H", "Transfer-Encoding:", "-X", "POST",
                                         rig.url("/upload-chunked")])
         #expect(chunked.stdout == "received \(size) bytes sha256 \(expected)\n", "\(chunked.output)")
+        // A slow origin: the stream's window opens only as the bytes move on (backpressure), and every byte arrives.
+        let slow = try Self.h2(rig, ["--data-binary", "@" + rig.directory + "/up.bin", rig.url("/slow-read")])
+        #expect(slow.stdout == "received \(size) bytes sha256 \(expected)\n", "\(slow.output)")
     }
 
     /// No byte is lost and no truncation is sealed as complete (SPEC §6 over h2): a close-delimited body ends the
@@ -133,5 +136,21 @@ import Testing
         let result = try Self.h2(rig, ["-i", "-H", "Host: elsewhere.example", rig.url("/hello.txt")])
         #expect(result.stdout.hasPrefix("HTTP/2 421"), "\(result.output)")
         #expect(result.stdout.contains("misdirected-request"))
+    }
+
+    /// A chunked origin body with trailers behind a 103 (SPEC §17: 1xx and trailers relayed): the h2 client gets
+    /// the 103, the body byte-exact and the trailer.
+    @Test func aChunkedBodyWithTrailersAndAn103ArriveOverH2() throws {
+        let rig = try Rig()
+        let size = 300_000
+        let result = try Self.h2(rig, ["-sS", "-D", rig.directory + "/heads.txt", "-o", rig.directory + "/chunked.bin",
+                                       "-w", "%{http_code}", rig.url("/chunked/\(size)")])
+        #expect(result.stdout == "200", "\(result.output)")
+        let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/chunked.bin"))
+        #expect(got.count == size && got.enumerated().allSatisfy { $0.element == HTTPSOrigin.patternByte($0.offset) })
+        let heads = try String(contentsOfFile: rig.directory + "/heads.txt", encoding: .utf8)
+        #expect(heads.contains("HTTP/2 103") && heads.contains("link: </style.css>; rel=preload"), "\(heads)")
+        let digest = try ExternalCommand.run("/usr/bin/sha256sum", [rig.directory + "/chunked.bin"], timeout: 30)
+        #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
 }

@@ -177,4 +177,13 @@ import Testing
         let outcome = try Self.probe(rig, "slow-reader", ["/bytes/\(size)"])
         #expect(outcome.line == "body \(size) sha256 \(digest.stdout.prefix(64))", "\(outcome.output)")
     }
+
+    /// SIGTERM (SPEC §17): GOAWAY (NO_ERROR) goes out, and the stream in flight finishes whole.
+    @Test func aDrainSendsGoawayAndTheStreamInFlightFinishes() throws {
+        let rig = try Rig()
+        let size = 4_000_000
+        let outcome = try Self.probe(rig, "drain", ["/bytes/\(size)", String(rig.proxy.process.processIdentifier)])
+        #expect(outcome.line == "body \(size) goaway NO_ERROR", "\(outcome.output)")
+        #expect(rig.proxy.waitForExit(timeout: 20) == 0, "the proxy exits once the stream is done")
+    }
 }
