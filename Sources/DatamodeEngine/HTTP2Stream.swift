@@ -77,7 +77,9 @@ final class HTTP2Stream {
         bufferevent_setwatermark(end, Int16(EV_WRITE), 0, 0)
         bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
 
-        var head = request.method + " " + request.path + " HTTP/1.1\r\nhost: " + request.authority + "\r\n"
+        // CONNECT (RFC 9113 §8.5) goes in authority-form, for admission to refuse as inside any interception.
+        let target = request.method == "CONNECT" ? request.authority : request.path
+        var head = request.method + " " + target + " HTTP/1.1\r\nhost: " + request.authority + "\r\n"
         for field in request.fields {
             head += field.name
             head += ": "
@@ -253,20 +255,30 @@ final class HTTP2Stream {
                 return !paused
             }
             guard available > 0 else { return false }
-            let window = min(available, 4096 + decoder.maxTrailerSection + 8)
-            guard let start = evbuffer_pullup(input, window) else { return false }
-            switch decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window)) {
+            // The element is parsed where it lies when it fits the buffer's first chain (a size line almost
+            // always does); only an element that spans chains is made contiguous, growing, up to the limit: pulling
+            // up the limit at once would copy the chunk data behind every size line.
+            let limit = 4096 + decoder.maxTrailerSection + 8
+            var window = min(available, limit, max(evbuffer_get_contiguous_space(input), 1))
+            var parsed: ChunkedFramingResult = .needMore
+            var start: UnsafeMutablePointer<UInt8>?
+            while true {
+                start = evbuffer_pullup(input, window)
+                guard let start else { return false }
+                parsed = decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window))
+                guard case .needMore = parsed, window < min(available, limit) else { break }
+                window = min(window * 2 + 64, available, limit)
+            }
+            switch parsed {
             case .needMore:
-                if window < available || available >= 4096 + decoder.maxTrailerSection + 8 {
-                    fail("a chunk framing element is larger than the limit")
-                }
+                if available >= limit { fail("a chunk framing element is larger than the limit") }
                 return false
             case .framing(let length):
                 evbuffer_drain(input, length)
                 phase = .body(framing, remaining: 0, decoder: decoder)
                 return true
             case .end(let length):
-                let trailers = Self.trailers(UnsafeRawBufferPointer(start: start, count: length))
+                let trailers = Self.trailers(UnsafeRawBufferPointer(start: start!, count: length))
                 evbuffer_drain(input, length)
                 finish(trailers: trailers)
                 return false

@@ -186,4 +186,14 @@ import Testing
         #expect(outcome.line == "body \(size) goaway NO_ERROR", "\(outcome.output)")
         #expect(rig.proxy.waitForExit(timeout: 20) == 0, "the proxy exits once the stream is done")
     }
+
+    /// CONNECT on a stream (RFC 9113 §8.5) is a tunnel inside the tunnel: refused 400 on its stream, as inside an
+    /// HTTP/1 interception; the connection carries on.
+    @Test func aConnectStreamIsRefused400() throws {
+        let rig = try Rig()
+        let outcome = try Self.probe(rig, "pseudo", [":method=CONNECT", ":authority=localhost:\(rig.origin.port)"])
+        #expect(outcome.line.hasPrefix("response 400 "), "\(outcome.output)")
+        #expect(rig.proxy.accessLog.contains { $0["method"] as? String == "CONNECT" && $0["status"] as? Int == 400
+                                                 && $0["proto"] as? String == "h2" })
+    }
 }
