@@ -154,16 +154,34 @@ final class HTTP2Stream {
     func responseReadable() {
         guard let end else { return }
         let input = bufferevent_get_input(end)!
-        while !paused {
+        relay: while !paused {
             switch phase {
             case .over:
                 evbuffer_drain(input, evbuffer_get_length(input))
                 return
             case .head:
-                guard readHead(input) else { return }
+                guard readHead(input) else { break relay }
             case .body(let framing, let remaining, var decoder):
-                guard readBody(input, framing, remaining, &decoder) else { return }
+                guard readBody(input, framing, remaining, &decoder) else { break relay }
             }
+        }
+        settleAfterSessionEnd(input)
+    }
+
+    /// Once the session has ended and every byte it wrote went to the codec (not paused, this end's input empty),
+    /// the response is what it is: a close-delimited body whose session ended cleanly is complete; anything else
+    /// not complete by its framing was cut, and the stream is reset (never ended as if whole). Until then the bytes
+    /// waiting here (the codec's queue was full when the session ended, as when a drain closes it) go out first.
+    private func settleAfterSessionEnd(_ input: OpaquePointer) {
+        guard let clean = sessionEnd, !paused, evbuffer_get_length(input) == 0 else { return }
+        switch phase {
+        case .over:
+            break
+        case .body(.untilClose, _, _) where clean:
+            finish(trailers: [])
+        default:
+            phase = .over
+            try? connection.codec.resetStream(id, code: .internalError)
         }
     }
 
@@ -241,9 +259,8 @@ final class HTTP2Stream {
             if left == 0 { finish(trailers: []) }
             return left != 0 && !paused
         case .untilClose:
-            if available > 0 && !send(input, count: available) { return false }
-            // Whole only when the session ended cleanly and every byte it wrote went out.
-            if sessionEnd == true && evbuffer_get_length(input) == 0 && !paused { finish(trailers: []) }
+            // Whole only when the session ended cleanly and every byte it wrote went out: `settleAfterSessionEnd`.
+            if available > 0 { _ = send(input, count: available) }
             return false
         case .chunked:
             if decoder.dataRemaining > 0 {
@@ -337,23 +354,16 @@ final class HTTP2Stream {
     // MARK: ends
 
     /// The session let go of its end (`ClientTransport.release`). `clean`: it ended gracefully, so a body delimited
-    /// by the close is complete; otherwise whatever is not complete is cut and the stream is reset.
+    /// by the close is complete; otherwise whatever is not complete is cut and the stream is reset. A session ends
+    /// cleanly with its response still on its way here (a drain closes it as soon as its own output is empty).
     func exchangeSessionEnded(clean: Bool) {
         session = nil
         sessionEnd = clean
         // This runs inside the exchange's callbacks, not the connection's: what it queues is written from the loop.
         defer { connection.scheduleFlush() }
+        // Relays what is still waiting here, then settles the response (`settleAfterSessionEnd`), now or once the
+        // codec's queue drains (`resumeResponse`).
         responseReadable()
-        switch phase {
-        case .over:
-            break
-        case .body(.untilClose, _, _) where clean:
-            // Finished by `readBody` once the rest, waiting for the codec's queue, went out (`resumeResponse`).
-            break
-        default:
-            phase = .over
-            try? connection.codec.resetStream(id, code: clean ? .noError : .internalError)
-        }
     }
 
     /// The codec closed the stream (both sides done, or reset by either side): the exchange ends if it has not,
