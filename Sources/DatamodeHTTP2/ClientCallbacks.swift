@@ -1,0 +1,210 @@
+/// Every nghttp2 callback of `HTTP2ClientSession` enters Swift here, and what each decides is right below it.
+/// nghttp2 calls them only from inside `receive` and `writeOutput`, on the session's thread.
+import CNghttp2
+import DatamodeHTTP
+
+enum ClientCallbacks {
+    static func install(_ callbacks: OpaquePointer) {
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, user in
+            clientSession(user).beginHeaders(frame!.pointee)
+        }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, nameLength, value, valueLength, _, user in
+            clientSession(user).header(frame!.pointee, name: UnsafeRawBufferPointer(start: name, count: nameLength),
+                                       value: UnsafeRawBufferPointer(start: value, count: valueLength))
+        }
+        nghttp2_session_callbacks_set_on_invalid_header_callback(callbacks) { _, frame, name, nameLength, _, _, _, user in
+            clientSession(user).invalidHeader(frame!.pointee, name: UnsafeRawBufferPointer(start: name, count: nameLength))
+        }
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, user in
+            clientSession(user).frameReceived(frame!.pointee)
+        }
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, id, data, length, user in
+            clientSession(user).dataChunk(id, UnsafeRawBufferPointer(start: data, count: length))
+        }
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, id, code, user in
+            clientSession(user).streamClosed(id, code: HTTP2ErrorCode(rawValue: code))
+        }
+        nghttp2_session_callbacks_set_error_callback2(callbacks) { _, _, message, length, user in
+            let text = UnsafeRawBufferPointer(start: message, count: length)
+            clientSession(user).lastLibraryMessage = String(decoding: text, as: UTF8.self)
+            return 0
+        }
+    }
+
+    static func requestBodyProvider() -> nghttp2_data_provider {
+        var provider = nghttp2_data_provider()
+        provider.read_callback = { _, id, buffer, length, flags, _, user in
+            clientSession(user).readRequestBody(id, UnsafeMutableRawBufferPointer(start: buffer, count: length), flags!)
+        }
+        return provider
+    }
+}
+
+@inline(__always)
+private func clientSession(_ user: UnsafeMutableRawPointer?) -> HTTP2ClientSession {
+    Unmanaged<HTTP2ClientSession>.fromOpaque(user!).takeUnretainedValue()
+}
+
+extension HTTP2ClientSession {
+    func beginHeaders(_ frame: nghttp2_frame) -> Int32 {
+        let id = frame.hd.stream_id
+        guard streams[id] != nil else { return 0 }
+        streams[id]!.fields = []
+        streams[id]!.status = nil
+        streams[id]!.decodedSize = 0
+        return 0
+    }
+
+    /// One response field: `:status` (the only pseudo-header nghttp2 lets through on a response), or a regular
+    /// field checked as the proxy would check one it sends (what the HTTP/1.1 side gets must be well-formed).
+    func header(_ frame: nghttp2_frame, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Int32 {
+        let id = frame.hd.stream_id
+        guard streams[id] != nil, streams[id]!.malformation == nil else { return 0 }
+        streams[id]!.decodedSize += name.count + value.count + 4
+        if streams[id]!.decodedSize > configuration.headerLimits.headerSection {
+            return malformed(id, "the response header section is larger than \(configuration.headerLimits.headerSection) bytes")
+        }
+        let nameText = String(decoding: name, as: UTF8.self)
+        if nameText == ":status" {
+            guard let status = Int(String(decoding: value, as: UTF8.self)), (100...999).contains(status) else {
+                return malformed(id, "invalid :status")
+            }
+            streams[id]!.status = status
+            return 0
+        }
+        guard let valueText = HTTP2RequestBuilder.validValue(value) else {
+            return malformed(id, "invalid value for \(nameText)")
+        }
+        let field = HTTPField(name: nameText, value: valueText)
+        if let problem = HTTP2ResponseTranslation.problem(with: field) { return malformed(id, problem) }
+        streams[id]!.fields.append(field)
+        return 0
+    }
+
+    func invalidHeader(_ frame: nghttp2_frame, name: UnsafeRawBufferPointer) -> Int32 {
+        malformed(frame.hd.stream_id, "nghttp2 refused the field \(String(decoding: name, as: UTF8.self))")
+    }
+
+    /// Resets the stream; the engine hears it once (`malformedResponse`), then `streamClosed`.
+    private func malformed(_ id: HTTP2StreamID, _ why: String) -> Int32 {
+        guard streams[id] != nil, streams[id]!.malformation == nil else { return 0 }
+        streams[id]!.malformation = why
+        events.append(.malformedResponse(id, why))
+        _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, HTTP2ErrorCode.protocolError.rawValue)
+        return 0
+    }
+
+    func frameReceived(_ frame: nghttp2_frame) -> Int32 {
+        let id = frame.hd.stream_id
+        let endStream = frame.hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
+        switch frame.hd.type {
+        case UInt8(NGHTTP2_HEADERS.rawValue):
+            guard let stream = streams[id], stream.malformation == nil else { return 0 }
+            if stream.finalResponseSeen {
+                // Trailers (RFC 9113 §8.1): a HEADERS section after the DATA, ending the stream.
+                streams[id]!.responseEnded = true
+                events.append(.responseEnd(id, trailers: stream.fields))
+                return 0
+            }
+            guard let status = stream.status else { return malformed(id, "a response without :status") }
+            if status < 200 {
+                guard status != 101, !endStream else { return malformed(id, "invalid interim response \(status)") }
+                events.append(.informational(id, status: status, fields: stream.fields))
+                return 0
+            }
+            streams[id]!.finalResponseSeen = true
+            if endStream { streams[id]!.responseEnded = true }
+            events.append(.response(id, status: status, fields: stream.fields, endStream: endStream))
+        case UInt8(NGHTTP2_DATA.rawValue):
+            guard endStream, let stream = streams[id], stream.malformation == nil, stream.finalResponseSeen,
+                  !stream.responseEnded else { return 0 }
+            streams[id]!.responseEnded = true
+            events.append(.responseEnd(id, trailers: []))
+        case UInt8(NGHTTP2_SETTINGS.rawValue):
+            guard frame.hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 else { return 0 }
+            let value = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
+            let limit: Int? = value == UInt32.max ? nil : Int(value)
+            if limit != peerMaxConcurrentStreams {
+                peerMaxConcurrentStreams = limit
+                events.append(.concurrencyChanged(limit))
+            }
+        case UInt8(NGHTTP2_GOAWAY.rawValue):
+            goawayReceived = true
+            events.append(.goaway(lastStreamID: frame.goaway.last_stream_id, HTTP2ErrorCode(rawValue: frame.goaway.error_code)))
+        default:
+            break
+        }
+        return 0
+    }
+
+    func dataChunk(_ id: HTTP2StreamID, _ data: UnsafeRawBufferPointer) -> Int32 {
+        guard streams[id] != nil, streams[id]!.malformation == nil else {
+            // Nobody will consume it: the connection window goes back at once.
+            _ = nghttp2_session_consume_connection(session, data.count)
+            return 0
+        }
+        streams[id]!.unconsumed += data.count
+        events.append(.responseBody(id, Array(data)))
+        return 0
+    }
+
+    func streamClosed(_ id: HTTP2StreamID, code: HTTP2ErrorCode) -> Int32 {
+        guard let stream = streams.removeValue(forKey: id) else { return 0 }
+        if stream.unconsumed > 0 { _ = nghttp2_session_consume_connection(session, stream.unconsumed) }
+        let end: HTTP2StreamEnd
+        if stream.malformation != nil {
+            end = .resetByProxy(.protocolError)
+        } else if code == .noError && stream.responseEnded {
+            end = .completed
+        } else if code == .noError {
+            end = .resetByProxy(.cancel)
+        } else {
+            end = .resetByClient(code)
+        }
+        events.append(.streamClosed(id, end))
+        return 0
+    }
+
+    func readRequestBody(_ id: HTTP2StreamID, _ buffer: UnsafeMutableRawBufferPointer,
+                         _ flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard streams[id]?.outbound != nil else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        let available = streams[id]!.outbound!.count
+        let n = min(available, buffer.count)
+        if n > 0 {
+            let start = streams[id]!.outbound!.start
+            streams[id]!.outbound!.bytes.withUnsafeBytes { bytes in
+                buffer.baseAddress!.copyMemory(from: bytes.baseAddress! + start, byteCount: n)
+            }
+            streams[id]!.outbound!.start += n
+            if streams[id]!.outbound!.start == streams[id]!.outbound!.bytes.count {
+                streams[id]!.outbound!.bytes.removeAll(keepingCapacity: true)
+                streams[id]!.outbound!.start = 0
+            } else if streams[id]!.outbound!.start > 64 * 1024 {
+                streams[id]!.outbound!.bytes.removeFirst(streams[id]!.outbound!.start)
+                streams[id]!.outbound!.start = 0
+            }
+        }
+        let left = streams[id]!.outbound!.count
+        if streams[id]!.outbound!.paused && left < configuration.requestBodyLowWatermark {
+            streams[id]!.outbound!.paused = false
+            events.append(.requestBodyDrained(id))
+        }
+        if left == 0 {
+            if streams[id]!.outbound!.finished {
+                flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+                let trailers = streams[id]!.outbound!.trailers
+                if !trailers.isEmpty {
+                    flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
+                    let rv = HTTP2ServerSession.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
+                        nghttp2_submit_trailer(session, id, list, count)
+                    }
+                    if rv != 0 { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+                }
+            } else if n == 0 {
+                streams[id]!.outbound!.deferred = true
+                return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+            }
+        }
+        return n
+    }
+}

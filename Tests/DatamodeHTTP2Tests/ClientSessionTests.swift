@@ -1,0 +1,163 @@
+import DatamodeHTTP
+@testable import DatamodeHTTP2
+import Testing
+
+/// `HTTP2ClientSession` (the origin side's codec, SPEC §17) against the proxy's own server session in memory, and
+/// against hand-made frames for what a server library would never send.
+@Suite struct ClientSessionTests {
+    /// Moves bytes both ways until nothing flows; returns the client's and the server's events.
+    static func pump(_ client: HTTP2ClientSession, _ server: HTTP2ServerSession,
+                     onServer: (HTTP2ServerEvent) -> Void = { _ in },
+                     onClient: (HTTP2ClientEvent) -> Void = { _ in }) -> ([HTTP2ClientEvent], [HTTP2ServerEvent]) {
+        var clientEvents: [HTTP2ClientEvent] = []
+        var serverEvents: [HTTP2ServerEvent] = []
+        for _ in 0..<10_000 {
+            var toServer: [UInt8] = []
+            for e in client.writeOutput({ toServer.append(contentsOf: $0) }) { clientEvents.append(e); onClient(e) }
+            for e in toServer.withUnsafeBytes({ server.receive($0) }) { serverEvents.append(e); onServer(e) }
+            var toClient: [UInt8] = []
+            for e in server.writeOutput({ toClient.append(contentsOf: $0) }) { serverEvents.append(e); onServer(e) }
+            for e in toClient.withUnsafeBytes({ client.receive($0) }) { clientEvents.append(e); onClient(e) }
+            if toServer.isEmpty && toClient.isEmpty && !client.wantsWrite && !server.wantsWrite { break }
+        }
+        return (clientEvents, serverEvents)
+    }
+
+    @Test func aGetRoundTripsWithA103AndTrailers() throws {
+        let client = try HTTP2ClientSession()
+        let server = try HTTP2ServerSession()
+        let id = try client.startRequest(method: "GET", scheme: "https", authority: "example.com", path: "/a?b=1",
+                                         fields: [HTTPField(name: "accept", value: "*/*")], endStream: true)
+        var requestSeen: HTTP2Request?
+        let (events, _) = Self.pump(client, server, onServer: { event in
+            guard case .request(let sid, let request, endStream: true) = event else { return }
+            requestSeen = request
+            try? server.sendInformational(sid, status: 103, fields: [HTTPField(name: "link", value: "</s.css>; rel=preload")])
+            try? server.sendResponseHead(sid, status: 200, fields: [HTTPField(name: "content-type", value: "text/plain")],
+                                         endStream: false)
+            _ = Array("hello".utf8).withUnsafeBytes { try? server.sendResponseBody(sid, $0) }
+            try? server.finishResponse(sid, trailers: [HTTPField(name: "x-checksum", value: "abc")])
+        })
+        #expect(requestSeen?.path == "/a?b=1" && requestSeen?.authority == "example.com")
+        #expect(requestSeen?.fields.contains(HTTPField(name: "accept", value: "*/*")) == true)
+        #expect(events.contains(.informational(id, status: 103, fields: [HTTPField(name: "link", value: "</s.css>; rel=preload")])))
+        #expect(events.contains(.response(id, status: 200, fields: [HTTPField(name: "content-type", value: "text/plain")],
+                                          endStream: false)))
+        let body = events.flatMap { event -> [UInt8] in if case .responseBody(id, let bytes) = event { bytes } else { [] } }
+        #expect(body == Array("hello".utf8))
+        #expect(events.contains(.responseEnd(id, trailers: [HTTPField(name: "x-checksum", value: "abc")])))
+        #expect(events.contains(.streamClosed(id, .completed)))
+        #expect(client.openStreams == 0)
+    }
+
+    /// Three megabytes each way through 64 KiB windows that reopen only as each side consumes: byte-exact, and the
+    /// request queue says stop and go (flow control is backpressure).
+    @Test func largeBodiesEachWayAreByteExactUnderFlowControl() throws {
+        let client = try HTTP2ClientSession(configuration: HTTP2ClientConfiguration(initialWindowSize: 65_535))
+        let server = try HTTP2ServerSession(configuration: HTTP2ServerConfiguration(initialWindowSize: 65_535))
+        let upload = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }
+        let id = try client.startRequest(method: "POST", scheme: "https", authority: "example.com", path: "/up",
+                                         fields: [], endStream: false)
+        var sent = 0
+        var stopped = 0
+        func feed() {
+            while sent < upload.count {
+                let n = min(50_000, upload.count - sent)
+                let more = upload[sent..<(sent + n)].withUnsafeBytes { (try? client.sendRequestBody(id, $0)) ?? false }
+                sent += n
+                if !more { stopped += 1; return }
+            }
+            try? client.finishRequest(id)
+        }
+        feed()
+        var received: [UInt8] = []
+        var downloaded: [UInt8] = []
+        let download = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        var served = 0
+        var serverStream: HTTP2StreamID = 0
+        func serve() {
+            while served < download.count {
+                let n = min(40_000, download.count - served)
+                let more = download[served..<(served + n)].withUnsafeBytes { (try? server.sendResponseBody(serverStream, $0)) ?? false }
+                served += n
+                if !more { return }
+            }
+            try? server.finishResponse(serverStream)
+        }
+        let (events, _) = Self.pump(client, server, onServer: { event in
+            switch event {
+            case .requestBody(let sid, let bytes):
+                received += bytes
+                server.consumeRequestBody(sid, count: bytes.count)
+            case .requestEnd(let sid, _):
+                serverStream = sid
+                try? server.sendResponseHead(sid, status: 200, fields: [], endStream: false)
+                serve()
+            case .responseBodyDrained:
+                serve()
+            default:
+                break
+            }
+        }, onClient: { event in
+            switch event {
+            case .requestBodyDrained: feed()
+            case .responseBody(let sid, let bytes):
+                downloaded += bytes
+                client.consumeResponseBody(sid, count: bytes.count)
+            default: break
+            }
+        })
+        #expect(received == upload)
+        #expect(downloaded == download)
+        #expect(stopped > 0, "the request queue said stop at its watermark")
+        #expect(events.contains(.streamClosed(id, .completed)))
+    }
+
+    /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS bounds `canStartStream`; GOAWAY ends it.
+    @Test func concurrencyAndGoawayBoundNewStreams() throws {
+        let client = try HTTP2ClientSession()
+        let server = try HTTP2ServerSession(configuration: HTTP2ServerConfiguration(maxConcurrentStreams: 2))
+        let (first, _) = Self.pump(client, server)
+        #expect(first.contains(.concurrencyChanged(2)))
+        #expect(client.peerMaxConcurrentStreams == 2)
+        _ = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/1", fields: [], endStream: true)
+        _ = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/2", fields: [], endStream: true)
+        #expect(!client.canStartStream)
+        #expect(throws: HTTP2SessionError.connectionClosed) {
+            try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/3", fields: [], endStream: true)
+        }
+        server.drain()
+        let (events, _) = Self.pump(client, server)
+        #expect(events.contains { if case .goaway = $0 { true } else { false } })
+        #expect(!client.canStartStream)
+    }
+
+    /// What a server library never sends, by hand: each is a stream error, never handed on as a response.
+    static let malformedBlocks: [(String, [UInt8])] = {
+        var rows: [(String, [UInt8])] = []
+        rows.append(("connection-specific field", HPACK.block([(":status", "200"), ("connection", "close")])))
+        rows.append(("transfer-encoding", HPACK.block([(":status", "200"), ("transfer-encoding", "chunked")])))
+        let status200: [UInt8] = HPACK.indexed(8)
+        rows.append(("uppercase name", status200 + HPACK.literal(Array("X-Upper".utf8), Array("1".utf8))))
+        rows.append(("CR LF in a value", status200 + HPACK.literal(Array("x-a".utf8), Array("a\r\nx-b: 1".utf8))))
+        rows.append(("request pseudo-header", HPACK.block([(":status", "200"), (":path", "/")])))
+        rows.append(("no :status", HPACK.block([("content-type", "text/plain")])))
+        rows.append(("101", HPACK.block([(":status", "101")])))
+        return rows
+    }()
+
+    @Test(arguments: Self.malformedBlocks)
+    func aMalformedResponseIsAStreamError(_ what: String, _ block: [UInt8]) throws {
+        let client = try HTTP2ClientSession()
+        let id = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/", fields: [], endStream: true)
+        _ = client.writeOutput { _ in }
+        let bytes = Wire.settingsFrame() + Wire.headersFrame(id, block, endStream: false)
+        var events = bytes.withUnsafeBytes { client.receive($0) }
+        var out: [UInt8] = []
+        events += client.writeOutput { out.append(contentsOf: $0) }
+        #expect(!events.contains { if case .response = $0 { true } else { false } }, "\(what): \(events)")
+        let reset = RawFrame.parse(out).contains { $0.type == Wire.rstStream && $0.stream == id }
+        let goaway = RawFrame.parse(out).contains { $0.type == Wire.goaway }
+        #expect(reset || goaway, "\(what): the stream is reset (or the connection ends): \(events)")
+    }
+}
