@@ -55,6 +55,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     /// Holding refused requests and storing refused uploads (SPEC §18).
     public var deferral: DeferralSection = DeferralSection()
     public var http2: HTTP2Section = HTTP2Section()
+    /// The transparent sidecar listener (SPEC §16); off by default.
+    public var transparent: TransparentSection = TransparentSection()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool
