@@ -92,6 +92,9 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         checkRelay(bytes, strip: strip, reference, &splitter)
     }
 
+    // MARK: the transparent listener's first bytes (SPEC §16)
+    checkTransparentOpening(bytes, split: split)
+
     // MARK: request targets on raw input
     if size <= 1024, let s = String(validating: bytes, as: UTF8.self) {
         for method in ["GET", "CONNECT", "OPTIONS"] {
@@ -308,5 +311,26 @@ private func checkRelay(_ bytes: UnsafeRawBufferPointer, strip: Bool, _ referenc
           evbuffer_get_length(source.buffer) == arrived - reference.consumed, delivered == expected else {
         fatalError("chunked in place (strip \(strip)): \(outcome) after \(relay.transferred) bytes, \(delivered.count) delivered; "
                    + "reference: \(reference.outcome) after \(reference.consumed) bytes, \(expected.count) expected")
+    }
+}
+
+/// What the transparent listener makes of the first bytes: never a crash; a server name is always a valid DNS name;
+/// a prefix of something recognised is `needMore` or the same thing (more bytes never change a verdict made).
+func checkTransparentOpening(_ bytes: UnsafeRawBufferPointer, split: Int) {
+    let whole = TransparentOpening.classify(bytes, requestLineLimit: 512)
+    if case .tls(let name?) = whole, ClientHello.validHostName(ArraySlice(name.utf8)) != name {
+        fatalError("server name \(name) is not a valid host name")
+    }
+    let prefix = TransparentOpening.classify(UnsafeRawBufferPointer(rebasing: bytes[0..<split]), requestLineLimit: 512)
+    switch whole {
+    case .tls, .http:
+        guard prefix == .needMore || prefix == whole else { fatalError("prefix classified \(prefix), whole \(whole)") }
+    case .needMore:
+        guard prefix == .needMore else { fatalError("prefix of needMore classified \(prefix)") }
+    case .other:
+        break
+    }
+    if TransparentOpening.classify(bytes, requestLineLimit: 512, atEnd: true) == .needMore {
+        fatalError("needMore at EOF")
     }
 }
