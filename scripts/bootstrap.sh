@@ -8,6 +8,8 @@
 #                                   Pillow (the image tests' independent encoder), the linters the docker/
 #                                   tests run (shellcheck from Debian, hadolint from PyPI), and HTTP/2 clients
 #                                   (nghttp and h2load from Debian's nghttp2-client, Python h2 from PyPI)
+#                                   and iptables + iproute2 (the transparent sidecar tests build network
+#                                   namespaces with redirect rules, SPEC §16)
 set -euo pipefail
 test_tools=false
 [ "${1:-}" = "--test" ] && test_tools=true
@@ -16,7 +18,7 @@ packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev
     libsqlite3-dev)
 if $test_tools; then
     packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil
-        nghttp2-client)
+        nghttp2-client iptables iproute2)
 fi
 missing=()
 for p in "${packages[@]}"; do

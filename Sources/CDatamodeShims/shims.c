@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <pthread.h>
 #include <malloc.h>
+#include <string.h>
 
 struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg) {
     return evtimer_new(base, cb, arg);
@@ -36,6 +37,36 @@ int dm_event_add_us(struct event *ev, int64_t microseconds) {
 int dm_set_nodelay(int fd) {
     int one = 1;
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* linux/netfilter_ipv4.h and linux/netfilter_ipv6/ip6_tables.h: both are 80, each at its own level. Defined here
+   so the shim needs no kernel headers. */
+#ifndef SO_ORIGINAL_DST
+#define SO_ORIGINAL_DST 80
+#endif
+#ifndef IP6T_SO_ORIGINAL_DST
+#define IP6T_SO_ORIGINAL_DST 80
+#endif
+
+int dm_original_destination(int fd, struct sockaddr_storage *out, socklen_t *length) {
+    struct sockaddr_storage local;
+    socklen_t local_length = sizeof(local);
+    if (getsockname(fd, (struct sockaddr *)&local, &local_length) != 0) return -1;
+    memset(out, 0, sizeof(*out));
+    if (local.ss_family == AF_INET6) {
+        /* An IPv6 socket: its own table first; an IPv4 client on a dual-stack socket ([::]) answers at SOL_IP. */
+        socklen_t size = sizeof(struct sockaddr_in6);
+        if (getsockopt(fd, SOL_IPV6, IP6T_SO_ORIGINAL_DST, out, &size) == 0) {
+            *length = size;
+            return 0;
+        }
+    }
+    socklen_t size = sizeof(struct sockaddr_in);
+    if (getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, out, &size) == 0) {
+        *length = size;
+        return 0;
+    }
+    return -1;
 }
 
 long dm_ssl_set_sni(SSL *ssl, const char *name) {

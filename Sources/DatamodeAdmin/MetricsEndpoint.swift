@@ -82,6 +82,11 @@ struct MetricsEndpoint {
         out += "# HELP datamode_tls_intercepted_total HTTPS tunnels intercepted: client handshakes completed with a leaf of the local CA.\n"
         out += "# TYPE datamode_tls_intercepted_total counter\n"
         out += "datamode_tls_intercepted_total \(metrics.tlsIntercepted)\n"
+        out += "# HELP datamode_transparent_connections_total Connections on the transparent listener, by what they were (SPEC §16).\n"
+        out += "# TYPE datamode_transparent_connections_total counter\n"
+        for kind in TransparentKind.allCases {
+            out += "datamode_transparent_connections_total{kind=\"\(kind.rawValue)\"} \(metrics.transparentConnections[kind.rawValue, default: 0])\n"
+        }
         out += "# HELP datamode_tls_handshake_failures_total TLS handshakes that failed, by side (client, origin) and reason.\n"
         out += "# TYPE datamode_tls_handshake_failures_total counter\n"
         for label in TLSFailureLabel.all {

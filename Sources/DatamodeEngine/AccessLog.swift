@@ -63,7 +63,7 @@ public final class AccessLog: Sendable {
 
     func write(time: Int64, client: String, proto: String, method: String, url: String, status: Int, bytesIn: UInt64,
                bytesOut: UInt64, outcome: String, reason: String?, variant: String?, tags: RequestTags?,
-               tagSources: TagProvenance, rule: String?, durationSeconds: Double) {
+               tagSources: TagProvenance, rule: String?, source: String, durationSeconds: Double) {
         guard let output else { return }
         var line = "{\"time\":\"\(Timestamp.rfc3339(wallNanoseconds: time))\",\"client\":\(JSONText.quote(client))"
         line += ",\"proto\":\"\(proto)\""
@@ -71,6 +71,7 @@ public final class AccessLog: Sendable {
         line += ",\"bytes\":\(bytesOut),\"bytesIn\":\(bytesIn),\"bytesOut\":\(bytesOut),\"outcome\":\"\(outcome)\""
         line += ",\"reason\":" + (reason.map(JSONText.quote) ?? "null")
         line += ",\"variant\":" + (variant.map(JSONText.quote) ?? "null")
+        line += ",\"source\":\"\(source)\""
         if let tags {
             line += ",\"tags\":{\"allow-constrained\":\(tags.allowConstrained),\"allow-expensive\":\(tags.allowExpensive)"
             line += ",\"allow-ultra-constrained\":\(tags.allowUltraConstrained)}"

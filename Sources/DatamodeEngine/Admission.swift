@@ -13,6 +13,18 @@ enum RequestSource: Equatable {
     /// The client authenticated on its CONNECT; the requests inside carry no credentials, and that user stands
     /// for them.
     case intercepted(InterceptedOrigin)
+    /// The transparent listener (SPEC §16): the client does not know a proxy is there, and sends no credentials.
+    case transparent(TransparentRequests)
+}
+
+/// What a transparent connection carries, as admission reads its heads (SPEC §16).
+enum TransparentRequests: Equatable {
+    /// Origin-form HTTP/1.x requests: each is `http://<Host><path>`.
+    case http
+    /// A TLS ClientHello: one implicit CONNECT to its SNI name (else the address), intercepted or relayed blind.
+    case tls
+    /// Neither: one implicit CONNECT to the address, relayed blind (never intercepted).
+    case other
 }
 
 /// The origin an intercepted tunnel was opened to, as a value: what admission needs of an `InterceptedTunnel`.
@@ -142,7 +154,7 @@ struct Admission {
                               fields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
             }
             admission.proxyUser = user
-        case .forwardProxy:
+        case .forwardProxy, .transparent:
             break
         }
         var target: RequestTarget
@@ -156,6 +168,15 @@ struct Admission {
             case .success(let inside): target = inside
             case .failure(let refusal): return refuse(refusal.code, refusal.detail, close: refusal.code == .badRequest)
             }
+        }
+        var intercepts = intercepts
+        if case .transparent(let requests) = source {
+            switch targetTransparent(requests, target, host: head.values(of: "host").first, method: head.method) {
+            case .success(let transparent): target = transparent
+            case .failure(let refusal): return refuse(refusal.code, refusal.detail, close: true)
+            }
+            // Only a ClientHello can be terminated.
+            if requests != .tls { intercepts = { _ in false } }
         }
         switch target.form {
         case .origin, .asterisk:
@@ -269,6 +290,39 @@ struct Admission {
         if target.form == .absolute { return .success(target) }
         return .success(RequestTarget(form: .absolute, scheme: "https", host: origin.host, port: origin.port, path: target.path,
                                       hostHeaderValue: authority, absoluteURL: "https://" + authority + target.path))
+    }
+
+    /// What a request on the transparent listener is (SPEC §16). An origin-form request is the absolute-form
+    /// `http://<Host><path>`: the client addressed an origin, not a proxy, and `Host` is all it said of its name
+    /// (RFC 9112 §3.2: required; missing or invalid is `400`). An absolute `http://` form is taken as it is. The
+    /// implicit CONNECT the listener made of a ClientHello or of other bytes is taken as it is; a CONNECT or
+    /// `OPTIONS *` the client itself sent on a transparent HTTP connection is `400`: it was not talking to a proxy.
+    /// Wherever the name points, the connection goes to the original destination (`UpstreamKey.pinned`).
+    static func targetTransparent(_ requests: TransparentRequests, _ target: RequestTarget, host: String?, method: String)
+        -> Result<RequestTarget, InsideRefusal> {
+        switch (requests, target.form) {
+        case (.tls, .authority), (.other, .authority):
+            return .success(target)
+        case (.tls, _), (.other, _), (.http, .authority), (.http, .asterisk):
+            return .failure(InsideRefusal(code: .badRequest,
+                                          detail: "\(method) \(target.absoluteURL) is not an origin request (transparent listener)"))
+        case (.http, .absolute):
+            guard target.scheme == "http" else {
+                return .failure(InsideRefusal(code: .badRequest, detail: "only http:// requests come in the clear"))
+            }
+            return .success(target)
+        case (.http, .origin):
+            guard let host, !host.isEmpty else {
+                return .failure(InsideRefusal(code: .badRequest,
+                                              detail: "a request without Host: the transparent listener needs it to name the origin (RFC 9112 §3.2)"))
+            }
+            switch RequestTarget.parse("http://" + host + target.path, method: method) {
+            case .success(let absolute) where absolute.form == .absolute && absolute.path == target.path:
+                return .success(absolute)
+            default:
+                return .failure(InsideRefusal(code: .badRequest, detail: "Host \(host) is not a valid authority"))
+            }
+        }
     }
 
     /// `Host` names the tunnel's authority: the same host (case-insensitive), with its port or, for 443, without.

@@ -26,6 +26,8 @@ final class Exchange {
     var tagSources = TagProvenance()
     var rule: String?
     var status: Int = 0
+    /// How the request came (SPEC §16's log field `source`).
+    var source: ExchangeSource = .proxy
     var bytesIn: UInt64 = 0
     var bytesOut: UInt64 = 0
 
@@ -48,6 +50,16 @@ final class Exchange {
         self.url = url
         self.startedAt = startedAt
     }
+}
+
+/// How a request came to the proxy: the access log's `source` (SPEC §16).
+enum ExchangeSource: String {
+    /// The proxy port: absolute-form requests and CONNECT.
+    case proxy
+    /// Inside a CONNECT tunnel the proxy terminated (SPEC §9).
+    case intercepted
+    /// Through the transparent listener, intercepted or not.
+    case transparent
 }
 
 /// Flow-control constants: how much one connection may buffer before reading from the other side stops.

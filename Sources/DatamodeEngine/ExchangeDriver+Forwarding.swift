@@ -35,8 +35,8 @@ extension ExchangeDriver {
         }
         upgradeRequested = upgrade
         session.machine.forward(self)
-        connectUpstream(key: UpstreamKey(host: target.host, port: target.port, tls: target.scheme == "https"),
-                        reuse: true)
+        connectUpstream(key: session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
+                                                 own: variant == nil), reuse: true)
     }
 
     func connectUpstream(key: UpstreamKey, reuse: Bool) {

@@ -29,8 +29,11 @@ extension HTTP1Session {
         driver.exchange.status = 200
         driver.connectAnswered = true
         intercepted = InterceptedTunnel(host: target.host, port: target.port)
-        let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
-        _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
+        // A transparent connection's CONNECT was implicit (SPEC §16): its client waits for no answer.
+        if transparent == nil {
+            let head = "HTTP/1.1 200 Connection Established\r\nVia: \(MessageHeads.viaValue)\r\n\r\n"
+            _ = head.withCString { evbuffer_add(output, $0, strlen($0)) }
+        }
         apply(machine.openInterception(driver))
         // A client may send its ClientHello without waiting for the 200 (RFC 9110 §9.3.6).
         clientHelloReadable(driver)
@@ -55,7 +58,7 @@ extension HTTP1Session {
         apply(.disarmTimer)
         Tunnel.start(driver, established: false)
         machine.tunnel(driver)
-        let upstream = UpstreamConnection(worker: worker, key: UpstreamKey(host: tunnel.host, port: tunnel.port))
+        let upstream = UpstreamConnection(worker: worker, key: upstreamKey(host: tunnel.host, port: tunnel.port, tls: false, own: true))
         driver.upstream = upstream
         upstream.attach(driver)
         upstream.send([], responseTimeoutMs: -1)

@@ -38,6 +38,8 @@ final class HTTP1Session: ClientSession {
     /// intercepted tunnel whose TLS the proxy terminated (origin-form requests for its authority, SPEC §9). The
     /// HTTP path below is the same for both; SPEC §16's transparent listener and HTTP/2 will be further sources.
     var intercepted: InterceptedTunnel?
+    /// A connection on the transparent listener (SPEC §16): where it was going, and what it turned out to be.
+    var transparent: TransparentConnection?
     /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
     var truncated = false
     /// Wakes the connection when a link profile's bucket refills or its added latency passes (created on first use).
@@ -45,8 +47,9 @@ final class HTTP1Session: ClientSession {
     /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
     var shapingDeadline: UInt64?
 
-    init(worker: Worker, bev: OpaquePointer, peer: SocketAddress) {
+    init(worker: Worker, bev: OpaquePointer, peer: SocketAddress, transparent: TransparentConnection? = nil) {
         self.worker = worker
+        self.transparent = transparent
         transport = ClientTransport(worker: worker, bev: bev)
         self.peerAddress = peer.ipAddress
         self.peerText = peer.hostText
@@ -71,6 +74,7 @@ final class HTTP1Session: ClientSession {
         transport.configure(owner: context(self))
         timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
         apply(machine.started())
+        startTransparent()
     }
 
     // MARK: parking (an idle connection gives its buffers back)
@@ -134,6 +138,8 @@ final class HTTP1Session: ClientSession {
 
     func clientReadable() {
         switch machine.state {
+        case .readingHead where isTransparentOpening:
+            transparentOpeningReadable()
         case .readingHead:
             processInput()
         case .forwarding(let driver):
@@ -210,6 +216,8 @@ final class HTTP1Session: ClientSession {
         // A half-close: what the client sent before it is answered, and what is queued for it is still written.
         machine.clientSentEOF()
         switch machine.state {
+        case .readingHead where isTransparentOpening:
+            transparentOpeningReadable(atEnd: true)
         case .readingHead:
             processInput()
             if machine.isReadingHead { apply(machine.closeWhenFlushed(outputBacklog: unsentOutput)) }
@@ -265,6 +273,7 @@ final class HTTP1Session: ClientSession {
             case .invalid(let error):
                 worker.refreshSnapshot()
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
+                exchange.source = exchangeSource
                 exchange.outcome = .error
                 let driver = ExchangeDriver(session: self, exchange: exchange)
                 if startsWithHTTP2Preface {
@@ -283,6 +292,7 @@ final class HTTP1Session: ClientSession {
                 machine.timeouts = worker.settings.clientTimeouts
                 let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: started)
                 exchange.overHTTP2 = transport.isStream
+                exchange.source = exchangeSource
                 ExchangeDriver(session: self, exchange: exchange).begin(head, source: requestSource)
             }
         }
@@ -312,9 +322,14 @@ final class HTTP1Session: ClientSession {
 
     // MARK: deciding
 
+    /// How this connection's requests came, as the access log says it (SPEC §16).
+    var exchangeSource: ExchangeSource {
+        transparent != nil ? .transparent : intercepted != nil ? .intercepted : .proxy
+    }
+
     /// Where this connection's requests come from, as admission takes it.
     var requestSource: RequestSource {
-        guard let intercepted else { return .forwardProxy }
+        guard let intercepted else { return transparent == nil ? .forwardProxy : .transparent(.http) }
         return .intercepted(InterceptedOrigin(host: intercepted.host, port: intercepted.port, authority: intercepted.authority,
                                               proxyUser: intercepted.proxyUser))
     }
@@ -360,6 +375,7 @@ final class HTTP1Session: ClientSession {
         if let timer { event_free(timer) }
         timer = nil
         releaseShapingTimer()
+        stopServerFirstTimer()
         transport.release(cleanTLSEnd: cleanTLSEnd)
         worker.clientClosed(self)
     }

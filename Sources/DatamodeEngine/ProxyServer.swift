@@ -26,6 +26,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var accessLog: AccessLog?
     /// The address the proxy listens on (with the real port when 0 was asked for).
     public private(set) var listenAddress: ListenAddress
+    /// The transparent listener's address (SPEC §16), with the real port; nil when `transparent.listen` is off.
+    public private(set) var transparentAddress: ListenAddress?
 
     /// The local CA for HTTPS interception (SPEC §9); set before `start()`. Without it nothing is intercepted.
     public var certificateAuthority: CertificateAuthority?
@@ -101,6 +103,9 @@ public final class ProxyServer: @unchecked Sendable {
             workers.append(worker)
         }
         _ = consume listenGuard
+        if let transparent = configuration.transparent.listen {
+            own += try listenTransparent(transparent)
+        }
         // Workers learn the final own addresses (the real port is known only after the first bind).
         for worker in workers { worker.ownAddressesUpdate(own) }
         for worker in workers {
@@ -115,6 +120,27 @@ public final class ProxyServer: @unchecked Sendable {
             threads.append(thread)
         }
         logger.info("listening", metadata: ["address": "\(listenAddress)", "workers": "\(count)"])
+        if let transparentAddress {
+            logger.info("listening (transparent)", metadata: ["address": "\(transparentAddress)"])
+        }
+    }
+
+    /// Binds every worker's transparent listener (SPEC §16); returns the addresses it makes this process's own
+    /// (a connection whose original destination is one of them is not relayed: it would loop).
+    private func listenTransparent(_ configured: ListenAddress) throws(EngineError) -> [(address: IPAddress, port: UInt16)] {
+        guard var address = SocketAddress(ipLiteral: configured.host, port: configured.port) else {
+            throw EngineError("transparent.listen: \(configured) is not an IP address and port")
+        }
+        let listenGuard = try ListenGuard(address)
+        address.port = listenGuard.port
+        for worker in workers { address.port = try worker.listenTransparent(on: address) }
+        _ = consume listenGuard
+        transparentAddress = ListenAddress(address: configured.address, port: address.port)
+        var own = [(address: configured.address, port: address.port)]
+        if Worker.isLoopbackOrUnspecified(configured.address) {
+            own += Self.localInterfaceAddresses().map { (address: $0, port: address.port) }
+        }
+        return own
     }
 
     /// Stops accepting, closes idle connections, lets in-flight requests finish (SPEC §8 SIGTERM).

@@ -108,6 +108,14 @@ let clientTimerCallback: event_callback_fn = { _, _, ctx in
     client.flushPendingWrites()
 }
 
+let transparentTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("transparentTimerCallback")
+    defer { CallbackNesting.leave() }
+    let client = owner(ctx, as: HTTP1Session.self)
+    client.transparentTimerFired()
+    client.flushPendingWrites()
+}
+
 let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("clientShapingTimerCallback")
     defer { CallbackNesting.leave() }
@@ -234,6 +242,10 @@ let dnsResultCallback: evdns_getaddrinfo_cb = { result, addresses, ctx in
 
 let listenerAcceptCallback: evconnlistener_cb = { _, fd, address, length, ctx in
     owner(ctx, as: Worker.self).accept(fd: fd, address: address, length: length)
+}
+
+let transparentAcceptCallback: evconnlistener_cb = { _, fd, address, length, ctx in
+    owner(ctx, as: Worker.self).acceptTransparent(fd: fd, address: address, length: length)
 }
 let listenerErrorCallback: evconnlistener_errorcb = { listener, ctx in
     owner(ctx, as: Worker.self).acceptFailed(listener)

@@ -39,7 +39,10 @@ final class Tunnel {
     /// CONNECT: a tunnel to `target` (a port in `connect.ports`), answered `200` once the origin's TCP connection
     /// is up (`connected`).
     static func connect(_ driver: ExchangeDriver, to target: RequestTarget) {
-        guard driver.worker.settings.connectPorts.contains(target.port) else {
+        // A transparent connection that is neither TLS nor HTTP goes wherever it was going (SPEC §16): connect.ports
+        // is about what a CONNECT may ask for.
+        let anyPort = driver.session.transparent?.kind == .other
+        guard anyPort || driver.worker.settings.connectPorts.contains(target.port) else {
             driver.respondError(.connectPortDenied, detail: "port \(target.port) is not in connect.ports", close: false)
             return
         }
@@ -47,7 +50,8 @@ final class Tunnel {
         driver.machine.closeAfter()
         start(driver, established: false)
         driver.session.machine.tunnel(driver)
-        let upstream = UpstreamConnection(worker: driver.worker, key: UpstreamKey(host: target.host, port: target.port))
+        let key = driver.session.upstreamKey(host: target.host, port: target.port, tls: false, own: true)
+        let upstream = UpstreamConnection(worker: driver.worker, key: key)
         driver.upstream = upstream
         upstream.attach(driver)
         upstream.send([], responseTimeoutMs: -1)

@@ -8,10 +8,22 @@ import Glibc
 
 /// Where an upstream connection goes. Connections are pooled per key.
 struct UpstreamKey: Hashable {
+    /// The name the request gave (TLS verifies it and sends it as SNI), or an IP literal.
     var host: String
     var port: UInt16
     /// `https://` upstream: TLS over the TCP connection.
     var tls: Bool = false
+    /// A transparent connection's original destination (SPEC §16): connected to instead of a lookup of `host`.
+    /// Part of the key, so a connection made for one destination is never reused for another, nor for the
+    /// same name elsewhere.
+    var pinned: PinnedDestination? = nil
+}
+
+/// An address and port the kernel said a connection was going to (SPEC §16).
+struct PinnedDestination: Hashable {
+    /// An IP literal (IPv6 without brackets).
+    var address: String
+    var port: UInt16
 }
 
 /// One TCP connection to an origin (or a CONNECT target): resolved asynchronously with evdns, connected with
@@ -241,6 +253,15 @@ final class UpstreamConnection {
         if key.tls && ssl == nil {
             // The trust store could not be loaded (logged at start-up) or SSL_new failed.
             fail(.upstreamUnreachable, "TLS is unavailable for \(key.host): \(worker.tlsUnavailableReason ?? "SSL_new failed")")
+            return
+        }
+        if let pinned = key.pinned {
+            guard let literal = SocketAddress(ipLiteral: pinned.address, port: pinned.port) else {
+                fail(.upstreamUnreachable, "\(pinned.address) is not an address")
+                return
+            }
+            addresses = [literal]
+            connectNext()
             return
         }
         if let literal = SocketAddress(ipLiteral: key.host, port: key.port) {

@@ -47,7 +47,10 @@ final class Worker {
     private(set) var settings: WorkerSettings
     private var generation: UInt64
     private var listener: OpaquePointer?
-    private var listenerPaused = false
+    /// The transparent listener (SPEC §16), when configured.
+    private var transparentListener: OpaquePointer?
+    /// Listeners paused after descriptor exhaustion, resumed by the next tick.
+    private var pausedListeners: [OpaquePointer] = []
     /// Every client connection, HTTP/1 or HTTP/2 (a stream's own session is its connection's, not listed here).
     private var clients: [ObjectIdentifier: any ClientSession] = [:]
     private var upstreams: [ObjectIdentifier: UpstreamConnection] = [:]
@@ -115,6 +118,7 @@ final class Worker {
         if let wakeEvent { event_free(wakeEvent) }
         if let tickEvent { event_free(tickEvent) }
         if let listener { evconnlistener_free(listener) }
+        if let transparentListener { evconnlistener_free(transparentListener) }
         evdns_base_free(dns, 1)
         event_base_free(base)
         Glibc.close(wakePipe.read)
@@ -124,15 +128,26 @@ final class Worker {
     /// Binds this worker's listener. `port` 0 lets the kernel choose; the chosen port is returned so the
     /// other workers bind the same one (SO_REUSEPORT spreads connections across them).
     func listen(on address: SocketAddress) throws(EngineError) -> UInt16 {
+        let created = try bind(address, callback: listenerAcceptCallback)
+        listener = created
+        return SocketAddress.local(of: evconnlistener_get_fd(created))?.port ?? address.port
+    }
+
+    /// Binds this worker's transparent listener (SPEC §16), like `listen`.
+    func listenTransparent(on address: SocketAddress) throws(EngineError) -> UInt16 {
+        let created = try bind(address, callback: transparentAcceptCallback)
+        transparentListener = created
+        return SocketAddress.local(of: evconnlistener_get_fd(created))?.port ?? address.port
+    }
+
+    private func bind(_ address: SocketAddress, callback: evconnlistener_cb) throws(EngineError) -> OpaquePointer {
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC)
         let created = address.withSockaddr { pointer, length in
-            evconnlistener_new_bind(base, listenerAcceptCallback, context(self), flags, 1024, pointer, Int32(length))
+            evconnlistener_new_bind(base, callback, context(self), flags, 1024, pointer, Int32(length))
         }
         guard let created else { throw ListenGuard.bindError(address, errno) }
-        listener = created
         evconnlistener_set_error_cb(created, listenerErrorCallback)
-        let fd = evconnlistener_get_fd(created)
-        return SocketAddress.local(of: fd)?.port ?? address.port
+        return created
     }
 
     /// Set when `run()` has returned (read by the thread that waits for the worker).
@@ -202,6 +217,11 @@ final class Worker {
             evconnlistener_free(listener)
             self.listener = nil
         }
+        if let transparentListener {
+            evconnlistener_free(transparentListener)
+            self.transparentListener = nil
+        }
+        pausedListeners = []
         pool.closeAll()
         for client in Array(clients.values) { client.drain() }
         exitIfDrained()
@@ -216,10 +236,8 @@ final class Worker {
 
     /// Once a second: resume accepting after descriptor exhaustion.
     func tick() {
-        if listenerPaused, let listener {
-            listenerPaused = false
-            evconnlistener_enable(listener)
-        }
+        for paused in pausedListeners { evconnlistener_enable(paused) }
+        pausedListeners = []
     }
 
     // MARK: snapshot
@@ -273,7 +291,8 @@ final class Worker {
 
     // MARK: connections
 
-    func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>?, length: Int32) {
+    func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>?, length: Int32,
+                transparent: TransparentConnection? = nil) {
         guard let address, let peer = SocketAddress(address, length: socklen_t(length)) else {
             Glibc.close(fd)
             return
@@ -284,19 +303,54 @@ final class Worker {
             return
         }
         refreshSnapshot()
-        let client = HTTP1Session(worker: self, bev: bev, peer: peer)
+        let client = HTTP1Session(worker: self, bev: bev, peer: peer, transparent: transparent)
         clients[ObjectIdentifier(client)] = client
         metrics.connectionOpened()
         client.start()
     }
+
+    /// A connection on the transparent listener (SPEC §16): its original destination is read from the socket. None
+    /// (the connection was not redirected), or one that is this proxy (a connection straight to one of its
+    /// listeners), and it is closed and logged `transparent-no-destination`: never relayed to itself.
+    func acceptTransparent(fd: Int32, address: UnsafeMutablePointer<sockaddr>?, length: Int32) {
+        var storage = sockaddr_storage()
+        var storageLength = socklen_t(0)
+        let found = dm_original_destination(fd, &storage, &storageLength) == 0
+        let destination = found ? withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress($0, length: storageLength) }
+        } : nil
+        guard let destination, let ip = destination.ipAddress, destination.port != 0, !isOwnAddress(destination),
+              !Self.isUnspecified(ip) else {
+            let peer = address.flatMap { SocketAddress($0, length: socklen_t(length)) }
+            noTransparentDestination(client: peer?.hostText ?? "-", destination: destination)
+            Glibc.close(fd)
+            return
+        }
+        let pinned = PinnedDestination(address: ip.description, port: destination.port)
+        accept(fd: fd, address: address, length: length, transparent: TransparentConnection(destination: pinned))
+    }
+
+    private func noTransparentDestination(client: String, destination: SocketAddress?) {
+        let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: clock.nowNanoseconds())
+        exchange.outcome = .error
+        exchange.reason = AbortReason.transparentNoDestination.rawValue
+        exchange.source = .transparent
+        record(exchange, client: client)
+        logger.info("transparent-no-destination", metadata: [
+            "client": "\(client)",
+            "destination": "\(destination.map { "\($0.hostText):\($0.port)" } ?? "none (not redirected)")",
+        ])
+    }
+
+    static func isUnspecified(_ ip: IPAddress) -> Bool { ip.bytes.allSatisfy { $0 == 0 } }
 
     /// accept(2) failed. Out of descriptors (EMFILE/ENFILE): pause accepting for a second instead of spinning,
     /// and say so once; the connections already open keep being served.
     func acceptFailed(_ listener: OpaquePointer?) {
         let error = errno
         if error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM {
-            if !listenerPaused, let listener {
-                listenerPaused = true
+            if let listener, !pausedListeners.contains(listener) {
+                pausedListeners.append(listener)
                 evconnlistener_disable(listener)
                 logger.warning("accept failed, pausing new connections for 1s", metadata: [
                     "worker": "\(index)", "error": "\(String(cString: strerror(error)))",
@@ -355,7 +409,7 @@ final class Worker {
                             status: exchange.status, bytesIn: exchange.bytesIn, bytesOut: exchange.bytesOut,
                             outcome: outcome.rawValue, reason: exchange.reason, variant: exchange.variant,
                             tags: exchange.tags, tagSources: exchange.tagSources, rule: exchange.rule,
-                            durationSeconds: duration)
+                            source: exchange.source.rawValue, durationSeconds: duration)
         }
     }
 }

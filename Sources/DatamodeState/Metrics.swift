@@ -32,6 +32,12 @@ public final class WorkerMetrics: @unchecked Sendable {
     @usableFromInline let http2Connections = Atomic<Int>(0)
     @usableFromInline let http2Streams = Atomic<Int>(0)
     private let http2Errors: UnsafeMutablePointer<Atomic<Int>>
+    /// Connections on the transparent listener by `TransparentKind` (SPEC §16).
+    private let transparentConnections: UnsafeMutablePointer<Atomic<Int>> = {
+        let pointer = UnsafeMutablePointer<Atomic<Int>>.allocate(capacity: TransparentKind.allCases.count)
+        for i in 0..<TransparentKind.allCases.count { (pointer + i).initialize(to: Atomic(0)) }
+        return pointer
+    }()
     /// One counter per `TLSFailureLabel.all` entry.
     private let handshakeFailures: UnsafeMutablePointer<Atomic<Int>>
     @usableFromInline let savedHLS = Atomic<Int>(0)
@@ -76,6 +82,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         http2Errors.deallocate()
         imagesUntouched.deinitialize(count: ImagePassReason.allCases.count)
         imagesUntouched.deallocate()
+        transparentConnections.deinitialize(count: TransparentKind.allCases.count)
+        transparentConnections.deallocate()
     }
 
     /// Counts a finished request; returns the index of its outcome × reason counter (a session's tally uses the same).
@@ -133,6 +141,9 @@ public final class WorkerMetrics: @unchecked Sendable {
     public static let http2ErrorReasons = ["rapid-reset", "continuation-flood", "header-too-large", "hpack-bomb",
                                            "settings-flood", "ping-flood", "empty-frames", "too-many-streams",
                                            "outbound-flood", "protocol-error", "internal-error"]
+    package func transparentConnection(_ kind: TransparentKind) {
+        transparentConnections[kind.index].add(1, ordering: .relaxed)
+    }
     package func tlsHandshakeFailed(_ side: TLSFailureLabel.Side, _ reason: TLSFailureReason) {
         guard let index = TLSFailureLabel.all.firstIndex(of: TLSFailureLabel(side: side, reason: reason)) else { return }
         handshakeFailures[index].add(1, ordering: .relaxed)
@@ -195,6 +206,9 @@ public final class WorkerMetrics: @unchecked Sendable {
         for (i, reason) in Self.http2ErrorReasons.enumerated() {
             total.http2Errors[reason, default: 0] += http2Errors[i].load(ordering: .relaxed)
         }
+        for kind in TransparentKind.allCases {
+            total.transparentConnections[kind.rawValue, default: 0] += transparentConnections[kind.index].load(ordering: .relaxed)
+        }
         for (i, label) in TLSFailureLabel.all.enumerated() {
             total.tlsHandshakeFailures[label, default: 0] += handshakeFailures[i].load(ordering: .relaxed)
         }
@@ -254,9 +268,23 @@ public struct MetricsSnapshot: Sendable {
     public var http2ConnectionsActive = 0
     public var http2Streams = 0
     public var http2Errors: [String: Int] = [:]
+    /// Connections on the transparent listener by kind (`TransparentKind`'s raw values, SPEC §16).
+    public var transparentConnections: [String: Int] = [:]
     /// Failed TLS handshakes by side and reason (every label present, zeros included).
     public var tlsHandshakeFailures: [TLSFailureLabel: Int] = [:]
     public init() {}
+}
+
+/// What a connection on the transparent listener turned out to be (SPEC §16): the `kind` label of
+/// `datamode_transparent_connections_total`. A TLS connection that is not intercepted (relayed blind, or refused
+/// by the host-level decision) is a `tls-tunnel`.
+public enum TransparentKind: String, Sendable, CaseIterable {
+    case http
+    case tlsIntercepted = "tls-intercepted"
+    case tlsTunnel = "tls-tunnel"
+    case other
+
+    var index: Int { Self.allCases.firstIndex(of: self)! }
 }
 
 /// Why a TLS handshake failed, in a few stable words (the `reason` label of

@@ -19,4 +19,7 @@ package enum AbortReason: String, CaseIterable {
     case tlsClientRejected = "tls-client-rejected"
     /// A `hard` data budget it counted against was spent (SPEC §11): the transfer or tunnel was closed.
     case budgetExhausted = "budget-exhausted"
+    /// SPEC §16: a connection on the transparent listener had no original destination (it was not redirected),
+    /// or its destination was the proxy itself: closed, never relayed to itself.
+    case transparentNoDestination = "transparent-no-destination"
 }

@@ -25,6 +25,11 @@ int dm_event_add_ms(struct event *ev, int64_t milliseconds);
 int dm_event_add_us(struct event *ev, int64_t microseconds);
 /** Sets TCP_NODELAY: libevent never does, and Nagle + delayed ACK costs ~10 ms per exchange. */
 int dm_set_nodelay(int fd);
+/** The original destination of a connection the kernel redirected (netfilter REDIRECT/DNAT, SPEC §16):
+    getsockopt SO_ORIGINAL_DST (SOL_IP) or IP6T_SO_ORIGINAL_DST (SOL_IPV6), whichever the connection's family
+    answers. Fills `out` (a sockaddr_in or sockaddr_in6) and `length`; returns 0, or -1 with errno (ENOENT: the
+    connection was not translated and conntrack does not know it). */
+int dm_original_destination(int fd, struct sockaddr_storage *out, socklen_t *length);
 /** SSL_set_tlsext_host_name(ssl, name): SNI. */
 long dm_ssl_set_sni(SSL *ssl, const char *name);
 /** SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION). */
