@@ -43,8 +43,10 @@ final class OriginResponse {
                 driver.upstreamFailed(upstream, code: .upstreamProtocolError,
                                       detail: "invalid response head: " + error.detail)
                 return
-            case .complete(let head, let length):
+            case .complete(var head, let length):
                 driver.allowance.charge(.down, length, session: driver.session)
+                // SPEC §16: a transparent client must stay on TCP, where the redirect catches it.
+                if driver.session.transparent != nil { head = AltSvc.withoutHTTP3(head) }
                 if head.status < 200 {
                     interim(driver, head, upstream)
                 } else {
