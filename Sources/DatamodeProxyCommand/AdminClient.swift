@@ -192,4 +192,5 @@ struct AdminClient {
 struct CommandFailure: Error, CustomStringConvertible {
     var description: String
     init(_ error: any Error) { description = "\(error)" }
+    init(_ message: String) { description = message }
 }

@@ -27,7 +27,8 @@ struct DatamodeProxyCommand: ParsableCommand {
             """,
         version: ProductVersion.string,
         subcommands: [RunCommand.self, CheckCommand.self, ModeCommand.self, VariantsCommand.self, SessionsCommand.self,
-                      WatchCommand.self, CACommand.self, ConditionsCommand.self, BudgetsCommand.self]
+                      WatchCommand.self, CACommand.self, ConditionsCommand.self, BudgetsCommand.self,
+                      TransparentRulesCommand.self]
     )
 }
 
