@@ -36,7 +36,8 @@ extension ExchangeDriver {
         upgradeRequested = upgrade
         session.machine.forward(self)
         connectUpstream(key: session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
-                                                 own: variant == nil), reuse: true)
+                                                 own: variant == nil || session.isSameOrigin(exchange.url, target)),
+                        reuse: true)
     }
 
     func connectUpstream(key: UpstreamKey, reuse: Bool) {

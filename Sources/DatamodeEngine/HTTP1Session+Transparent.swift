@@ -137,9 +137,16 @@ extension HTTP1Session {
     // MARK: the upstream
 
     /// Where a request of this connection goes: to the original destination when the connection is transparent
-    /// and the target is the one the client named (`own`); a variant's own target (the proxy's configuration, not
-    /// the client's) is resolved as usual.
+    /// and the target is the origin the client named (`own`: its own target, or a variant's on the same origin);
+    /// a variant's target elsewhere (the proxy's configuration, not the client's) is resolved as usual.
     func upstreamKey(host: String, port: UInt16, tls: Bool, own: Bool) -> UpstreamKey {
         UpstreamKey(host: host, port: port, tls: tls, pinned: own ? transparent?.destination : nil)
+    }
+
+    /// Whether a variant's `target` is on the origin of the request it stands in for (`url`): then it is fetched
+    /// from the same original destination (a transparent connection only; false elsewhere, at no cost).
+    func isSameOrigin(_ url: String, _ target: RequestTarget) -> Bool {
+        guard transparent != nil, case .success(let original) = RequestTarget.parse(url, method: "GET") else { return false }
+        return original.scheme == target.scheme && original.host == target.host && original.port == target.port
     }
 }

@@ -198,6 +198,8 @@ public final class ProxyInstance: @unchecked Sendable {
 
     /// The proxy's address, with the real port once started.
     public var listenAddress: ListenAddress { server.listenAddress }
+    /// The transparent listener (SPEC §16) with its real port; nil when off.
+    public var transparentAddress: ListenAddress? { server.transparentAddress }
 
     /// The admin API's address, with the real port once started.
     public var adminAddress: ListenAddress { admin?.listenAddress ?? runtime.load().snapshot.configuration.admin.listen }

@@ -71,11 +71,13 @@ struct RunCommand: ParsableCommand {
             FileHandle.standardError.write(Data(CACommand.summary(authority, created: true).utf8))
         }
         let started = instance.runtime.load().snapshot
-        logger.info("datamode-proxy \(ProductVersion.string) ready", metadata: [
+        var ready: Logger.Metadata = [
             "listen": "\(instance.listenAddress)", "admin": "\(instance.adminAddress)", "mode": "\(started.mode)",
             "mode_source": "\(started.modeSource.rawValue)",
             "config": "\(configPath ?? "(built-in defaults)")",
-        ])
+        ]
+        if let transparent = instance.transparentAddress { ready["transparent"] = "\(transparent)" }
+        logger.info("datamode-proxy \(ProductVersion.string) ready", metadata: ready)
         instance.run()
         let graceful = instance.wait(timeout: started.configuration.drainTimeout)
         logger.info(graceful ? "stopped" : "stopped after drain-timeout with requests still in flight")

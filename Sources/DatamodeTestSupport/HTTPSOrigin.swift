@@ -20,6 +20,7 @@ import Glibc
 /// - `/cut-mid-record/N`: as `/cut/N`, but the last thing on the wire is half a TLS record (a record header that
 ///   announces more bytes than follow), the shape of a connection cut inside a record;
 /// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
+/// - `/alt-svc`: a response advertising HTTP/3 and HTTP/2 alternatives in `Alt-Svc` (SPEC §16);
 /// - any other path: the file of that name under `directory/www`, else 404.
 /// Every response carries `X-Origin-Connections`: how many TLS connections the origin has accepted so far.
 public final class HTTPSOrigin: @unchecked Sendable {
@@ -34,14 +35,18 @@ public final class HTTPSOrigin: @unchecked Sendable {
         public var description: String
     }
 
-    public init(directory: String) throws {
+    /// `names` and `addresses`: the certificate's subjectAltName entries. `bind`: where it listens (`::` is both
+    /// families). `tls: false` serves the same paths in plain HTTP. `launcher`: a command the Python interpreter is
+    /// run under, e.g. `ip netns exec NAME` (SPEC §16's tests put origins inside a network namespace).
+    public init(directory: String, names: [String] = ["localhost"], addresses: [String] = ["127.0.0.1"],
+                bind: String = "127.0.0.1", tls: Bool = true, launcher: [String] = []) throws {
         self.directory = directory
         try FileManager.default.createDirectory(atPath: directory + "/www", withIntermediateDirectories: true)
         certificatePath = directory + "/origin-cert.pem"
         let keyPath = directory + "/origin-key.pem"
         let generated = try ExternalCommand.run("/usr/bin/openssl", [
             "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=localhost",
-            "-days", "2", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-days", "2", "-addext", "subjectAltName=" + (names.map { "DNS:\($0)" } + addresses.map { "IP:\($0)" }).joined(separator: ","),
             "-keyout", keyPath, "-out", certificatePath,
         ])
         guard generated.status == 0 else { throw Failure(description: "openssl req failed: \(generated.output)") }
@@ -50,8 +55,10 @@ public final class HTTPSOrigin: @unchecked Sendable {
         logPath = directory + "/origin.log"
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-u", scriptPath, certificatePath, keyPath, directory + "/www"]
+        let command = launcher + ["/usr/bin/python3", "-u", scriptPath, certificatePath, keyPath, directory + "/www", bind,
+                                  tls ? "tls" : "plain"]
+        process.executableURL = URL(fileURLWithPath: command[0])
+        process.arguments = Array(command.dropFirst())
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = FileHandle(forWritingAtPath: logPath)
         process.standardError = FileHandle(forWritingAtPath: logPath)
@@ -101,7 +108,7 @@ public final class HTTPSOrigin: @unchecked Sendable {
     static let script = #"""
     import hashlib, http.server, socket, socketserver, ssl, sys, os, threading, time
 
-    cert, key, root = sys.argv[1], sys.argv[2], sys.argv[3]
+    cert, key, root, bind, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     lock = threading.Lock()
     accepted = [0]
 
@@ -118,7 +125,8 @@ public final class HTTPSOrigin: @unchecked Sendable {
                 accepted[0] += 1
 
         def log_message(self, fmt, *args):
-            sys.stdout.write("REQUEST %s %s\n" % (self.command, self.path))
+            # getattr: a request that does not parse (SPEC §16's blind relay test sends one) has neither yet.
+            sys.stdout.write("REQUEST %s %s\n" % (getattr(self, "command", None), getattr(self, "path", "-")))
 
         def reply(self, status, body, content_type="application/octet-stream", extra=()):
             self.send_response(status)
@@ -165,7 +173,10 @@ public final class HTTPSOrigin: @unchecked Sendable {
             self.reply(200, ("received %d bytes sha256 %s\n" % (received, digest.hexdigest())).encode())
 
         def do_GET(self):
-            if self.path == "/echo-headers":
+            if self.path == "/alt-svc":
+                self.reply(200, b"alternatives\n", "text/plain",
+                           [("Alt-Svc", 'h3=":443"; ma=86400, h3-29=":443", h2="alt.example:443"; ma=60')])
+            elif self.path == "/echo-headers":
                 text = self.requestline + "\r\n" + str(self.headers)
                 self.reply(200, text.encode(), "text/plain")
             elif self.path.startswith("/bytes/"):
@@ -235,20 +246,30 @@ public final class HTTPSOrigin: @unchecked Sendable {
         daemon_threads = True
         allow_reuse_address = True
 
+        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+
+        def server_bind(self):
+            # Not HTTPServer's: its getfqdn() is a reverse lookup, which hangs where no resolver is reachable.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = "origin", self.server_address[1]
+
         def get_request(self):
             sock, address = self.socket.accept()
+            if mode == "plain":
+                return sock, address
             return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
 
         def finish_request(self, request, client_address):
-            try:
-                request.do_handshake()
-            except (ssl.SSLError, OSError):
-                return
+            if mode != "plain":
+                try:
+                    request.do_handshake()
+                except (ssl.SSLError, OSError):
+                    return
             super().finish_request(request, client_address)
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server = Server(("127.0.0.1", 0), Handler)
+    server = Server((bind, 0), Handler)
     sys.stdout.write("PORT %d\n" % server.server_address[1])
     server.serve_forever()
     """#

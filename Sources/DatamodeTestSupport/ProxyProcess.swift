@@ -16,6 +16,8 @@ public final class ProxyProcess: @unchecked Sendable {
     public let stateDirectory: String
     public private(set) var port: UInt16 = 0
     public private(set) var adminPort: UInt16 = 0
+    /// The transparent listener's port (SPEC §16), when the proxy has one.
+    public private(set) var transparentPort: UInt16?
     public let process: Process
     private let stdoutPath: String
     private let stderrPath: String
@@ -113,6 +115,7 @@ public final class ProxyProcess: @unchecked Sendable {
                let listen = Self.port(after: "listen=", in: line), let admin = Self.port(after: "admin=", in: line) {
                 port = listen
                 adminPort = admin
+                transparentPort = Self.port(after: "transparent=", in: line)
                 return
             }
             if !process.isRunning {
