@@ -11,7 +11,8 @@
 #     toolchain this machine builds with);
 #   - builds the Dockerfile as it is in the repository (nothing patched), as datamode-proxy:local;
 #   - runs the container with host networking on free loopback ports, a read-only root, no capabilities,
-#     and checks it (each check prints PASS or FAIL); then brings up docker/compose.yaml with podman-compose.
+#     and checks it (each check prints PASS or FAIL); then brings up docker/compose.yaml with podman-compose,
+#     and docker/transparent/compose.yaml (the transparent sidecar: an app with no proxy setting, SPEC §16).
 # Exit status: 0 when every check passed, 1 when one failed, 2 when the setup failed (nothing was checked).
 # Every container, volume and temporary file it makes is removed on exit; the images stay (they are the cache).
 #
@@ -63,11 +64,15 @@ containers=()
 volumes=()
 background=()
 compose_up=false
+transparent_up=false
 cleanup() {
     local status=$?
     set +e
     if $compose_up; then
         compose down -v >/dev/null 2>&1
+    fi
+    if $transparent_up; then
+        compose_transparent down -v >/dev/null 2>&1
     fi
     # SIGKILL: a parent may hand this script down a blocked SIGTERM (a Swift test process does), and an origin
     # left running would keep the caller waiting on the output it inherited.
@@ -522,6 +527,62 @@ check_compose() {
     fi
 }
 
+# --- the transparent sidecar example (SPEC §16) ---------------------------------------------------
+
+compose_transparent() {
+    "$cache/venv/bin/podman-compose" -p "$run_id-transparent" -f "$repo/docker/transparent/compose.yaml" "$@" 2>&1 |
+        { grep -v -e 'unable to get systemd connection' || true; }
+    return "${PIPESTATUS[0]}"
+}
+
+check_transparent_compose() {
+    local out app_log proxy_log rules_exit tries project=$run_id-transparent
+    export DATAMODE_MODE=constrained EXAMPLE_INTERVAL=1
+    note "project $project: the app has no proxy variable; an init container with NET_ADMIN applies transparent-rules"
+    transparent_up=true
+    if ! out=$(compose_transparent up -d 2>&1); then
+        fail "podman-compose up -d (transparent): $(printf '%s' "$out" | tail -n 20)"
+        return
+    fi
+    tries=0
+    while true; do
+        app_log=$(podman logs "${project}_app_1" 2>/dev/null || true)
+        if [[ $app_log == *"video  200 variant=promo-poster"* && $app_log == *"clip   403 reason=constrained"* &&
+            $app_log == *"tls    403 reason=constrained"* ]]; then
+            break
+        fi
+        tries=$((tries + 1))
+        if [ $tries -ge 240 ]; then
+            fail "the transparent app's log after 120 s: $(printf '%s' "$app_log" | tail -n 10)"
+            podman logs "${project}_datamode-proxy_1" 2>&1 | tail -n 10 | sed 's/^/   | /'
+            podman logs "${project}_datamode-rules_1" 2>&1 | tail -n 10 | sed 's/^/   rules | /'
+            return
+        fi
+        sleep 0.5
+    done
+    printf '%s\n' "$app_log" | tail -n 3 | sed 's/^/   app | /'
+    pass "an app with no proxy setting got the variant (video 200), a refusal (clip 403) and a refusal inside TLS (tls 403)"
+    rules_exit=$(podman inspect --format '{{.State.ExitCode}}' "${project}_datamode-rules_1" 2>/dev/null || echo '?')
+    if [ "$rules_exit" = 0 ]; then
+        pass "the init container applied the rules and exited 0"
+    else
+        fail "the init container exited $rules_exit: $(podman logs "${project}_datamode-rules_1" 2>&1 | one_line)"
+    fi
+    proxy_log=$(podman logs "${project}_datamode-proxy_1" 2>/dev/null || true)
+    if [[ $proxy_log == *'"url":"http://cdn.example/promo.mp4"'*'"source":"transparent"'* ]]; then
+        pass "the proxy's access log says the app's requests came through the transparent listener"
+    else
+        fail "no transparent request in the proxy's access log: $(printf '%s' "$proxy_log" | tail -n 3)"
+    fi
+    transparent_up=false
+    if out=$(compose_transparent down -v 2>&1) &&
+        [ -z "$(podman ps -a -q --filter "label=io.podman.compose.project=$project")" ]; then
+        pass "podman-compose down -v (transparent): no container of the project is left"
+    else
+        fail "podman-compose down -v (transparent) left: $(podman ps -a -q --filter "label=io.podman.compose.project=$project") ($(printf '%s' "$out" | one_line))"
+    fi
+}
+
 # --- main -----------------------------------------------------------------------------------------
 
 mkdir -p "$cache"
@@ -549,6 +610,9 @@ note "start-up (podman run to GET /healthz 200): ${startup_ms:-?} ms; a new cont
 
 section "docker/compose.yaml with podman-compose"
 check_compose
+
+section "docker/transparent/compose.yaml: the transparent sidecar"
+check_transparent_compose
 
 section "result"
 printf '%d checks passed, %d failed, in %s\n' "$passes" "$failures" "$(elapsed)"
