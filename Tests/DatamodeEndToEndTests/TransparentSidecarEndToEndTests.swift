@@ -306,3 +306,42 @@ struct TransparentSidecarEndToEndTests {
         #expect(noCapability.stderr.split(separator: "\n").count == 1)
     }
 }
+
+/// The README's "Sidecar without proxy settings", run as it is written: its shell block, with the namespace and
+/// directory name made unique, under bash as root, the built binary first on PATH.
+@Suite("README: sidecar without proxy settings", .enabled(if: NetworkNamespace.testsEnabled, "needs root and iptables"))
+struct TransparentReadmeWalkthroughTests {
+    static func readmeBlock() throws -> String {
+        let readme = try String(contentsOfFile: ProxyProcess.packageRoot + "/README.md", encoding: .utf8)
+        let start = try #require(readme.range(of: "## Sidecar without proxy settings"))
+        let section = readme[start.upperBound...]
+        let open = try #require(section.range(of: "```sh\n"))
+        let close = try #require(section[open.upperBound...].range(of: "\n```"))
+        return String(section[open.upperBound..<close.lowerBound])
+    }
+
+    @Test func walkthrough() throws {
+        let block = try Self.readmeBlock()
+        #expect(block.contains("transparent-rules --port 15001 --uid 0 --apply"))
+        #expect(!block.contains("export http_proxy") && !block.contains("-x http"))
+        let name = "dmt-\(UUID().uuidString.prefix(8).lowercased())"
+        // Every command that touches the network names the namespace; if it cannot be made, they all fail inside.
+        let script = "set -e\ntrap 'status=$?; set +e; kill -KILL $(jobs -p) 2>/dev/null; ip netns del \(name) 2>/dev/null; "
+            + "rm -rf /tmp/\(name); exit $status' EXIT\n" + block.replacingOccurrences(of: "dm-demo", with: name)
+        defer { _ = try? ExternalCommand.run(NetworkNamespace.ip, ["netns", "del", name]) }
+        let binaryDirectory = URL(fileURLWithPath: ProxyProcess.binaryPath).deletingLastPathComponent().path
+        // The test runner's blocked SIGTERM is inherited by what it starts; the walk-through's `kill` needs it back.
+        let unblocked = "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+            + "os.execv('/bin/bash', ['bash', '-c', sys.argv[1]])"
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", unblocked, script], environment: [
+            "PATH": "\(binaryDirectory):/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin", "HOME": "/tmp",
+        ], timeout: 60)
+        #expect(result.status == 0, "\(result.output)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.contains("a page"), "\(result.output)")
+        #expect(result.stdout.contains("\"error\":\"constrained\""))
+        #expect(result.stdout.contains("\"url\":\"http://10.77.0.2:8080/intro.mp4\""))
+        #expect(lines.last == "2")
+        #expect(!FileManager.default.fileExists(atPath: "/var/run/netns/\(name)"))
+    }
+}
