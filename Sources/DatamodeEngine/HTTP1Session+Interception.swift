@@ -95,7 +95,7 @@ extension HTTP1Session {
             // HTTP/2 (SPEC §17): the same wire, read by an HTTP/2 session; each stream becomes an exchange.
             transport.forgetTLSOwner()
             guard let successor = HTTP2Session(worker: worker, transport: transport, peerAddress: peerAddress,
-                                               peerText: peerText, tunnel: tunnel) else {
+                                               peerText: peerText, tunnel: tunnel, transparent: transparent) else {
                 close()
                 return
             }

@@ -38,7 +38,8 @@ extension HTTP1Session {
 
     /// Before the first request: arms the server-first timer.
     func startTransparent() {
-        guard let transparent else { return }
+        // Only while the first bytes are unknown: an HTTP/2 stream's session shares its connection's, long classified.
+        guard let transparent, transparent.kind == nil else { return }
         transparent.timer = dm_timer_new(worker.base, transparentTimerCallback, context(self))
         if let timer = transparent.timer { dm_event_add_ms(timer, TransparentConnection.serverFirstAfterMs) }
     }

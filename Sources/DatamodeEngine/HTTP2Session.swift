@@ -19,6 +19,8 @@ final class HTTP2Session: ClientSession {
     let peerText: String
     /// The interception every stream's request is judged inside (SPEC §9): the CONNECT's authority, its user.
     let tunnel: InterceptedTunnel
+    /// A connection of the transparent listener (SPEC §16): every stream's upstream goes to its original destination.
+    let transparent: TransparentConnection?
     private var streams: [HTTP2StreamID: HTTP2Stream] = [:]
     private var timer: OpaquePointer?
     /// Runs `flushOutput` from the loop, for what a stream's exchange did outside this connection's callbacks
@@ -31,12 +33,14 @@ final class HTTP2Session: ClientSession {
     private var lastProgress: UInt64
 
     /// Nil when nghttp2 could not make a session (out of memory).
-    init?(worker: Worker, transport: ClientTransport, peerAddress: IPAddress?, peerText: String, tunnel: InterceptedTunnel) {
+    init?(worker: Worker, transport: ClientTransport, peerAddress: IPAddress?, peerText: String, tunnel: InterceptedTunnel,
+          transparent: TransparentConnection?) {
         self.worker = worker
         self.transport = transport
         self.peerAddress = peerAddress
         self.peerText = peerText
         self.tunnel = tunnel
+        self.transparent = transparent
         let settings = worker.settings
         guard let codec = try? HTTP2ServerSession(configuration: HTTP2ServerConfiguration(
             maxConcurrentStreams: UInt32(settings.http2.maxConcurrentStreams),

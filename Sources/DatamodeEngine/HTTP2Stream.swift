@@ -94,7 +94,8 @@ final class HTTP2Stream {
         write(head)
 
         let session = HTTP1Session(worker: worker, stream: self, end: sessionEnd, peerAddress: connection.peerAddress,
-                                   peerText: connection.peerText, tunnel: connection.tunnel)
+                                   peerText: connection.peerText, tunnel: connection.tunnel,
+                                   transparent: connection.transparent)
         self.session = session
         session.start()
         return true

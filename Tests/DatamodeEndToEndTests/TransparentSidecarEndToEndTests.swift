@@ -193,10 +193,12 @@ struct TransparentSidecarEndToEndTests {
         let allowed = try sidecar.curl(resolve + ["https://secure.example:\(port)/page.html"])
         #expect(Self.status(allowed) == 200, "\(allowed.output)\n\(sidecar.proxy.stderr)")
         #expect(allowed.stdout.contains("<html>page</html>"))
-        #expect(allowed.stdout.contains("Via: 1.1 datamode-proxy"))
+        // curl offers h2 and gets it (SPEC §17 on transparent TLS too): field names are lowercase.
+        #expect(allowed.stdout.contains("via: 1.1 datamode-proxy"), "\(allowed.stdout)")
 
         let inside = sidecar.logLines { ($0["url"] as? String) == "https://secure.example:\(port)/page.html" }
         #expect(inside.first?["source"] as? String == "transparent")
+        #expect(inside.first?["proto"] as? String == "h2")
         #expect(try sidecar.metrics().counter("datamode_transparent_connections_total", ["kind": "tls-intercepted"]) == 2)
     }
 
