@@ -78,6 +78,20 @@ public final class ScheduleBook: @unchecked Sendable {
     func schedule(scope: String?) -> ModeSchedule? { schedules[Self.key(scope)] }
     var all: [ModeSchedule] { schedules.keys.sorted().map { schedules[$0]! } }
 
+    /// Every running schedule's steps still to come, in wall-clock time, by scope (`""`: global): what the
+    /// workers read to tell a refused client when its refusal lifts (SPEC §18.1). `wallNow` and `monotonicNow`
+    /// are the same moment on both clocks.
+    public func outlooks(wallNow: Int64, monotonicNow: UInt64) -> [String: ScheduleOutlook] {
+        var out: [String: ScheduleOutlook] = [:]
+        for (key, schedule) in schedules {
+            guard let due = schedule.nextDue else { continue }
+            let delta = due >= monotonicNow ? Int64(due - monotonicNow) : -Int64(monotonicNow - due)
+            out[key] = ScheduleOutlook(steps: schedule.steps, repeats: schedule.repeats, next: schedule.next,
+                                       nextAt: wallNow + delta)
+        }
+        return out
+    }
+
     /// The earliest time a step is due, over every scope.
     public var nextDue: UInt64? { schedules.values.compactMap(\.nextDue).min() }
 

@@ -67,9 +67,13 @@ struct BudgetJudgement: Equatable {
 protocol BudgetView {
     var budgets: [Budget] { get }
     func isSpent(_ index: Int, now: Int64) -> Bool
+    /// The end of budget `index`'s current period, wall-clock seconds (when a spent one lifts, SPEC §18.1).
+    func periodEnd(_ index: Int) -> Int64
 }
 
-extension BudgetLedger: BudgetView {}
+extension BudgetLedger: BudgetView {
+    func periodEnd(_ index: Int) -> Int64 { period(index).end }
+}
 
 /// The decision about one request head, made before any byte of it moves: refuse it, open a tunnel, intercept
 /// it, forward it or serve a variant (with room for SPEC §18's hold and store). A pure function of the head, its
@@ -118,13 +122,18 @@ struct Admission {
     var tags: RequestTags?
     var tagSources = TagProvenance()
     var rule: String?
+    /// For a refusal by the data mode or a budget (`reject`, `budgetExhausted`): when its conditions lift, if a
+    /// known event lifts them (SPEC §18.1); nil otherwise.
+    var lift: RefusalLift?
 
     /// Decides about `head`. `client`/`clientText`: the peer's address and how the log spells it; `intercepts`:
     /// whether a CONNECT to the target would be intercepted (the host is listed and interception is set up);
-    /// `now`: wall-clock seconds, for budget periods.
+    /// `now`: wall-clock seconds, for budget periods; `nowNanoseconds`: the same moment to the nanosecond, for
+    /// when a refusal lifts (`now` seconds when not given).
     static func admit(_ head: RequestHead, source: RequestSource, client: IPAddress?, clientText: String,
                       settings: WorkerSettings, budgets: some BudgetView, intercepts: (String) -> Bool,
-                      now: Int64) -> Admission {
+                      now: Int64, nowNanoseconds: Int64? = nil) -> Admission {
+        let wallNow = nowNanoseconds ?? now * 1_000_000_000
         let tokens = head.connectionTokens
         // A client that half-closed still gets every request it sent before answered (pipelining, SPEC §6).
         let keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
@@ -207,6 +216,8 @@ struct Admission {
         admission.budgetMask = judgement.mask
         if let index = judgement.rejectedBy {
             admission.verdict = .budgetExhausted(index)
+            admission.lift = lift(head, target, client: client, settings: settings, budgets: budgets, tags: nil,
+                                  scopeMode: baseMode, session: admission.session?.id, now: now, wallNow: wallNow)
             return admission
         }
         mode = judgement.mode
@@ -224,10 +235,12 @@ struct Admission {
         switch decision {
         case .invalidTag(let detail):
             return refuse(.invalidTag, detail, close: false)
-        case .reject(_, let rejection):
+        case .reject(let tags, let rejection):
             // A refusal a spent budget caused names it (SPEC §11).
             let budget = rejection.reasons.contains(where: { !baseMode.has($0) }) ? judgement.joinedBy : nil
             admission.verdict = .reject(rejection, budget: budget)
+            admission.lift = lift(head, target, client: client, settings: settings, budgets: budgets, tags: tags,
+                                  scopeMode: baseMode, session: admission.session?.id, now: now, wallNow: wallNow)
         case .forward(let tags):
             admission.verdict = target.form == .authority
                 ? (intercepts(target.host) ? .intercept(target) : .tunnel(target)) : .forward(target, tags)

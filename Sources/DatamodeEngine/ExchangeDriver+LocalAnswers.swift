@@ -33,7 +33,7 @@ extension ExchangeDriver {
     func refuseForBudget(_ index: Int, url: String) {
         exchange.outcome = .rejected
         exchange.reason = ProxyErrorCode.budgetExhausted.rawValue
-        respond(.budgetExhausted(worker.budgets, index, url: url), close: false)
+        respond(.budgetExhausted(worker.budgets, index, url: url, lift: refusalLift), close: false)
     }
 
     /// Writes a complete answer made by the proxy. The request's body (if any) is read and discarded so the

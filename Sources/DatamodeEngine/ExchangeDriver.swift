@@ -65,6 +65,8 @@ final class ExchangeDriver {
     var originClosedWhileHeld = false
     /// What may cross the link, and when: the link profile's buckets and latency, the data budgets (SPEC §10, §11).
     var allowance = Allowance()
+    /// A refusal's known end (SPEC §18.1), from admission: `Retry-After` and `liftsAt` on the refusal.
+    var refusalLift: RefusalLift?
 
     init(session: HTTP1Session, exchange: Exchange) {
         self.session = session
@@ -86,10 +88,11 @@ final class ExchangeDriver {
         let settings = worker.settings
         connectionTokens = head.connectionTokens
         let tlsServer = worker.tlsServer
+        let wallNow = worker.clock.wallNanoseconds()
         let admission = Admission.admit(head, source: source, client: session.peerAddress, clientText: session.peerText,
                                         settings: settings, budgets: worker.budgets,
                                         intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
-                                        now: worker.clock.wallNanoseconds() / 1_000_000_000)
+                                        now: wallNow / 1_000_000_000, nowNanoseconds: wallNow)
         guard let framing = admission.framing else {
             // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
             exchange.outcome = .error
@@ -105,6 +108,7 @@ final class ExchangeDriver {
         if let url = admission.url { exchange.url = url }
         exchange.session = admission.session
         allowance.budgetMask = admission.budgetMask
+        refusalLift = admission.lift
         if let mode = admission.mode { exchange.mode = mode }
         if let tags = admission.tags {
             exchange.tags = tags
@@ -140,10 +144,14 @@ final class ExchangeDriver {
         case .reject(let rejection, let budget):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            let reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
-            if let budget {
+            var reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
+            if budget != nil || refusalLift != nil {
                 var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
-                problem.extra.append(("budget", JSONText.quote(budget)))
+                if let budget { problem.extra.append(("budget", JSONText.quote(budget))) }
+                if let refusalLift {
+                    problem.extra.append(contentsOf: refusalLift.problemMembers)
+                    reasonField.append(refusalLift.retryAfterField)
+                }
                 respond(.problem(problem, extraFields: reasonField), close: false)
             } else {
                 respond(.problem(rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),

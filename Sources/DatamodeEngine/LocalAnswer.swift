@@ -39,13 +39,15 @@ struct LocalAnswer {
     }
 
     /// `403 budget-exhausted`, naming the budget and when it resets (SPEC §11).
-    static func budgetExhausted(_ ledger: BudgetLedger, _ index: Int, url: String) -> LocalAnswer {
+    /// `lift`: when it lifts (SPEC §18.1), as `Retry-After`, `retryAfter` and `liftsAt`.
+    static func budgetExhausted(_ ledger: BudgetLedger, _ index: Int, url: String, lift: RefusalLift? = nil) -> LocalAnswer {
         let budget = ledger.budgets[index]
         let resetsAt = Timestamp.rfc3339(wallNanoseconds: ledger.period(index).end * 1_000_000_000, fractionDigits: 0)
+        var extra = [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)), ("url", JSONText.quote(url))]
+        if let lift { extra.append(contentsOf: lift.problemMembers) }
         return problem(ProblemDetail(code: .budgetExhausted,
-                                     detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).",
-                                     extra: [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)),
-                                             ("url", JSONText.quote(url))]))
+                                     detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).", extra: extra),
+                       extraFields: lift.map { [$0.retryAfterField] } ?? [])
     }
 
     /// A `redirect` variant (SPEC §5).

@@ -45,6 +45,10 @@ final class WorkerSettings {
     let shapingScope: ShapingScope
     let apiProfile: String?
     let link: LinkSection
+    /// The running schedules' steps to come, by scope (`""`: global), for a refusal's `liftsAt` (SPEC §18.1).
+    let scheduleOutlooks: [String: ScheduleOutlook]
+    /// Holding and storing refused requests (SPEC §18).
+    let deferral: DeferralSection
     /// Per mode (indexed by `DataMode.index`): the link profile in force, the manifest cap and whether images are
     /// transcoded, for a request judged by another mode than the global one (a session's, a spent budget's):
     /// resolving them per request built arrays and copied sections (1,000-session policy row, issue 15).
@@ -85,6 +89,8 @@ final class WorkerSettings {
         shapingScope = configuration.link.scope
         apiProfile = snapshot.apiProfile
         link = configuration.link
+        scheduleOutlooks = snapshot.scheduleOutlooks
+        deferral = configuration.deferral
         profileByMode = DataMode.all.map { [apiProfile = snapshot.apiProfile] mode in
             ProfileResolution(api: apiProfile, mode: mode, link: configuration.link).profile
         }

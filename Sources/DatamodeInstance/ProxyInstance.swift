@@ -309,8 +309,13 @@ public final class ProxyInstance: @unchecked Sendable {
             "ms": "\((clock.nowNanoseconds() &- now) / 1_000_000)"])
     }
 
-    /// Due steps are applied from a timer set for the earliest one (on the injected clock's time line).
+    /// Due steps are applied from a timer set for the earliest one (on the injected clock's time line). The steps
+    /// still to come are published to the workers first (`RuntimeSnapshot.scheduleOutlooks`, SPEC §18.1).
     private func armScheduleTimer() {
+        let outlooks = adminAPI.schedules.outlooks(wallNow: clock.wallNanoseconds(), monotonicNow: clock.nowNanoseconds())
+        if runtime.load().snapshot.scheduleOutlooks != outlooks {
+            runtime.update { $0.scheduleOutlooks = outlooks }
+        }
         guard let timer = scheduleTimer else { return }
         guard let due = adminAPI.schedules.nextDue else {
             timer.cancel()

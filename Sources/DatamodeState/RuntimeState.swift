@@ -17,6 +17,10 @@ public struct RuntimeSnapshot: Sendable {
     public var sessionSerial: UInt64 = 0
     /// The link profile set with `PUT /conditions` (SPEC §10), by name; nil when none is.
     public var apiProfile: String?
+    /// The running schedules (SPEC §12) as their steps still to come, by scope (`""`: the global mode, else a
+    /// session id): what a refusal's `liftsAt` reads (SPEC §18.1). Published by the control plane whenever a
+    /// schedule is set, cancelled or steps.
+    public var scheduleOutlooks: [String: ScheduleOutlook] = [:]
 
     public init(configuration: ProxyConfiguration, policy: PolicySnapshot, mode: DataMode, modeSource: ModeSource,
                 modeSince: Int64, apiProfile: String? = nil) {

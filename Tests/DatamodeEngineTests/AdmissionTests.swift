@@ -12,7 +12,9 @@ import Testing
     struct Budgets: BudgetView {
         var budgets: [Budget] = []
         var spent: Set<Int> = []
+        var periodEnds: [Int: Int64] = [:]
         func isSpent(_ index: Int, now: Int64) -> Bool { spent.contains(index) }
+        func periodEnd(_ index: Int) -> Int64 { periodEnds[index] ?? 86_400 }
     }
 
     static func settings(_ yaml: String, mode: DataMode = .normal) throws -> WorkerSettings {
@@ -163,6 +165,42 @@ import Testing
                              budgets: Budgets(budgets: all, spent: [1]))
         #expect(Self.summary(cdn) == "budget-exhausted 1")
         #expect(cdn.budgetMask == 0b11)
+    }
+
+    @Test func aRefusalSaysWhenASpentBudgetsPeriodEndsOrAScheduleStepLiftsIt() throws {
+        let yaml = """
+            rules:
+              - name: videos
+                match: {path: "*.mp4"}
+                tags: {allow-constrained: false}
+            budgets:
+              - {name: daily, bytes: 1GB, period: day, then: constrained}
+              - {name: cdn, bytes: 1GB, period: day, match: {host: "cdn.example"}, then: reject}
+            """
+        let configuration = try ProxyConfiguration.parse(yaml: yaml, source: "test.yaml", baseDirectory: "/")
+        let settings = try Self.settings(yaml)
+        let video = "GET http://a.example/a.mp4 HTTP/1.1\r\nHost: a.example\r\n\r\n"
+        let spent = Budgets(budgets: configuration.budgets, spent: [0, 1], periodEnds: [0: 500, 1: 800])
+        let joined = Self.admit(video, settings: settings, budgets: spent)
+        #expect(joined.lift?.at == 500_000_000_000 && joined.lift?.retryAfterSeconds == 500)
+        #expect(joined.lift?.cause == .budgetPeriod("daily"))
+        // Both budgets hold the CDN: it is let through when the later one ends.
+        let cdn = Self.admit("GET http://cdn.example/a.mp4 HTTP/1.1\r\nHost: cdn.example\r\n\r\n", settings: settings,
+                             budgets: spent)
+        #expect(Self.summary(cdn) == "budget-exhausted 1")
+        #expect(cdn.lift?.at == 800_000_000_000 && cdn.lift?.retryAfterSeconds == 800)
+
+        // Under a constrained mode with a schedule on the global scope: its step to normal lifts it.
+        var snapshot = RuntimeSnapshot(configuration: configuration,
+                                       policy: try ConfigurationSnapshot(configuration: configuration).policy,
+                                       mode: .constrained, modeSource: .default, modeSince: 0)
+        snapshot.scheduleOutlooks[""] = ScheduleOutlook(steps: [ScheduleStep(after: .seconds(5), mode: .normal)],
+                                                        repeats: false, next: 0, nextAt: 12_500_000_000)
+        let stepped = Self.admit(video, settings: WorkerSettings(snapshot))
+        #expect(Self.summary(stepped) == "reject constrained")
+        #expect(stepped.lift?.at == 12_500_000_000 && stepped.lift?.retryAfterSeconds == 13 && stepped.lift?.cause == .schedule)
+        // Nothing known lifts it without the schedule.
+        #expect(Self.admit(video, settings: try Self.settings(yaml, mode: .constrained)).lift == nil)
     }
 
     @Test func sessionsReplaceTheModeAndAnUnknownOneIsRefused() throws {
