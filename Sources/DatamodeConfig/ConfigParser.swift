@@ -160,7 +160,7 @@ struct ConfigParser {
         var rules: [Rule] = []
         var firstLineOfName: [String: Int] = [:]
         for item in try node.sequence("a list of rules") {
-            let section = try item.section(known: ["name", "match", "tags", "override"], what: "a rule (a mapping with name, match, tags)")
+            let section = try item.section(known: ["name", "match", "tags", "override", "hold"], what: "a rule (a mapping with name, match, tags)")
             itemLines[item.path] = item.line
             for (key, entry) in section.entries where entry.value.line != nil {
                 itemLines["\(item.path).\(key)"] = entry.value.line
@@ -211,7 +211,10 @@ struct ConfigParser {
             }
             var override = false
             if let value = section["override"] { override = try value.bool() }
-            rules.append(Rule(name: name, match: match, tags: assignment, override: override))
+            // SPEC §18.2: a request this rule's tags get refused is held up to this long for them to lift.
+            var hold: Duration?
+            if let value = section["hold"] { hold = try value.duration() }
+            rules.append(Rule(name: name, match: match, tags: assignment, override: override, hold: hold))
         }
         return rules
     }

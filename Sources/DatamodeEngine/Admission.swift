@@ -125,6 +125,16 @@ struct Admission {
     /// For a refusal by the data mode or a budget (`reject`, `budgetExhausted`): when its conditions lift, if a
     /// known event lifts them (SPEC §18.1); nil otherwise.
     var lift: RefusalLift?
+    /// For a refusal by the data mode: the `hold` of the rule behind the refused tag (SPEC §18.2), if it has one.
+    var ruleHold: Duration?
+
+    /// Refused by the data mode or a budget (`reject`, `budgetExhausted`): what a hold waits to see lifted.
+    var isRefusedByPolicy: Bool {
+        switch verdict {
+        case .reject, .budgetExhausted: true
+        default: false
+        }
+    }
 
     /// Decides about `head`. `client`/`clientText`: the peer's address and how the log spells it; `intercepts`:
     /// whether a CONNECT to the target would be intercepted (the host is listed and interception is set up);
@@ -239,6 +249,7 @@ struct Admission {
             // A refusal a spent budget caused names it (SPEC §11).
             let budget = rejection.reasons.contains(where: { !baseMode.has($0) }) ? judgement.joinedBy : nil
             admission.verdict = .reject(rejection, budget: budget)
+            if !settings.ruleHolds.isEmpty, let rule = admission.rule { admission.ruleHold = settings.ruleHolds[rule] }
             admission.lift = lift(head, target, client: client, settings: settings, budgets: budgets, tags: tags,
                                   scopeMode: baseMode, session: admission.session?.id, now: now, wallNow: wallNow)
         case .forward(let tags):

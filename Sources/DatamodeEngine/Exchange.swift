@@ -28,6 +28,8 @@ final class Exchange {
     var status: Int = 0
     /// How the request came (SPEC §16's log field `source`).
     var source: ExchangeSource = .proxy
+    /// How long the request was held before it was let through (SPEC §18.2: `Data-Mode-Held`); nil if it was not.
+    var heldMilliseconds: Int64?
     var bytesIn: UInt64 = 0
     var bytesOut: UInt64 = 0
 

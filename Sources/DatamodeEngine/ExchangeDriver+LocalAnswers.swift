@@ -49,7 +49,9 @@ extension ExchangeDriver {
             upstream.close()
             self.upstream = nil
         }
-        let head = MessageHeads.local(status: answer.status, reason: answer.reason, fields: answer.fields,
+        var fields = answer.fields
+        if let held = exchange.heldMilliseconds { fields.append(("Data-Mode-Held", String(held))) }
+        let head = MessageHeads.local(status: answer.status, reason: answer.reason, fields: fields,
                                       bodyLength: answer.bodyLength, keepAlive: machine.keepAlive,
                                       clientVersion: exchange.clientVersion)
         evbuffer_add(output, head, head.count)

@@ -85,14 +85,28 @@ final class ExchangeDriver {
     /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
     /// `source`: where the session's requests come from (the proxy port, an intercepted tunnel).
     func begin(_ head: RequestHead, source: RequestSource) {
+        let admission = session.admit(head, source: source)
+        // SPEC §18.2: a refusal the client (or a rule) asked to wait out is held, head only, until it lifts.
+        if admission.framing != nil, admission.isRefusedByPolicy,
+           let milliseconds = HeldRequests.holdMilliseconds(head, ruleHold: admission.ruleHold, settings: worker.settings),
+           worker.held.hold(self, head, source: source, milliseconds: milliseconds) {
+            session.machine.hold(self)
+            return
+        }
+        proceed(admission, head)
+    }
+
+    /// A held request is let go (`HeldRequests`): decided again, it is carried out as that decision says, with
+    /// `Data-Mode-Held` on its response when it is no longer refused.
+    func releaseHeld(_ admission: Admission, _ head: RequestHead, heldMilliseconds: Int64?) {
+        exchange.heldMilliseconds = heldMilliseconds
+        proceed(admission, head)
+    }
+
+    /// Records what admission learned and carries its verdict out.
+    private func proceed(_ admission: Admission, _ head: RequestHead) {
         let settings = worker.settings
         connectionTokens = head.connectionTokens
-        let tlsServer = worker.tlsServer
-        let wallNow = worker.clock.wallNanoseconds()
-        let admission = Admission.admit(head, source: source, client: session.peerAddress, clientText: session.peerText,
-                                        settings: settings, budgets: worker.budgets,
-                                        intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
-                                        now: wallNow / 1_000_000_000, nowNanoseconds: wallNow)
         guard let framing = admission.framing else {
             // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
             exchange.outcome = .error
@@ -224,6 +238,7 @@ final class ExchangeDriver {
     /// The session is freed (an abort, an error, the end of a tunnel): the upstream and the splices go with it,
     /// and the line is written if it was not (a tunnel's is written here, when it ends).
     func released() {
+        worker.held.drop(self)
         response?.splice?.stop()
         response?.splice = nil
         tunnel?.stop()

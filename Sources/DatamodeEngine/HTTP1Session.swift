@@ -157,7 +157,8 @@ final class HTTP1Session: ClientSession {
             clientHelloReadable(driver)
         case .closing:
             evbuffer_drain(input, evbuffer_get_length(input))
-        case .parked, .closed:
+        case .held, .parked, .closed:
+            // Held: what follows the head (a body, a pipelined request) waits in the input, below its watermark.
             break
         }
     }
@@ -196,7 +197,7 @@ final class HTTP1Session: ClientSession {
             driver.pumpResponseBody()
         case .tunnel(let driver):
             driver.tunnel?.pump(fromClient: false)
-        case .readingHead, .drainingRefusedBody, .parked, .openingInterception, .closed:
+        case .readingHead, .drainingRefusedBody, .held, .parked, .openingInterception, .closed:
             break
         }
     }
@@ -233,6 +234,9 @@ final class HTTP1Session: ClientSession {
         case .openingInterception(let driver):
             // Gone before any byte of a ClientHello: the CONNECT is over.
             if driver.tunnel == nil { close() }
+        case .held:
+            // SPEC §18.2: a client that goes away is dropped at once (its place among the held is given back).
+            abort(.clientAborted, detail: "client left while its request was held")
         case .closing, .parked, .closed:
             break
         }
@@ -337,6 +341,17 @@ final class HTTP1Session: ClientSession {
                                               proxyUser: intercepted.proxyUser))
     }
 
+    /// Admission's verdict on `head`, from this connection, under the worker's settings now.
+    func admit(_ head: RequestHead, source: RequestSource) -> Admission {
+        let settings = worker.settings
+        let tlsServer = worker.tlsServer
+        let wallNow = worker.clock.wallNanoseconds()
+        return Admission.admit(head, source: source, client: peerAddress, clientText: peerText,
+                               settings: settings, budgets: worker.budgets,
+                               intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
+                               now: wallNow / 1_000_000_000, nowNanoseconds: wallNow)
+    }
+
     /// The exchange `driver` drove is over (its line written, its upstream given back). The next head is read
     /// when the connection can be kept; otherwise it closes once what is queued has been written.
     func exchangeFinished(_ driver: ExchangeDriver) {
@@ -427,7 +442,7 @@ final class HTTP1Session: ClientSession {
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
             driver.shapingTimerFired()
-        case .readingHead, .parked, .closing, .closed:
+        case .readingHead, .held, .parked, .closing, .closed:
             break
         }
     }

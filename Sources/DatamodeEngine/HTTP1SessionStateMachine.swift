@@ -13,6 +13,10 @@ struct HTTP1SessionStateMachine<Exchange> {
         case readingHead(since: UInt64?)
         /// Forwarding an exchange to an origin and relaying its response.
         case forwarding(Exchange)
+        /// The exchange's request would be refused and asked to wait (SPEC §18.2): its head is read, nothing is
+        /// forwarded or answered, and nothing more is read (its body, a pipelined request) until the worker's
+        /// `HeldRequests` lets it go. The client leaving ends it at once.
+        case held(Exchange)
         /// A local answer for the exchange was queued; the rest of its request body is read and thrown away so
         /// that the connection can carry the next request (HAProxy's `H1_CS_DRAINING`).
         case drainingRefusedBody(Exchange)
@@ -102,7 +106,7 @@ struct HTTP1SessionStateMachine<Exchange> {
     var exchange: Exchange? {
         switch state {
         case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange),
-             .openingInterception(let exchange): exchange
+             .openingInterception(let exchange), .held(let exchange): exchange
         case .readingHead, .parked, .closing, .closed: nil
         }
     }
@@ -161,6 +165,7 @@ struct HTTP1SessionStateMachine<Exchange> {
     }
 
     mutating func forward(_ exchange: Exchange) { if !isClosed { state = .forwarding(exchange) } }
+    mutating func hold(_ exchange: Exchange) { if !isClosed { state = .held(exchange) } }
     mutating func drainRefusedBody(_ exchange: Exchange) { if !isClosed { state = .drainingRefusedBody(exchange) } }
     mutating func tunnel(_ exchange: Exchange) { if !isClosed { state = .tunnel(exchange) } }
 
@@ -254,7 +259,7 @@ struct HTTP1SessionStateMachine<Exchange> {
             }
             state = .closed
             return .close
-        case .forwarding, .drainingRefusedBody, .tunnel, .closed:
+        case .forwarding, .drainingRefusedBody, .tunnel, .held, .closed:
             return .none
         }
     }

@@ -96,7 +96,8 @@ enum MessageHeads {
     /// fetch the real resource, not revalidate the low-res one.
     static func relayedResponse(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
                                 stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
-                                framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil) -> [UInt8] {
+                                framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil,
+                                heldMilliseconds: Int64? = nil) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         writer.statusLine(version: .http11, status: head.status, reason: head.reason)
         let listed = connectionTokens ?? head.connectionTokens
@@ -129,6 +130,8 @@ enum MessageHeads {
         }
         writer.field("Via", viaValue)
         if let variant { writer.field("Data-Mode-Variant", variant) }
+        // SPEC §18.2: how long the proxy held the request before its conditions lifted.
+        if let heldMilliseconds { writer.field("Data-Mode-Held", String(heldMilliseconds)) }
         if inPlace { writer.field("Cache-Control", "no-store") }
         if upgrade {
             writer.field("Connection", "upgrade")

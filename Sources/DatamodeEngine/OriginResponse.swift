@@ -102,7 +102,7 @@ final class OriginResponse {
             clientKeepsConnection: !strip)
         let bytes = MessageHeads.relayedResponse(head, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion,
                                                  stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
-                                                 connectionTokens: upstreamTokens)
+                                                 connectionTokens: upstreamTokens, heldMilliseconds: exchange.heldMilliseconds)
         let response = OriginResponse(driver: driver, head: head, body: BodyRelay(framing: framing, stripChunkFraming: strip))
         if exchange.variant == nil, driver.manifestCap != nil || driver.imageSettings != nil,
            let capture = heldBack(driver, head, framing, strip, bytes) {

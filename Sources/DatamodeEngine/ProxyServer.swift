@@ -22,6 +22,8 @@ public final class ProxyServer: @unchecked Sendable {
     /// Data budgets (SPEC §11), counted by every worker.
     public let budgets: BudgetLedger
     private var workers: [Worker] = []
+    /// Requests held by every worker together (SPEC §18.2: `deferral.max-held`, `datamode_held_requests`).
+    let heldCount = HeldCount()
     private var threads: [pthread_t] = []
     private var accessLog: AccessLog?
     /// The address the proxy listens on (with the real port when 0 was asked for).
@@ -90,7 +92,8 @@ public final class ProxyServer: @unchecked Sendable {
         var own = extraOwnAddresses
         for i in 0..<count {
             let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper, budgets: budgets,
-                                    logger: logger, ownAddresses: [], authority: certificateAuthority)
+                                    logger: logger, ownAddresses: [], authority: certificateAuthority,
+                                    heldCount: heldCount)
             let port = try worker.listen(on: address)
             if i == 0 {
                 address.port = port
@@ -220,6 +223,7 @@ public final class ProxyServer: @unchecked Sendable {
     public func metrics() -> MetricsSnapshot {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }
+        total.heldRequests = heldCount.value
         total.logDropped = accessLog?.dropped ?? 0
         return total
     }

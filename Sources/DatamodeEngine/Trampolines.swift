@@ -179,6 +179,12 @@ let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
     session.flushOutput()
 }
 
+let heldRequestsTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("heldRequestsTimerCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HeldRequests.self).timerFired()
+}
+
 let controlTickCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: Ticker.self).fired()
 }

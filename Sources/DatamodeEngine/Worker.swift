@@ -45,6 +45,8 @@ final class Worker {
     /// This worker's view of `shaper`: a shaped exchange finds its buckets here without the shared mutex.
     private var linkCache: [LinkShaper.Key: LinkBuckets] = [:]
     private(set) var settings: WorkerSettings
+    /// Requests held for their refusal to lift (SPEC §18.2).
+    private(set) var held: HeldRequests!
     private var generation: UInt64
     private var listener: OpaquePointer?
     /// The transparent listener (SPEC §16), when configured.
@@ -79,7 +81,8 @@ final class Worker {
 
     init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, shaper: LinkShaper = LinkShaper(),
          budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0), logger: Logger,
-         ownAddresses: [(address: IPAddress, port: UInt16)], authority: CertificateAuthority? = nil) throws(EngineError) {
+         ownAddresses: [(address: IPAddress, port: UInt16)], authority: CertificateAuthority? = nil,
+         heldCount: HeldCount = HeldCount()) throws(EngineError) {
         tlsServer = try authority.map { authority throws(EngineError) in try TLSServerContext(authority: authority, clock: clock) }
         self.index = index
         self.shaper = shaper
@@ -112,6 +115,7 @@ final class Worker {
         self.generation = generation
         self.settings = WorkerSettings(snapshot)
         self.upstreamVerify = snapshot.configuration.tls.upstreamVerify
+        held = HeldRequests(worker: self, count: heldCount)
     }
 
     deinit {
@@ -223,6 +227,7 @@ final class Worker {
         }
         pausedListeners = []
         pool.closeAll()
+        held.releaseAll()
         for client in Array(clients.values) { client.drain() }
         exitIfDrained()
     }

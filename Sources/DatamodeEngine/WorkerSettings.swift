@@ -49,6 +49,8 @@ final class WorkerSettings {
     let scheduleOutlooks: [String: ScheduleOutlook]
     /// Holding and storing refused requests (SPEC §18).
     let deferral: DeferralSection
+    /// The `hold` of every rule that has one, by rule name (SPEC §18.2).
+    let ruleHolds: [String: Duration]
     /// Per mode (indexed by `DataMode.index`): the link profile in force, the manifest cap and whether images are
     /// transcoded, for a request judged by another mode than the global one (a session's, a spent budget's):
     /// resolving them per request built arrays and copied sections (1,000-session policy row, issue 15).
@@ -91,6 +93,8 @@ final class WorkerSettings {
         link = configuration.link
         scheduleOutlooks = snapshot.scheduleOutlooks
         deferral = configuration.deferral
+        ruleHolds = Dictionary(snapshot.policy.rules.compactMap { rule in rule.hold.map { (rule.name, $0) } },
+                               uniquingKeysWith: { first, _ in first })
         profileByMode = DataMode.all.map { [apiProfile = snapshot.apiProfile] mode in
             ProfileResolution(api: apiProfile, mode: mode, link: configuration.link).profile
         }

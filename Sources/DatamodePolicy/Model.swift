@@ -222,11 +222,15 @@ public struct Rule: Hashable, Sendable {
     public var tags: TagAssignment
     /// `true`: this rule's tags beat the client's own `Allow-*` headers.
     public var override: Bool
-    public init(name: String, match: RuleMatch, tags: TagAssignment, override: Bool = false) {
+    /// `hold` (SPEC §18.2): a request refused because of this rule's tags is held up to this long (bounded by
+    /// `deferral.max-hold`) for its conditions to lift, as with `Prefer: wait`. Nil: not held.
+    public var hold: Duration?
+    public init(name: String, match: RuleMatch, tags: TagAssignment, override: Bool = false, hold: Duration? = nil) {
         self.name = name
         self.match = match
         self.tags = tags
         self.override = override
+        self.hold = hold
     }
 }
 

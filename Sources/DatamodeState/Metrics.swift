@@ -262,6 +262,8 @@ public struct MetricsSnapshot: Sendable {
     public var imagesUntouched: [String: Int] = [:]
     /// Access log lines dropped because the destination did not keep up (SPEC §8).
     public var logDropped = 0
+    /// Requests held now for their refusal to lift (SPEC §18.2).
+    public var heldRequests = 0
     /// Intercepted tunnels whose client handshake completed (SPEC §9).
     public var tlsIntercepted = 0
     /// HTTP/2 client connections open, streams opened, errors by reason (SPEC §17).
