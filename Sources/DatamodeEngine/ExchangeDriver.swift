@@ -158,19 +158,8 @@ final class ExchangeDriver {
         case .reject(let rejection, let budget):
             exchange.outcome = .rejected
             exchange.reason = rejection.code.rawValue
-            var reasonField = [("Network-Unavailable-Reason", rejection.code.rawValue)]
-            if budget != nil || refusalLift != nil {
-                var problem = rejection.problem(mode: exchange.mode, url: exchange.url)
-                if let budget { problem.extra.append(("budget", JSONText.quote(budget))) }
-                if let refusalLift {
-                    problem.extra.append(contentsOf: refusalLift.problemMembers)
-                    reasonField.append(refusalLift.retryAfterField)
-                }
-                respond(.problem(problem, extraFields: reasonField), close: false)
-            } else {
-                respond(.problem(rejection.code, body: rejection.problemBody(mode: exchange.mode, url: exchange.url),
-                                 extraFields: reasonField), close: false)
-            }
+            respond(.rejection(rejection, mode: exchange.mode, url: exchange.url, budget: budget, lift: refusalLift),
+                    close: false)
             if head.method == "GET", let known = worker.knownLengths[exchange.url] {
                 worker.metrics.saved(.rejected, bytes: Int(known))
             }

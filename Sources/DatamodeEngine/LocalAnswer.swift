@@ -38,6 +38,24 @@ struct LocalAnswer {
         Self.problem(problem.code, body: Array(problem.json.utf8), extraFields: extraFields)
     }
 
+    /// `403` for a request the data mode refuses (SPEC §4): `Network-Unavailable-Reason`, and in the problem the
+    /// spent budget that caused it (SPEC §11) and when it lifts (`Retry-After`, SPEC §18.1) when known.
+    static func rejection(_ rejection: Rejection, mode: DataMode, url: String, budget: String?,
+                          lift: RefusalLift?) -> LocalAnswer {
+        var fields = [("Network-Unavailable-Reason", rejection.code.rawValue)]
+        guard budget != nil || lift != nil else {
+            // The common case, without building the document (see `Rejection.problemBody`).
+            return problem(rejection.code, body: rejection.problemBody(mode: mode, url: url), extraFields: fields)
+        }
+        var problem = rejection.problem(mode: mode, url: url)
+        if let budget { problem.extra.append(("budget", JSONText.quote(budget))) }
+        if let lift {
+            problem.extra.append(contentsOf: lift.problemMembers)
+            fields.append(lift.retryAfterField)
+        }
+        return Self.problem(problem, extraFields: fields)
+    }
+
     /// `403 budget-exhausted`, naming the budget and when it resets (SPEC §11).
     /// `lift`: when it lifts (SPEC §18.1), as `Retry-After`, `retryAfter` and `liftsAt`.
     static func budgetExhausted(_ ledger: BudgetLedger, _ index: Int, url: String, lift: RefusalLift? = nil) -> LocalAnswer {
