@@ -92,6 +92,7 @@ let package = Package(
             dependencies: [
                 "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
                 "DatamodeHTTP", "DatamodeHTTP2", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia", "DatamodeState",
+                "DatamodeDeferral",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -100,14 +101,14 @@ let package = Package(
         .target(
             name: "DatamodeAdmin",
             dependencies: [
-                "DatamodeState", "DatamodePolicy", "DatamodeConfig",
+                "DatamodeState", "DatamodePolicy", "DatamodeConfig", "DatamodeDeferral",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
             name: "DatamodeInstance",
             dependencies: [
-                "DatamodeEngine", "DatamodeState", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeEngine", "DatamodeState", "DatamodeAdmin", "DatamodeConfig", "DatamodePolicy", "DatamodeDeferral",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -29,6 +29,8 @@ public final class AdminAPI: @unchecked Sendable {
     public let events: EventHub
     /// Running mode timelines (SPEC §12 `PUT /schedule`).
     public let schedules = ScheduleBook()
+    /// The stored uploads (SPEC §18.3 `/deferred`); nil: the endpoints answer 503 `store-unavailable`.
+    public var deferral: DeferralAdmin?
     /// When each session was last created, changed or read through the API (monotonic nanoseconds).
     var sessionTouched: [String: UInt64] = [:]
     /// The local CA's certificate (PEM), when one is loaded (SPEC §9).

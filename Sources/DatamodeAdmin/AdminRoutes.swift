@@ -127,6 +127,19 @@ extension AdminAPI {
                    help: "mode timelines; PUT {\"steps\": [...]} runs one, DELETE cancels it (?session=ID)") {
             api, request, _ in ScheduleEndpoint(api: api).handle(request)
         },
+        AdminRoute("/deferred", [.get, .head], readers: .token,
+                   help: "stored uploads (SPEC §18.3): id, method, url, bytes, status, attempts, lastError, times") {
+            api, request, _ in DeferredEndpoint(api: api).handleCollection(request)
+        },
+        AdminRoute("/deferred/flush", [.post], readers: .token,
+                   help: "delivers every queued upload now, whatever the mode (for test rigs)") {
+            api, request, _ in DeferredEndpoint(api: api).handleFlush(request)
+        },
+        AdminRoute("/deferred/{id}", [.get, .head, .delete], readers: .token,
+                   help: "one stored upload; DELETE cancels it while it is queued") {
+            api, request, parameters in
+            DeferredEndpoint(api: api).handleItem(request, id: parameters[0].removingPercentEncoding ?? "")
+        },
         AdminRoute("/healthz", [.get, .head], readers: .anyone,
                    help: "liveness: 200 while the control loop runs, no token needed") {
             _, request, _ in HealthEndpoint.handle(request)

@@ -9,7 +9,7 @@ import Synchronization
 public final class EventHub: Sendable {
     /// The event types of SPEC §12. `conditions` and `budget` are emitted by the link-conditions and budget code.
     public enum EventType: String, Sendable {
-        case mode, conditions, budget, variants, reload
+        case mode, conditions, budget, variants, reload, deferred
     }
 
     private let lastID = Atomic<UInt64>(0)

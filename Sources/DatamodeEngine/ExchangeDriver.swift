@@ -67,6 +67,8 @@ final class ExchangeDriver {
     var allowance = Allowance()
     /// A refusal's known end (SPEC §18.1), from admission: `Retry-After` and `liftsAt` on the refusal.
     var refusalLift: RefusalLift?
+    /// A refused upload being stored instead (SPEC §18.3).
+    var intake: DeferralIntake?
 
     init(session: HTTP1Session, exchange: Exchange) {
         self.session = session
@@ -130,8 +132,12 @@ final class ExchangeDriver {
             exchange.rule = admission.rule
         }
         switch admission.verdict {
-        case .refuse, .reject, .budgetExhausted:
+        case .refuse:
             break
+        case .reject, .budgetExhausted:
+            // SPEC §18.3: a refused upload that asks for it is stored and answered 202 instead.
+            if DeferralIntake.wants(head, url: admission.url, worker: worker),
+               DeferralIntake.start(self, head, refusal: admission.verdict) { return }
         case .intercept, .tunnel, .forward, .serveVariant:
             allowance.apply(Allowance.profile(session: exchange.session, mode: exchange.mode, settings: settings),
                             worker: worker, client: session.peerAddress)

@@ -150,6 +150,9 @@ final class HTTP1Session: ClientSession {
             driver.pumpRequestBody()
         case .drainingRefusedBody(let driver):
             driver.discardRequestBody()
+        case .storing(let driver):
+            readMoreIfPending()
+            driver.intake?.readable()
         case .tunnel(let driver):
             readMoreIfPending()
             driver.tunnel?.pump(fromClient: true)
@@ -197,7 +200,7 @@ final class HTTP1Session: ClientSession {
             driver.pumpResponseBody()
         case .tunnel(let driver):
             driver.tunnel?.pump(fromClient: false)
-        case .readingHead, .drainingRefusedBody, .held, .parked, .openingInterception, .closed:
+        case .readingHead, .drainingRefusedBody, .held, .storing, .parked, .openingInterception, .closed:
             break
         }
     }
@@ -234,6 +237,8 @@ final class HTTP1Session: ClientSession {
         case .openingInterception(let driver):
             // Gone before any byte of a ClientHello: the CONNECT is over.
             if driver.tunnel == nil { close() }
+        case .storing(let driver):
+            driver.intake?.clientEnded()
         case .held:
             // SPEC §18.2: a client that goes away is dropped at once (its place among the held is given back).
             abort(.clientAborted, detail: "client left while its request was held")
@@ -442,7 +447,7 @@ final class HTTP1Session: ClientSession {
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
             driver.shapingTimerFired()
-        case .readingHead, .held, .parked, .closing, .closed:
+        case .readingHead, .held, .storing, .parked, .closing, .closed:
             break
         }
     }

@@ -17,6 +17,9 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// forwarded or answered, and nothing more is read (its body, a pipelined request) until the worker's
         /// `HeldRequests` lets it go. The client leaving ends it at once.
         case held(Exchange)
+        /// A refused upload is being stored instead (SPEC §18.3): its body is read whole, then the store's commit
+        /// awaited (`DeferralIntake`); the `202` (or the refusal) follows.
+        case storing(Exchange)
         /// A local answer for the exchange was queued; the rest of its request body is read and thrown away so
         /// that the connection can carry the next request (HAProxy's `H1_CS_DRAINING`).
         case drainingRefusedBody(Exchange)
@@ -106,7 +109,7 @@ struct HTTP1SessionStateMachine<Exchange> {
     var exchange: Exchange? {
         switch state {
         case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange),
-             .openingInterception(let exchange), .held(let exchange): exchange
+             .openingInterception(let exchange), .held(let exchange), .storing(let exchange): exchange
         case .readingHead, .parked, .closing, .closed: nil
         }
     }
@@ -166,6 +169,7 @@ struct HTTP1SessionStateMachine<Exchange> {
 
     mutating func forward(_ exchange: Exchange) { if !isClosed { state = .forwarding(exchange) } }
     mutating func hold(_ exchange: Exchange) { if !isClosed { state = .held(exchange) } }
+    mutating func store(_ exchange: Exchange) { if !isClosed { state = .storing(exchange) } }
     mutating func drainRefusedBody(_ exchange: Exchange) { if !isClosed { state = .drainingRefusedBody(exchange) } }
     mutating func tunnel(_ exchange: Exchange) { if !isClosed { state = .tunnel(exchange) } }
 
@@ -259,7 +263,7 @@ struct HTTP1SessionStateMachine<Exchange> {
             }
             state = .closed
             return .close
-        case .forwarding, .drainingRefusedBody, .tunnel, .held, .closed:
+        case .forwarding, .drainingRefusedBody, .tunnel, .held, .storing, .closed:
             return .none
         }
     }

@@ -1,3 +1,4 @@
+import DatamodeDeferral
 import DatamodeHTTP
 import DatamodePolicy
 import DatamodeState
@@ -40,10 +41,11 @@ struct LocalAnswer {
 
     /// `403` for a request the data mode refuses (SPEC §4): `Network-Unavailable-Reason`, and in the problem the
     /// spent budget that caused it (SPEC §11) and when it lifts (`Retry-After`, SPEC §18.1) when known.
+    /// `extra`: further problem members, JSON-encoded (`"deferral": "full"`, SPEC §18.3).
     static func rejection(_ rejection: Rejection, mode: DataMode, url: String, budget: String?,
-                          lift: RefusalLift?) -> LocalAnswer {
+                          lift: RefusalLift?, extra: [(String, String)] = []) -> LocalAnswer {
         var fields = [("Network-Unavailable-Reason", rejection.code.rawValue)]
-        guard budget != nil || lift != nil else {
+        guard budget != nil || lift != nil || !extra.isEmpty else {
             // The common case, without building the document (see `Rejection.problemBody`).
             return problem(rejection.code, body: rejection.problemBody(mode: mode, url: url), extraFields: fields)
         }
@@ -53,18 +55,30 @@ struct LocalAnswer {
             problem.extra.append(contentsOf: lift.problemMembers)
             fields.append(lift.retryAfterField)
         }
+        problem.extra.append(contentsOf: extra)
         return Self.problem(problem, extraFields: fields)
+    }
+
+    /// `202 Accepted` for an upload stored to be delivered later (SPEC §18.3), sent only once it is committed.
+    static func deferred(_ entry: DeferredEntry) -> LocalAnswer {
+        let body = "{\"deferred\":\(JSONText.quote(entry.id)),\"status\":\"queued\",\"url\":\(JSONText.quote(entry.url))}"
+        return LocalAnswer(status: 202, reason: "Accepted",
+                           fields: [("Content-Type", "application/json"), ("Cache-Control", "no-store"),
+                                    ("Data-Mode-Deferred", entry.id), ("Preference-Applied", "respond-async")],
+                           body: .bytes(Array(body.utf8)))
     }
 
     /// `403 budget-exhausted`, naming the budget and when it resets (SPEC §11).
     /// `lift`: when it lifts (SPEC §18.1), as `Retry-After`, `retryAfter` and `liftsAt`.
-    static func budgetExhausted(_ ledger: BudgetLedger, _ index: Int, url: String, lift: RefusalLift? = nil) -> LocalAnswer {
+    static func budgetExhausted(_ ledger: BudgetLedger, _ index: Int, url: String, lift: RefusalLift? = nil,
+                                extra: [(String, String)] = []) -> LocalAnswer {
         let budget = ledger.budgets[index]
         let resetsAt = Timestamp.rfc3339(wallNanoseconds: ledger.period(index).end * 1_000_000_000, fractionDigits: 0)
-        var extra = [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)), ("url", JSONText.quote(url))]
-        if let lift { extra.append(contentsOf: lift.problemMembers) }
+        var members = [("budget", JSONText.quote(budget.name)), ("resetsAt", JSONText.quote(resetsAt)), ("url", JSONText.quote(url))]
+        if let lift { members.append(contentsOf: lift.problemMembers) }
+        members.append(contentsOf: extra)
         return problem(ProblemDetail(code: .budgetExhausted,
-                                     detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).", extra: extra),
+                                     detail: "The data budget \"\(budget.name)\" is spent until \(resetsAt).", extra: members),
                        extraFields: lift.map { [$0.retryAfterField] } ?? [])
     }
 

@@ -24,6 +24,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var workers: [Worker] = []
     /// Requests held by every worker together (SPEC §18.2: `deferral.max-held`, `datamode_held_requests`).
     let heldCount = HeldCount()
+    /// The deferral store and what reports on it (SPEC §18.3); set before `start()`.
+    public var deferral = DeferralWiring()
     private var threads: [pthread_t] = []
     private var accessLog: AccessLog?
     /// The address the proxy listens on (with the real port when 0 was asked for).
@@ -93,7 +95,7 @@ public final class ProxyServer: @unchecked Sendable {
         for i in 0..<count {
             let worker = try Worker(index: i, runtime: runtime, clock: clock, accessLog: accessLog, shaper: shaper, budgets: budgets,
                                     logger: logger, ownAddresses: [], authority: certificateAuthority,
-                                    heldCount: heldCount)
+                                    heldCount: heldCount, deferral: deferral)
             let port = try worker.listen(on: address)
             if i == 0 {
                 address.port = port
@@ -224,6 +226,11 @@ public final class ProxyServer: @unchecked Sendable {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }
         total.heldRequests = heldCount.value
+        total.deferred = deferral.counters.snapshot
+        if let totals = deferral.store?.totals {
+            total.deferredQueueEntries = totals.entries
+            total.deferredQueueBytes = totals.bytes
+        }
         total.logDropped = accessLog?.dropped ?? 0
         return total
     }

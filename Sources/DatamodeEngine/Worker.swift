@@ -1,6 +1,7 @@
 import CDatamodeShims
 import CLibevent
 import DatamodeConfig
+import DatamodeDeferral
 import DatamodePolicy
 import DatamodeState
 import Logging
@@ -23,6 +24,8 @@ final class Worker {
         case imagesDone = 0x69
         /// Copy the session counters into `sessionReport` (the control plane's read of them, SPEC §12).
         case reportSessions = 0x73
+        /// The deferral store answered in `deferralResults` (SPEC §18.3).
+        case deferralStored = 0x74
     }
 
     let index: Int
@@ -45,6 +48,11 @@ final class Worker {
     /// This worker's view of `shaper`: a shaped exchange finds its buckets here without the shared mutex.
     private var linkCache: [LinkShaper.Key: LinkBuckets] = [:]
     private(set) var settings: WorkerSettings
+    /// Where refused uploads are stored (SPEC §18.3); nil when the proxy runs without one (tests of other parts).
+    let deferredStore: DeferredStore?
+    let deferralCounters: DeferralCounters
+    /// Tells the admin plane's event stream about a stored upload (`deferred` events).
+    let deferralEvents: (@Sendable (DeferredEntry, String) -> Void)?
     /// Requests held for their refusal to lift (SPEC §18.2).
     private(set) var held: HeldRequests!
     private var generation: UInt64
@@ -82,7 +90,10 @@ final class Worker {
     init(index: Int, runtime: RuntimeState, clock: any EngineClock, accessLog: AccessLog, shaper: LinkShaper = LinkShaper(),
          budgets: BudgetLedger = BudgetLedger(budgets: [], slots: 1, now: 0), logger: Logger,
          ownAddresses: [(address: IPAddress, port: UInt16)], authority: CertificateAuthority? = nil,
-         heldCount: HeldCount = HeldCount()) throws(EngineError) {
+         heldCount: HeldCount = HeldCount(), deferral: DeferralWiring = DeferralWiring()) throws(EngineError) {
+        deferredStore = deferral.store
+        deferralCounters = deferral.counters
+        deferralEvents = deferral.events
         tlsServer = try authority.map { authority throws(EngineError) in try TLSServerContext(authority: authority, clock: clock) }
         self.index = index
         self.shaper = shaper
@@ -186,8 +197,32 @@ final class Worker {
             case .quit: event_base_loopbreak(base)
             case .imagesDone: deliverImageResults()
             case .reportSessions: sessionReport.put(sessionTallies.tallies)
+            case .deferralStored: deliverDeferralResults()
             case nil: break
             }
+        }
+    }
+
+    /// The deferral store's answers for this worker's uploads (written on the store thread, SPEC §18.3).
+    private let deferralResults = Mutex<[DeferralResult]>([])
+
+    /// Thread-safe (called on the store thread): hands a commit's result to this worker's loop.
+    func deferralStored(_ result: DeferralResult) {
+        let first = deferralResults.withLock { results in
+            results.append(result)
+            return results.count == 1
+        }
+        if first { send(.deferralStored) }
+    }
+
+    private func deliverDeferralResults() {
+        let results = deferralResults.withLock { results in
+            defer { results.removeAll() }
+            return results
+        }
+        for result in results {
+            guard let driver = result.token.driver, let intake = driver.intake else { continue }
+            intake.stored(result.result)
         }
     }
 

@@ -1,5 +1,6 @@
 import DatamodeAdmin
 import DatamodeConfig
+import DatamodeDeferral
 import DatamodeEngine
 import DatamodePolicy
 import DatamodeState
@@ -61,6 +62,10 @@ public final class ProxyInstance: @unchecked Sendable {
 
     /// Data budgets (SPEC §11): counted by the workers, rolled over and persisted here.
     public let budgets: BudgetLedger
+    /// Stored uploads (SPEC §18.3): the store in the state directory and their delivery, opened by `start()` (an
+    /// instance that is never started leaves the store alone).
+    public private(set) var deferredStore: DeferredStore?
+    public private(set) var delivery: DeferredDelivery?
     private let logger: Logger
     private let clock: any EngineClock
     private var budgetTicks = 0
@@ -151,6 +156,47 @@ public final class ProxyInstance: @unchecked Sendable {
                                  caCertificate: { authority?.certificatePEM })
     }
 
+    /// Opens the deferral store (a damaged, foreign or busy one stops start-up, naming the file: SPEC §18) and
+    /// wires it to the workers, the delivery and the admin API.
+    private func startDeferral() throws(EngineError) {
+        let store: DeferredStore
+        do throws(DeferredStoreError) {
+            store = try Self.openDeferredStore(runtime.load().snapshot.configuration)
+        } catch {
+            throw EngineError("deferral: \(error)")
+        }
+        if store.recoveredAtOpen > 0 {
+            logger.warning("deferred uploads interrupted while delivering are queued again (they may reach their origin twice, with the same Idempotency-Key)",
+                           metadata: ["count": "\(store.recoveredAtOpen)"])
+        }
+        let events = adminAPI.events
+        let wiring = DeferralWiring(store: store, counters: DeferralCounters(), events: { entry, outcome in
+            events.emit(.deferred, scope: entry.session ?? "global", data: DeferredEndpoint.eventData(entry, outcome: outcome))
+        })
+        server.deferral = wiring
+        let delivery = DeferredDelivery(store: store, runtime: runtime, budgets: budgets, wiring: wiring, clock: clock,
+                                        logger: logger)
+        controlPlane.withLock { _ in
+            adminAPI.deferral = DeferralAdmin(store: store, counters: wiring.counters, flush: { delivery.flush() },
+                                              now: { [clock] in clock.wallNanoseconds() / 1_000_000 })
+        }
+        deferredStore = store
+        self.delivery = delivery
+    }
+
+    /// Opens the deferral store in the state directory (created `0600`: uploads carry their clients' data and
+    /// credentials for origins), with the `deferral` section's bounds. A damaged or foreign file stops start-up.
+    private static func openDeferredStore(_ configuration: ProxyConfiguration) throws(DeferredStoreError) -> DeferredStore {
+        let path = configuration.stateDirectory + "/" + DeferredStore.fileName
+        let fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        if fd >= 0 {
+            _ = fchmod(fd, 0o600)
+            close(fd)
+        }
+        let deferral = configuration.deferral
+        return try DeferredStore(path: path, limits: DeferredStoreLimits(maxBody: deferral.maxBody, maxBytes: deferral.maxBytes))
+    }
+
     /// The CA of SPEC §9: an existing one is always loaded (so a reload can turn interception on), with its key's
     /// permissions checked; a missing one is created only when interception is configured.
     private static func certificateAuthority(for configuration: ProxyConfiguration) throws(StartupError)
@@ -215,6 +261,7 @@ public final class ProxyInstance: @unchecked Sendable {
         let configuration = runtime.load().snapshot.configuration
         // The admin listener is bound first, so the workers know its real port (it may be 0 in the config) and
         // refuse to proxy to it.
+        try startDeferral()
         let control = try ControlLoop()
         self.control = control
         admin = try AdminTransport(loop: control, address: configuration.admin.listen) { [unowned self] request in
@@ -224,6 +271,7 @@ public final class ProxyInstance: @unchecked Sendable {
         startControlTimers(control)
         startIdleTrim(control)
         try server.start()
+        delivery?.start()
         if !budgets.isEmpty {
             control.every(milliseconds: 100) { [unowned self] in self.budgetTick() }
         }
@@ -360,6 +408,8 @@ public final class ProxyInstance: @unchecked Sendable {
         let finished = server.wait(timeout: timeout)
         // A clean stop loses no counted byte.
         persistBudgets()
+        delivery?.stop()
+        deferredStore?.close()
         return finished
     }
 

@@ -264,6 +264,11 @@ public struct MetricsSnapshot: Sendable {
     public var logDropped = 0
     /// Requests held now for their refusal to lift (SPEC §18.2).
     public var heldRequests = 0
+    /// `datamode_deferred_total{outcome}` (SPEC §18.3), every outcome.
+    public var deferred: [(outcome: String, count: Int)] = []
+    /// The live deferral queue: entries and body bytes.
+    public var deferredQueueEntries = 0
+    public var deferredQueueBytes: UInt64 = 0
     /// Intercepted tunnels whose client handshake completed (SPEC §9).
     public var tlsIntercepted = 0
     /// HTTP/2 client connections open, streams opened, errors by reason (SPEC §17).
