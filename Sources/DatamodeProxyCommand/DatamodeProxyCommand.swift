@@ -28,7 +28,7 @@ struct DatamodeProxyCommand: ParsableCommand {
         version: ProductVersion.string,
         subcommands: [RunCommand.self, CheckCommand.self, ModeCommand.self, VariantsCommand.self, SessionsCommand.self,
                       WatchCommand.self, CACommand.self, ConditionsCommand.self, BudgetsCommand.self,
-                      TransparentRulesCommand.self]
+                      TransparentRulesCommand.self, DeferredCommand.self]
     )
 }
 
