@@ -36,7 +36,8 @@ extension ExchangeDriver {
         upgradeRequested = upgrade
         session.machine.forward(self)
         connectUpstream(key: session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
-                                                 own: variant == nil || session.isSameOrigin(exchange.url, target)),
+                                                 own: variant == nil || session.transparent != nil
+                                                     && TransparentConnection.isSameOrigin(exchange.url, target)),
                         reuse: true)
     }
 

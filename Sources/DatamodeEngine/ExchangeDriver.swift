@@ -87,7 +87,7 @@ final class ExchangeDriver {
     /// A request head was read: admission decides (`Admission.admit`, pure), and this carries the verdict out.
     /// `source`: where the session's requests come from (the proxy port, an intercepted tunnel).
     func begin(_ head: RequestHead, source: RequestSource) {
-        let admission = session.admit(head, source: source)
+        let admission = worker.admit(head, source: source, client: session.peerAddress, clientText: session.peerText)
         // SPEC §18.2: a refusal the client (or a rule) asked to wait out is held, head only, until it lifts.
         if admission.framing != nil, admission.isRefusedByPolicy,
            let milliseconds = HeldRequests.holdMilliseconds(head, ruleHold: admission.ruleHold, settings: worker.settings),

@@ -91,16 +91,9 @@ extension HTTP1Session {
         worker.metrics.tlsIntercepted()
         // The CONNECT's own line: the tunnel was opened and is now read as requests.
         driver.logExchange()
+        // HTTP/2 (SPEC §17): the same wire, read by an HTTP/2 session; each stream becomes an exchange.
         if transport.negotiatedProtocol == "h2" {
-            // HTTP/2 (SPEC §17): the same wire, read by an HTTP/2 session; each stream becomes an exchange.
-            transport.forgetTLSOwner()
-            guard let successor = HTTP2Session(worker: worker, transport: transport, peerAddress: peerAddress,
-                                               peerText: peerText, tunnel: tunnel, transparent: transparent) else {
-                close()
-                return
-            }
-            handOver(to: successor)
-            successor.start()
+            HTTP2Session.takeOver(from: self, tunnel: tunnel)
             return
         }
         apply(machine.interceptionEstablished())

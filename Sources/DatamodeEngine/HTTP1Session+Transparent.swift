@@ -18,6 +18,24 @@ final class TransparentConnection {
     /// first (SMTP, SSH banners, databases), relayed blind.
     var timer: OpaquePointer?
 
+    /// Whether a variant's `target` is on the origin of the request it stands in for (`url`): then it is fetched
+    /// from the same original destination.
+    static func isSameOrigin(_ url: String, _ target: RequestTarget) -> Bool {
+        guard case .success(let original) = RequestTarget.parse(url, method: "GET") else { return false }
+        return original.scheme == target.scheme && original.host == target.host && original.port == target.port
+    }
+
+    /// The implicit `CONNECT` of a connection whose first bytes are TLS (to its SNI name, `serverName`) or
+    /// anything else (to the destination address), with the destination's port; nil when it does not parse (only a
+    /// validated name or an address gets here: that is the proxy's bug). Also returns the authority it names.
+    func connectHead(serverName: String?, limits: HTTPLimits) -> (authority: String, head: RequestHead?) {
+        let authority = serverName.map { "\($0):\(destination.port)" } ?? self.authority
+        let line = "CONNECT \(authority) HTTP/1.1\r\nHost: \(authority)\r\n\r\n"
+        let parsed = Array(line.utf8).withUnsafeBytes { HTTP1Parser.parseRequestHead($0, limits: limits) }
+        guard case .complete(let head, _) = parsed else { return (authority, nil) }
+        return (authority, head)
+    }
+
     /// How long a client may stay silent before its connection is taken as server-first and relayed blind (Istio's
     /// protocol detection waits 100 ms in the same spot; clients of HTTP and TLS speak at once after connecting).
     static let serverFirstAfterMs: Int64 = 500
@@ -107,12 +125,10 @@ extension HTTP1Session {
         guard let transparent else { return }
         stopServerFirstTimer()
         transparent.kind = kind
-        let authority = serverName.map { "\($0):\(transparent.destination.port)" } ?? transparent.authority
-        let line = "CONNECT \(authority) HTTP/1.1\r\nHost: \(authority)\r\n\r\n"
-        let parsed = Array(line.utf8).withUnsafeBytes { HTTP1Parser.parseRequestHead($0, limits: worker.settings.limits) }
+        let (authority, parsed) = transparent.connectHead(serverName: serverName, limits: worker.settings.limits)
         let started = headStarted()
         worker.refreshSnapshot()
-        guard case .complete(let head, _) = parsed else {
+        guard let head = parsed else {
             // Only a validated name or an address gets here; a head that does not parse is the proxy's bug.
             worker.logger.error("transparent: cannot make a CONNECT head", metadata: ["authority": "\(authority)"])
             close()
@@ -142,12 +158,5 @@ extension HTTP1Session {
     /// a variant's target elsewhere (the proxy's configuration, not the client's) is resolved as usual.
     func upstreamKey(host: String, port: UInt16, tls: Bool, own: Bool) -> UpstreamKey {
         UpstreamKey(host: host, port: port, tls: tls, pinned: own ? transparent?.destination : nil)
-    }
-
-    /// Whether a variant's `target` is on the origin of the request it stands in for (`url`): then it is fetched
-    /// from the same original destination (a transparent connection only; false elsewhere, at no cost).
-    func isSameOrigin(_ url: String, _ target: RequestTarget) -> Bool {
-        guard transparent != nil, case .success(let original) = RequestTarget.parse(url, method: "GET") else { return false }
-        return original.scheme == target.scheme && original.host == target.host && original.port == target.port
     }
 }

@@ -288,7 +288,7 @@ final class HTTP1Session: ClientSession {
                 exchange.source = exchangeSource
                 exchange.outcome = .error
                 let driver = ExchangeDriver(session: self, exchange: exchange)
-                if startsWithHTTP2Preface {
+                if HTTP2Session.startsWithPreface(input) {
                     driver.respondError(.httpVersionNotSupported,
                                         detail: "HTTP/2 is spoken inside intercepted TLS (ALPN h2), not in clear text on the proxy port",
                                         close: true)
@@ -308,13 +308,6 @@ final class HTTP1Session: ClientSession {
                 ExchangeDriver(session: self, exchange: exchange).begin(head, source: requestSource)
             }
         }
-    }
-
-    /// The input starts with the HTTP/2 connection preface's request line (RFC 9113 §3.4): SPEC §17's `505`.
-    private var startsWithHTTP2Preface: Bool {
-        let line = Array("PRI * HTTP/2.0\r\n".utf8)
-        guard evbuffer_get_length(input) >= line.count, let start = evbuffer_pullup(input, line.count) else { return false }
-        return UnsafeRawBufferPointer(start: start, count: line.count).elementsEqual(line)
     }
 
     /// Stops the head timer; returns when the head's first byte arrived.
@@ -344,17 +337,6 @@ final class HTTP1Session: ClientSession {
         guard let intercepted else { return transparent == nil ? .forwardProxy : .transparent(.http) }
         return .intercepted(InterceptedOrigin(host: intercepted.host, port: intercepted.port, authority: intercepted.authority,
                                               proxyUser: intercepted.proxyUser))
-    }
-
-    /// Admission's verdict on `head`, from this connection, under the worker's settings now.
-    func admit(_ head: RequestHead, source: RequestSource) -> Admission {
-        let settings = worker.settings
-        let tlsServer = worker.tlsServer
-        let wallNow = worker.clock.wallNanoseconds()
-        return Admission.admit(head, source: source, client: peerAddress, clientText: peerText,
-                               settings: settings, budgets: worker.budgets,
-                               intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
-                               now: wallNow / 1_000_000_000, nowNanoseconds: wallNow)
     }
 
     /// The exchange `driver` drove is over (its line written, its upstream given back). The next head is read

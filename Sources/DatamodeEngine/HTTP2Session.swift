@@ -50,6 +50,28 @@ final class HTTP2Session: ClientSession {
         lastProgress = worker.clock.nowNanoseconds()
     }
 
+    /// An intercepted client chose `h2` in the handshake `session` terminated: an HTTP/2 session takes its wire over
+    /// (the worker counts it as the same connection); the HTTP/1 session lets go (`handOver(to:)`).
+    static func takeOver(from session: HTTP1Session, tunnel: InterceptedTunnel) {
+        session.transport.forgetTLSOwner()
+        guard let successor = HTTP2Session(worker: session.worker, transport: session.transport,
+                                           peerAddress: session.peerAddress, peerText: session.peerText, tunnel: tunnel,
+                                           transparent: session.transparent) else {
+            session.close()
+            return
+        }
+        session.handOver(to: successor)
+        successor.start()
+    }
+
+    /// `buffer` starts with the HTTP/2 connection preface's request line (RFC 9113 §3.4): in clear text on the
+    /// proxy port that is SPEC §17's `505`.
+    static func startsWithPreface(_ buffer: OpaquePointer) -> Bool {
+        let line = Array("PRI * HTTP/2.0\r\n".utf8)
+        guard evbuffer_get_length(buffer) >= line.count, let start = evbuffer_pullup(buffer, line.count) else { return false }
+        return UnsafeRawBufferPointer(start: start, count: line.count).elementsEqual(line)
+    }
+
     /// Takes the wire over (callbacks, timer) and reads what the client already sent (its preface, often).
     func start() {
         transport.configure(owner: context(self), callbacks: .http2)

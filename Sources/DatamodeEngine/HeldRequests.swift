@@ -135,7 +135,8 @@ final class HeldRequests {
             decidedSpent = spent
         }
         for entry in entries.values where changed || entry.deadline <= now {
-            let admission = entry.driver.session.admit(entry.head, source: entry.source)
+            let admission = worker.admit(entry.head, source: entry.source, client: entry.driver.session.peerAddress,
+                                         clientText: entry.driver.session.peerText)
             if !admission.isRefusedByPolicy || entry.deadline <= now { due.append((entry, admission)) }
         }
         due.sort { $0.0.order < $1.0.order }
@@ -152,7 +153,8 @@ final class HeldRequests {
     func releaseAll() {
         for entry in entries.values.sorted(by: { $0.order < $1.order }) {
             drop(entry.driver)
-            let admission = entry.driver.session.admit(entry.head, source: entry.source)
+            let admission = worker.admit(entry.head, source: entry.source, client: entry.driver.session.peerAddress,
+                                         clientText: entry.driver.session.peerText)
             let heldMs = Int64((worker.clock.nowNanoseconds() - entry.since) / 1_000_000)
             entry.driver.releaseHeld(admission, entry.head, heldMilliseconds: admission.isRefusedByPolicy ? nil : heldMs)
             entry.driver.session.flushPendingWrites()

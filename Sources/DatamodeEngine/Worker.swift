@@ -2,6 +2,7 @@ import CDatamodeShims
 import CLibevent
 import DatamodeConfig
 import DatamodeDeferral
+import DatamodeHTTP
 import DatamodePolicy
 import DatamodeState
 import Logging
@@ -400,6 +401,17 @@ final class Worker {
         } else {
             logger.warning("accept failed", metadata: ["worker": "\(index)", "error": "\(String(cString: strerror(error)))"])
         }
+    }
+
+    /// Admission's verdict on `head` from `client`, under this worker's settings and budgets now.
+    func admit(_ head: RequestHead, source: RequestSource, client: IPAddress?, clientText: String) -> Admission {
+        let settings = self.settings
+        let tlsServer = self.tlsServer
+        let wallNow = clock.wallNanoseconds()
+        return Admission.admit(head, source: source, client: client, clientText: clientText,
+                               settings: settings, budgets: budgets,
+                               intercepts: { tlsServer != nil && settings.tls.intercepts(host: $0) },
+                               now: wallNow / 1_000_000_000, nowNanoseconds: wallNow)
     }
 
     func clientClosed(_ client: AnyObject) {
