@@ -168,43 +168,16 @@ extension HTTP2ClientSession {
     func readRequestBody(_ id: HTTP2StreamID, _ buffer: UnsafeMutableRawBufferPointer,
                          _ flags: UnsafeMutablePointer<UInt32>) -> Int {
         guard streams[id]?.outbound != nil else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-        let available = streams[id]!.outbound!.count
-        let n = min(available, buffer.count)
-        if n > 0 {
-            let start = streams[id]!.outbound!.start
-            streams[id]!.outbound!.bytes.withUnsafeBytes { bytes in
-                buffer.baseAddress!.copyMemory(from: bytes.baseAddress! + start, byteCount: n)
-            }
-            streams[id]!.outbound!.start += n
-            if streams[id]!.outbound!.start == streams[id]!.outbound!.bytes.count {
-                streams[id]!.outbound!.bytes.removeAll(keepingCapacity: true)
-                streams[id]!.outbound!.start = 0
-            } else if streams[id]!.outbound!.start > 64 * 1024 {
-                streams[id]!.outbound!.bytes.removeFirst(streams[id]!.outbound!.start)
-                streams[id]!.outbound!.start = 0
-            }
-        }
-        let left = streams[id]!.outbound!.count
-        if streams[id]!.outbound!.paused && left < configuration.requestBodyLowWatermark {
-            streams[id]!.outbound!.paused = false
-            events.append(.requestBodyDrained(id))
-        }
-        if left == 0 {
-            if streams[id]!.outbound!.finished {
-                flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-                let trailers = streams[id]!.outbound!.trailers
-                if !trailers.isEmpty {
-                    flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
-                    let rv = HTTP2ServerSession.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
-                        nghttp2_submit_trailer(session, id, list, count)
-                    }
-                    if rv != 0 { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-                }
-            } else if n == 0 {
-                streams[id]!.outbound!.deferred = true
-                return Int(NGHTTP2_ERR_DEFERRED.rawValue)
-            }
-        }
-        return n
+        // Out of the table while it changes, so the queue's storage stays uniquely owned (no copy on write).
+        var body = streams[id]!.outbound!
+        streams[id]!.outbound = nil
+        defer { streams[id]!.outbound = body }
+        return body.read(into: buffer, flags: flags, lowWatermark: configuration.requestBodyLowWatermark,
+                         drained: { events.append(.requestBodyDrained(id)) },
+                         submitTrailers: { trailers in
+                             HTTP2ServerSession.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
+                                 nghttp2_submit_trailer(session, id, list, count)
+                             }
+                         })
     }
 }

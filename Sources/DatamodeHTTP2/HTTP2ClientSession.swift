@@ -80,7 +80,7 @@ public final class HTTP2ClientSession {
         var finalResponseSeen = false
         var responseEnded = false
         var unconsumed = 0
-        var outbound: HTTP2ServerSession.OutboundBody?
+        var outbound: OutboundBody?
     }
 
     public init(configuration: HTTP2ClientConfiguration = HTTP2ClientConfiguration()) throws(HTTP2SessionError) {
@@ -181,7 +181,7 @@ public final class HTTP2ClientSession {
             id = HTTP2ServerSession.withNameValues(pairs) { list, count in
                 nghttp2_submit_request(session, nil, list, count, &provider, nil)
             }
-            state.outbound = HTTP2ServerSession.OutboundBody()
+            state.outbound = OutboundBody()
         }
         guard id > 0 else { throw .nghttp2(HTTP2ServerSession.libraryError(id)) }
         streams[id] = state

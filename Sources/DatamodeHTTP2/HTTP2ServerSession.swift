@@ -88,18 +88,6 @@ public final class HTTP2ServerSession {
         }
     }
 
-    /// A response body on its way out: bytes queued by the engine, pulled by nghttp2 as windows allow.
-    struct OutboundBody {
-        var bytes: [UInt8] = []
-        var start = 0
-        var finished = false
-        var trailers: [HTTPField] = []
-        /// nghttp2 was told DEFERRED and waits for `nghttp2_session_resume_data`.
-        var deferred = false
-        /// `sendResponseBody` said "stop": `responseBodyDrained` is owed below the low watermark.
-        var paused = false
-        var count: Int { bytes.count - start }
-    }
 
     /// Creates the session and queues the server's SETTINGS (SPEC §17): max concurrent streams, initial window,
     /// server push off, header list size; then the connection window. `now` is a monotonic clock in nanoseconds

@@ -401,51 +401,16 @@ extension HTTP2ServerSession {
         guard streams[id]?.outbound != nil else {
             return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
         }
-        let available = streams[id]!.outbound!.count
-        let n = min(available, buffer.count)
-        if n > 0 {
-            let start = streams[id]!.outbound!.start
-            streams[id]!.outbound!.bytes.withUnsafeBytes { bytes in
-                buffer.baseAddress!.copyMemory(from: bytes.baseAddress! + start, byteCount: n)
-            }
-            streams[id]!.outbound!.start += n
-            compact(id)
-        }
-        let left = streams[id]!.outbound!.count
-        if streams[id]!.outbound!.paused && left < configuration.responseBodyLowWatermark {
-            streams[id]!.outbound!.paused = false
-            events.append(.responseBodyDrained(id))
-        }
-        if left == 0 {
-            if streams[id]!.outbound!.finished {
-                flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-                let trailers = streams[id]!.outbound!.trailers
-                if !trailers.isEmpty {
-                    // nghttp2's way to end with trailers: no END_STREAM on the last DATA, then a HEADERS frame.
-                    flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
-                    let rv = Self.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
-                        nghttp2_submit_trailer(session, id, list, count)
-                    }
-                    if rv != 0 { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-                }
-            } else if n == 0 {
-                streams[id]!.outbound!.deferred = true
-                return Int(NGHTTP2_ERR_DEFERRED.rawValue)
-            }
-        }
-        return n
-    }
-
-    /// Drops sent bytes from the front of the queue once they are the larger part of it.
-    private func compact(_ id: HTTP2StreamID) {
-        let start = streams[id]!.outbound!.start
-        let total = streams[id]!.outbound!.bytes.count
-        if start == total {
-            streams[id]!.outbound!.bytes.removeAll(keepingCapacity: true)
-            streams[id]!.outbound!.start = 0
-        } else if start > 64 * 1024 && start > total / 2 {
-            streams[id]!.outbound!.bytes.removeFirst(start)
-            streams[id]!.outbound!.start = 0
-        }
+        // Out of the table while it changes, so the queue's storage stays uniquely owned (no copy on write).
+        var body = streams[id]!.outbound!
+        streams[id]!.outbound = nil
+        defer { streams[id]!.outbound = body }
+        return body.read(into: buffer, flags: flags, lowWatermark: configuration.responseBodyLowWatermark,
+                         drained: { events.append(.responseBodyDrained(id)) },
+                         submitTrailers: { trailers in
+                             Self.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
+                                 nghttp2_submit_trailer(session, id, list, count)
+                             }
+                         })
     }
 }
