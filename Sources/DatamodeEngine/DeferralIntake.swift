@@ -34,11 +34,10 @@ final class DeferralIntake {
     private let scratch: OpaquePointer
 
     /// Whether a refused request is to be stored (SPEC §18.3): a `POST`, `PUT` or `PATCH` with
-    /// `Prefer: respond-async` or a URL in `deferral.uploads`, while the proxy has a store. Only `http://` for now:
-    /// the delivery cannot reach an `https://` origin yet, and a `202` for an upload that could never be delivered
-    /// would be a lie; such an upload gets the refusal it would have had.
+    /// `Prefer: respond-async` or a URL in `deferral.uploads`, while the proxy has a store; `http://` and, inside
+    /// interception, `https://` (delivered over TLS, `DeliveryClient`).
     static func wants(_ head: RequestHead, url: String?, worker: Worker) -> Bool {
-        guard worker.deferredStore != nil, let url, url.hasPrefix("http://") else { return false }
+        guard worker.deferredStore != nil, let url, url.hasPrefix("http://") || url.hasPrefix("https://") else { return false }
         switch head.method {
         case "POST", "PUT", "PATCH": break
         default: return false

@@ -173,7 +173,8 @@ public final class DeferredDelivery: @unchecked Sendable {
         let judge = DeferredJudge(runtime: runtime, budgets: budgets, clock: clock)
         let client = DeliveryClient(store: store, connectTimeout: settings.timeouts.upstreamConnect.milliseconds,
                                     responseTimeout: settings.timeouts.upstreamResponse.milliseconds,
-                                    tags: settings.tags.forward ? judge.tags(entry) : nil)
+                                    tags: settings.tags.forward ? judge.tags(entry) : nil,
+                                    verifyTLS: settings.tls.upstreamVerify)
         let job = DeliveryJob { [self] in
             let outcome = client.deliver(entry)
             record(entry, outcome)

@@ -1,3 +1,4 @@
+import COpenSSL
 import DatamodeDeferral
 import DatamodeHTTP
 import DatamodePolicy
@@ -11,8 +12,8 @@ import Glibc
 /// sent its own), its body read from the store in pieces, then read the answer's head (1xx skipped) within the
 /// response timeout. `Connection: close`: one upload per connection, nothing pooled.
 ///
-/// `http://` only for now: an `https://` upload is recorded `failed` with a reason rather than retried forever
-/// (README "Background uploads").
+/// `https://` uploads go over TLS (blocking OpenSSL on the same socket), verified as the engine verifies origins
+/// (`TLSClientContext`: the system trust store or `SSL_CERT_FILE`, SNI, the host name; `tls.upstream-verify`).
 struct DeliveryClient {
     enum Outcome: CustomStringConvertible {
         /// The origin answered with this final status.
@@ -36,24 +37,56 @@ struct DeliveryClient {
     let responseTimeout: Int64
     /// The tags written on the delivery (SPEC §3), in place of the client's `Allow-*`; nil: none written.
     let tags: RequestTags?
+    /// `tls.upstream-verify` (SPEC §9): whether an `https://` origin's certificate is verified.
+    let verifyTLS: Bool
     /// Body bytes read from the store at a time.
     static let piece = 256 << 10
+
+    /// The connection to the origin: the socket, or a TLS session over it.
+    private struct Wire {
+        let fd: Int32
+        let ssl: OpaquePointer?
+
+        func send(_ bytes: UnsafeRawBufferPointer) -> Int {
+            guard let ssl else { return Glibc.send(fd, bytes.baseAddress!, bytes.count, Int32(MSG_NOSIGNAL)) }
+            let n = SSL_write(ssl, bytes.baseAddress!, Int32(clamping: bytes.count))
+            return n > 0 ? Int(n) : -1
+        }
+
+        func receive(_ buffer: UnsafeMutableRawBufferPointer) -> Int {
+            guard let ssl else { return recv(fd, buffer.baseAddress!, buffer.count, 0) }
+            let n = SSL_read(ssl, buffer.baseAddress!, Int32(clamping: buffer.count))
+            return n > 0 ? Int(n) : (SSL_get_error(ssl, n) == SSL_ERROR_ZERO_RETURN ? 0 : -1)
+        }
+
+        func close() {
+            if let ssl { SSL_free(ssl) }
+            Glibc.close(fd)
+        }
+    }
 
     func deliver(_ entry: DeferredEntry) -> Outcome {
         guard case .success(let target) = RequestTarget.parse(entry.url, method: entry.method), target.form == .absolute else {
             return .unusable("unusable URL \(entry.url)")
         }
-        guard target.scheme == "http" else {
-            return .unusable("\(target.scheme):// uploads are not delivered yet (only http://)")
+        guard target.scheme == "http" || target.scheme == "https" else {
+            return .unusable("\(target.scheme):// uploads cannot be delivered")
         }
         let fd: Int32
         switch connect(host: target.host, port: target.port) {
         case .success(let connected): fd = connected
         case .failure(let error): return .failed(error.message)
         }
-        defer { Glibc.close(fd) }
         setTimeout(fd, SO_SNDTIMEO, milliseconds: responseTimeout)
         setTimeout(fd, SO_RCVTIMEO, milliseconds: responseTimeout)
+        let wire: Wire
+        switch target.scheme == "https" ? startTLS(fd, host: target.host) : .success(Wire(fd: fd, ssl: nil)) {
+        case .success(let started): wire = started
+        case .failure(let error):
+            Glibc.close(fd)
+            return .failed(error.message)
+        }
+        defer { wire.close() }
 
         var head = "\(entry.method) \(target.path) HTTP/1.1\r\nHost: \(target.hostHeaderValue)\r\n"
         for field in entry.headers {
@@ -69,14 +102,14 @@ struct DeliveryClient {
         }
         if !entry.clientSentIdempotencyKey { head += "Idempotency-Key: \(entry.id)\r\n" }
         head += "Content-Length: \(entry.bytes)\r\nVia: \(MessageHeads.viaValue)\r\nConnection: close\r\n\r\n"
-        if let error = sendAll(fd, Array(head.utf8)) { return .failed(error) }
+        if let error = sendAll(wire, Array(head.utf8)) { return .failed(error) }
         var offset = 0
         while offset < entry.bytes {
             let box = DeliveryResultBox<[UInt8]>()
             store.readBody(entry.id, offset: offset, count: Self.piece) { box.put($0) }
             switch box.take() {
             case .success(let bytes) where !bytes.isEmpty:
-                if let error = sendAll(fd, bytes) { return .failed(error) }
+                if let error = sendAll(wire, bytes) { return .failed(error) }
                 offset += bytes.count
             case .success:
                 return .unusable("the stored body ended at \(offset) of \(entry.bytes) bytes")
@@ -84,7 +117,29 @@ struct DeliveryClient {
                 return .failed("reading the stored body: \(error)")
             }
         }
-        return readStatus(fd)
+        return readStatus(wire)
+    }
+
+    /// TLS on the connected socket, verified as the engine verifies origins (SNI and the name, or the address).
+    private func startTLS(_ fd: Int32, host: String) -> Result<Wire, ConnectError> {
+        let context: TLSClientContext
+        do {
+            context = try TLSClientContext(verify: verifyTLS)
+        } catch {
+            return .failure(ConnectError(message: "upstream-tls-error: \(error)"))
+        }
+        guard let ssl = context.makeSSL(host: host) else {
+            return .failure(ConnectError(message: "upstream-tls-error: no TLS state for \(host)"))
+        }
+        SSL_set_fd(ssl, fd)
+        guard SSL_connect(ssl) == 1 else {
+            let verified = SSL_get_verify_result(ssl)
+            let why = verified == X509_V_OK ? TLSClientContext.lastError()
+                : "certificate verification failed: " + String(cString: X509_verify_cert_error_string(verified))
+            SSL_free(ssl)
+            return .failure(ConnectError(message: "upstream-tls-error: \(host): \(why)"))
+        }
+        return .success(Wire(fd: fd, ssl: ssl))
     }
 
     struct ConnectError: Error { let message: String }
@@ -133,10 +188,10 @@ struct DeliveryClient {
         setsockopt(fd, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    private func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> String? {
+    private func sendAll(_ wire: Wire, _ bytes: [UInt8]) -> String? {
         var sent = 0
         while sent < bytes.count {
-            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + sent, bytes.count - sent, Int32(MSG_NOSIGNAL)) }
+            let n = bytes.withUnsafeBytes { wire.send(UnsafeRawBufferPointer(rebasing: $0[sent...])) }
             if n < 0 {
                 if errno == EINTR { continue }
                 return "sending to the origin: \(String(cString: strerror(errno)))"
@@ -147,7 +202,7 @@ struct DeliveryClient {
     }
 
     /// Reads response heads until a final one (a `1xx` is skipped), and its status.
-    private func readStatus(_ fd: Int32) -> Outcome {
+    private func readStatus(_ wire: Wire) -> Outcome {
         var buffer: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 << 10)
         while true {
@@ -164,7 +219,7 @@ struct DeliveryClient {
                 break
             }
             if buffer.count > Flow.maxResponseHeadBytes { return .failed("upstream-protocol-error: response head too large") }
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
+            let n = chunk.withUnsafeMutableBytes { wire.receive($0) }
             if n < 0 && errno == EINTR { continue }
             if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .failed("upstream-timeout: no response") }
             if n <= 0 { return .failed("upstream-unreachable: the origin closed before answering") }

@@ -153,4 +153,26 @@ import Testing
         let digest = try ExternalCommand.run("/usr/bin/sha256sum", [rig.directory + "/chunked.bin"], timeout: 30)
         #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
+
+    /// SPEC §18.3 inside interception, over h2: a refused `https://` upload with `Prefer: respond-async` is stored
+    /// and answered 202 on its stream, then delivered over TLS to the origin, verified, when the mode lifts (the
+    /// byte-exact checks of deliveries are DeferredUploadEndToEndTests', over plain HTTP to a recording origin).
+    @Test func anHTTPSUploadIsDeferredAndDeliveredOverTLS() throws {
+        let rig = try Rig("mode: constrained")
+        let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 17 &+ 3) }
+        try Data(body).write(to: URL(fileURLWithPath: rig.directory + "/photo.bin"))
+        let stored = try Self.h2(rig, ["-i", "-H", "Allow-Constrained: ?0", "-H", "Prefer: respond-async",
+                                       "--data-binary", "@" + rig.directory + "/photo.bin", rig.url("/backup/photo.bin")])
+        #expect(stored.stdout.hasPrefix("HTTP/2 202"), "\(stored.output)")
+        #expect(stored.stdout.contains("\"status\":\"queued\""), "\(stored.stdout)")
+        let admin = AdminAPIClient(port: rig.proxy.adminPort)
+        #expect(try admin.put("/mode", #"{"mode": "normal"}"#).status == 200)
+        var entry: [String: Any] = [:]
+        #expect(AdminPolling.until(timeout: .seconds(30)) {
+            entry = (try? admin.get("/deferred").array ?? [])?.first ?? [:]
+            return entry["status"] as? String == "delivered"
+        }, "\(entry)")
+        #expect(entry["originStatus"] as? Int == 200 && entry["attempts"] as? Int == 1, "\(entry)")
+        #expect(entry["url"] as? String == rig.url("/backup/photo.bin"))
+    }
 }
