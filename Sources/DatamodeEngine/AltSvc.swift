@@ -29,28 +29,7 @@ enum AltSvc {
 
     /// The comma-separated alt-values, trimmed, commas inside quoted strings (the alt-authority) kept.
     static func entries(_ value: String) -> [String] {
-        var entries: [String] = []
-        var current = ""
-        var quoted = false
-        var escaped = false
-        for character in value {
-            if escaped {
-                escaped = false
-            } else if quoted && character == "\\" {
-                escaped = true
-            } else if character == "\"" {
-                quoted.toggle()
-            } else if character == "," && !quoted {
-                let entry = current.trimmingSpaces
-                if !entry.isEmpty { entries.append(entry) }
-                current = ""
-                continue
-            }
-            current.append(character)
-        }
-        let entry = current.trimmingSpaces
-        if !entry.isEmpty { entries.append(entry) }
-        return entries
+        Preferences.splitOutsideQuotes(value, separator: ",").map(\.trimmingSpaces).filter { !$0.isEmpty }
     }
 }
 

@@ -50,8 +50,9 @@ public struct Preferences: Equatable, Sendable {
         return preferences
     }
 
-    /// Splits at `separator` outside quoted strings (a `\` inside one escapes the next character).
-    static func splitOutsideQuotes(_ text: String, separator: Character) -> [String] {
+    /// Splits at `separator` outside quoted strings (a `\` inside one escapes the next character). Also how
+    /// `Alt-Svc` is split into its alt-values (`AltSvc`): one reading of a quoted list for every field.
+    public static func splitOutsideQuotes(_ text: String, separator: Character) -> [String] {
         var parts: [String] = []
         var current = ""
         var quoted = false
