@@ -29,6 +29,10 @@ import Testing
         let metrics = try rig.metrics()
         #expect(metrics.counter("datamode_http2_streams_total", ["side": "client"]) == 3)
         #expect(metrics.counter("datamode_tls_intercepted_total") == 1)
+        // curl has gone: its connection is no longer counted as open.
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            (try? rig.metrics().counter("datamode_http2_connections_active", ["side": "client"])) == 0
+        })
     }
 
     @Test func http1IsStillSpokenWhenTheClientAsksForIt() throws {
