@@ -264,41 +264,19 @@ final class HTTP2Stream {
             if available > 0 { _ = send(input, count: available) }
             return false
         case .chunked:
-            if decoder.dataRemaining > 0 {
-                guard available > 0 else { return false }
-                let n = Int(min(UInt64(available), decoder.dataRemaining))
+            switch ChunkedElements.next(input, &decoder) {
+            case .data(let n):
                 guard send(input, count: n) else { return false }
                 decoder.consumeData(n)
                 phase = .body(framing, remaining: 0, decoder: decoder)
                 return !paused
-            }
-            guard available > 0 else { return false }
-            // The element is parsed where it lies when it fits the buffer's first chain (a size line almost
-            // always does); only an element that spans chains is made contiguous, growing, up to the limit: pulling
-            // up the limit at once would copy the chunk data behind every size line.
-            let limit = 4096 + decoder.maxTrailerSection + 8
-            var window = min(available, limit, max(evbuffer_get_contiguous_space(input), 1))
-            var parsed: ChunkedFramingResult = .needMore
-            var start: UnsafeMutablePointer<UInt8>?
-            while true {
-                start = evbuffer_pullup(input, window)
-                guard let start else { return false }
-                parsed = decoder.parseFraming(UnsafeRawBufferPointer(start: start, count: window))
-                guard case .needMore = parsed, window < min(available, limit) else { break }
-                window = min(window * 2 + 64, available, limit)
-            }
-            switch parsed {
-            case .needMore:
-                if available >= limit { fail("a chunk framing element is larger than the limit") }
-                return false
-            case .framing(let length):
-                evbuffer_drain(input, length)
+            case .framing:
                 phase = .body(framing, remaining: 0, decoder: decoder)
                 return true
-            case .end(let length):
-                let trailers = Self.trailers(UnsafeRawBufferPointer(start: start!, count: length))
-                evbuffer_drain(input, length)
+            case .end(let trailers):
                 finish(trailers: trailers)
+                return false
+            case .needMore:
                 return false
             case .invalid(let error):
                 fail("the exchange's chunked body is invalid: \(error)")
@@ -332,15 +310,6 @@ final class HTTP2Stream {
         } catch {
             fail("the response end cannot go out: \(error)")
         }
-    }
-
-    /// The last-chunk element (`0` line, trailer fields, CRLF) as fields, read by the strict head parser.
-    static func trailers(_ element: UnsafeRawBufferPointer) -> [HTTPField] {
-        guard let lineEnd = element.firstIndex(of: UInt8(ascii: "\n")), lineEnd + 1 < element.count - 2 else { return [] }
-        let section = Array("HTTP/1.1 200 T\r\n".utf8) + Array(element[(lineEnd + 1)...])
-        let parsed = section.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits) }
-        if case .complete(let head, _) = parsed { return head.fields }
-        return []
     }
 
     /// The response cannot be relayed as it is: the stream is reset (INTERNAL_ERROR) and the exchange ended.
