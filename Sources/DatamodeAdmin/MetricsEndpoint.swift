@@ -105,18 +105,19 @@ struct MetricsEndpoint {
             let value = metrics.tlsHandshakeFailures[label] ?? 0
             out += "datamode_tls_handshake_failures_total{side=\"\(label.side.rawValue)\",reason=\"\(label.reason.rawValue)\"} \(value)\n"
         }
-        out += "# HELP datamode_http2_connections_active HTTP/2 connections open, by side (client: intercepted TLS that chose h2).\n"
+        out += "# HELP datamode_http2_connections_active HTTP/2 connections open, by side (client: intercepted TLS that chose h2; origin: TLS origins that chose h2).\n"
         out += "# TYPE datamode_http2_connections_active gauge\n"
         out += "datamode_http2_connections_active{side=\"client\"} \(metrics.http2ConnectionsActive)\n"
-        out += "datamode_http2_connections_active{side=\"origin\"} 0\n"
+        out += "datamode_http2_connections_active{side=\"origin\"} \(metrics.http2OriginConnectionsActive)\n"
         out += "# HELP datamode_http2_streams_total HTTP/2 streams that carried a request, by side.\n"
         out += "# TYPE datamode_http2_streams_total counter\n"
         out += "datamode_http2_streams_total{side=\"client\"} \(metrics.http2Streams)\n"
-        out += "datamode_http2_streams_total{side=\"origin\"} 0\n"
+        out += "datamode_http2_streams_total{side=\"origin\"} \(metrics.http2OriginStreams)\n"
         out += "# HELP datamode_http2_errors_total HTTP/2 limits tripped and protocol errors, by side and reason (SPEC §17).\n"
         out += "# TYPE datamode_http2_errors_total counter\n"
         for reason in WorkerMetrics.http2ErrorReasons {
             out += "datamode_http2_errors_total{side=\"client\",reason=\"\(reason)\"} \(metrics.http2Errors[reason, default: 0])\n"
+            out += "datamode_http2_errors_total{side=\"origin\",reason=\"\(reason)\"} \(metrics.http2OriginErrors[reason, default: 0])\n"
         }
         out += "# HELP datamode_mode Whether each condition of the data mode holds (1) or not (0).\n"
         out += "# TYPE datamode_mode gauge\n"

@@ -124,7 +124,9 @@ extension HTTP2ClientSession {
             guard frame.hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 else { return 0 }
             let value = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
             let limit: Int? = value == UInt32.max ? nil : Int(value)
-            if limit != peerMaxConcurrentStreams {
+            let first = !remoteSettingsReceived
+            remoteSettingsReceived = true
+            if limit != peerMaxConcurrentStreams || first {
                 peerMaxConcurrentStreams = limit
                 events.append(.concurrencyChanged(limit))
             }

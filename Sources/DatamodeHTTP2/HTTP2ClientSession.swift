@@ -1,5 +1,5 @@
 /// The origin-facing side of an HTTP/2 connection (the proxy is the client, RFC 9113), on nghttp2, without sockets:
-/// the piece the engine's origin side will drive (SPEC §17 "Origin side"; not wired yet, see ARCHITECTURE.md).
+/// the engine's `HTTP2OriginSession` drives it (SPEC §17 "Origin side", see ARCHITECTURE.md).
 ///
 /// As `HTTP2ServerSession`, the engine owns the bytes: `receive` what it read from the origin, `writeOutput` what
 /// to write. The engine starts requests (`startRequest`), feeds their bodies (`sendRequestBody`, false = stop
@@ -52,7 +52,8 @@ public enum HTTP2ClientEvent: Hashable, Sendable {
     /// A stream the engine started closed: `completed`, `resetByClient` (here: the origin reset it) or
     /// `resetByProxy`.
     case streamClosed(HTTP2StreamID, HTTP2StreamEnd)
-    /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS (nil: unlimited, as RFC 9113 §6.5.2 says when absent).
+    /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS (nil: unlimited, as RFC 9113 §6.5.2 says when absent): on its
+    /// first SETTINGS, and whenever it changes.
     case concurrencyChanged(Int?)
     /// The origin sent GOAWAY: streams above `lastStreamID` were not processed (they may be retried elsewhere).
     case goaway(lastStreamID: HTTP2StreamID, HTTP2ErrorCode)
@@ -69,6 +70,8 @@ public final class HTTP2ClientSession {
     var goawayReceived = false
     /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS, nil until it says (unlimited).
     public internal(set) var peerMaxConcurrentStreams: Int?
+    /// The origin's first SETTINGS arrived (until then its concurrency is not known).
+    public internal(set) var remoteSettingsReceived = false
     var lastLibraryMessage = ""
 
     struct ClientStream {

@@ -32,6 +32,10 @@ public final class WorkerMetrics: @unchecked Sendable {
     @usableFromInline let http2Connections = Atomic<Int>(0)
     @usableFromInline let http2Streams = Atomic<Int>(0)
     private let http2Errors: UnsafeMutablePointer<Atomic<Int>>
+    /// The same on the origin side: HTTP/2 connections to origins open now, streams they carried, errors.
+    @usableFromInline let http2OriginConnections = Atomic<Int>(0)
+    @usableFromInline let http2OriginStreams = Atomic<Int>(0)
+    private let http2OriginErrors: UnsafeMutablePointer<Atomic<Int>>
     /// Connections on the transparent listener by `TransparentKind` (SPEC §16).
     private let transparentConnections: UnsafeMutablePointer<Atomic<Int>> = {
         let pointer = UnsafeMutablePointer<Atomic<Int>>.allocate(capacity: TransparentKind.allCases.count)
@@ -66,6 +70,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         for i in 0..<TLSFailureLabel.all.count { (handshakeFailures + i).initialize(to: Atomic(0)) }
         http2Errors = .allocate(capacity: Self.http2ErrorReasons.count)
         for i in 0..<Self.http2ErrorReasons.count { (http2Errors + i).initialize(to: Atomic(0)) }
+        http2OriginErrors = .allocate(capacity: Self.http2ErrorReasons.count)
+        for i in 0..<Self.http2ErrorReasons.count { (http2OriginErrors + i).initialize(to: Atomic(0)) }
         var index: [String: Int] = [:]
         for (i, reason) in Self.reasons.enumerated() { index[reason] = i }
         reasonIndex = index
@@ -80,6 +86,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         handshakeFailures.deallocate()
         http2Errors.deinitialize(count: Self.http2ErrorReasons.count)
         http2Errors.deallocate()
+        http2OriginErrors.deinitialize(count: Self.http2ErrorReasons.count)
+        http2OriginErrors.deallocate()
         imagesUntouched.deinitialize(count: ImagePassReason.allCases.count)
         imagesUntouched.deallocate()
         transparentConnections.deinitialize(count: TransparentKind.allCases.count)
@@ -136,6 +144,14 @@ public final class WorkerMetrics: @unchecked Sendable {
     package func http2Error(_ reason: String) {
         let index = Self.http2ErrorReasons.firstIndex(of: reason) ?? Self.http2ErrorReasons.firstIndex(of: "protocol-error")!
         http2Errors[index].add(1, ordering: .relaxed)
+    }
+    @inlinable package func http2OriginConnectionOpened() { http2OriginConnections.add(1, ordering: .relaxed) }
+    @inlinable package func http2OriginConnectionClosed() { http2OriginConnections.subtract(1, ordering: .relaxed) }
+    @inlinable package func http2OriginStreamOpened() { http2OriginStreams.add(1, ordering: .relaxed) }
+    /// An origin broke HTTP/2's rules (`reason` as for `http2Error`).
+    package func http2OriginError(_ reason: String) {
+        let index = Self.http2ErrorReasons.firstIndex(of: reason) ?? Self.http2ErrorReasons.firstIndex(of: "protocol-error")!
+        http2OriginErrors[index].add(1, ordering: .relaxed)
     }
     /// The `reason` labels of `datamode_http2_errors_total` (SPEC §17), every one exported.
     public static let http2ErrorReasons = ["rapid-reset", "continuation-flood", "header-too-large", "hpack-bomb",
@@ -205,7 +221,10 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.http2Streams += http2Streams.load(ordering: .relaxed)
         for (i, reason) in Self.http2ErrorReasons.enumerated() {
             total.http2Errors[reason, default: 0] += http2Errors[i].load(ordering: .relaxed)
+            total.http2OriginErrors[reason, default: 0] += http2OriginErrors[i].load(ordering: .relaxed)
         }
+        total.http2OriginConnectionsActive += http2OriginConnections.load(ordering: .relaxed)
+        total.http2OriginStreams += http2OriginStreams.load(ordering: .relaxed)
         for kind in TransparentKind.allCases {
             total.transparentConnections[kind.rawValue, default: 0] += transparentConnections[kind.index].load(ordering: .relaxed)
         }
@@ -275,6 +294,10 @@ public struct MetricsSnapshot: Sendable {
     public var http2ConnectionsActive = 0
     public var http2Streams = 0
     public var http2Errors: [String: Int] = [:]
+    /// The same for HTTP/2 connections to origins.
+    public var http2OriginConnectionsActive = 0
+    public var http2OriginStreams = 0
+    public var http2OriginErrors: [String: Int] = [:]
     /// Connections on the transparent listener by kind (`TransparentKind`'s raw values, SPEC §16).
     public var transparentConnections: [String: Int] = [:]
     /// Failed TLS handshakes by side and reason (every label present, zeros included).
