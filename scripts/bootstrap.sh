@@ -7,7 +7,8 @@
 #                                   headless Chromium and certutil (the HTTPS browser test, SPEC §9), Debian's
 #                                   Pillow (the image tests' independent encoder), the linters the docker/
 #                                   tests run (shellcheck from Debian, hadolint from PyPI), and HTTP/2 clients
-#                                   (nghttp and h2load from Debian's nghttp2-client, Python h2 from PyPI)
+#                                   (nghttp and h2load from Debian's nghttp2-client, Python h2 from PyPI), an
+#                                   HTTP/2 origin (nghttpd from Debian's nghttp2-server)
 #                                   and iptables + iproute2 (the transparent sidecar tests build network
 #                                   namespaces with redirect rules, SPEC §16)
 set -euo pipefail
@@ -18,7 +19,7 @@ packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev
     libsqlite3-dev)
 if $test_tools; then
     packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil
-        nghttp2-client iptables iproute2)
+        nghttp2-client nghttp2-server iptables iproute2)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -2,8 +2,7 @@
 public struct HTTP2Section: Sendable, Equatable {
     /// `client`: offer ALPN `h2, http/1.1` on intercepted (and transparent) TLS. Default on.
     public var client: Bool
-    /// `upstream`: offer `h2, http/1.1` to TLS origins. Default on (read; the origin side is not built yet, see
-    /// ARCHITECTURE.md, so origins are spoken to in HTTP/1.1 whatever this says).
+    /// `upstream`: offer `h2, http/1.1` to TLS origins and speak HTTP/2 to the ones that choose it. Default on.
     public var upstream: Bool
     /// `max-concurrent-streams`: SETTINGS_MAX_CONCURRENT_STREAMS per client connection. Default 100.
     public var maxConcurrentStreams: Int

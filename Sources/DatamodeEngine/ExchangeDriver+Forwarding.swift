@@ -42,7 +42,7 @@ extension ExchangeDriver {
     }
 
     func connectUpstream(key: UpstreamKey, reuse: Bool) {
-        let upstream = (reuse ? worker.pool.take(key) : nil) ?? UpstreamConnection(worker: worker, key: key)
+        let upstream = UpstreamConnection.forExchange(worker: worker, key: key, reuse: reuse, upgrade: upgradeRequested)
         self.upstream = upstream
         upstreamReused = upstream.isReused
         upstream.attach(self)
@@ -203,7 +203,7 @@ extension ExchangeDriver {
         }
         guard isForwarding(upstream) else { return }
         self.upstream = nil
-        switch machine.upstreamFailed(reusedConnection: upstreamReused,
+        switch machine.upstreamFailed(reusedConnection: upstreamReused || upstream.requestNotProcessed,
                                                bodyBytesConsumed: requestBody.transferred,
                                                timedOut: code == .upstreamTimeout) {
         case .retryOnNewConnection:

@@ -30,9 +30,15 @@ final class TLSClientContext {
         SSL_CTX_free(context)
     }
 
-    /// A new connection state for `host`: SNI (not for IP literals, RFC 6066 §3) and name verification.
-    func makeSSL(host: String) -> OpaquePointer? {
+    /// A new connection state for `host`: SNI (not for IP literals, RFC 6066 §3) and name verification; ALPN
+    /// `h2, http/1.1` when `offerH2` (SPEC §17: the origin chooses, `negotiatedH2` says what it chose).
+    func makeSSL(host: String, offerH2: Bool = false) -> OpaquePointer? {
         guard let ssl = SSL_new(context) else { return nil }
+        if offerH2 {
+            let protocols: [UInt8] = [2] + Array("h2".utf8) + [8] + Array("http/1.1".utf8)
+            // 0 is success for this one OpenSSL call; without ALPN the origin simply speaks HTTP/1.1.
+            _ = SSL_set_alpn_protos(ssl, protocols, UInt32(protocols.count))
+        }
         let isIPLiteral = SocketAddress(ipLiteral: host, port: 0) != nil
         if !isIPLiteral { dm_ssl_set_sni(ssl, host) }
         if !verify { return ssl }
@@ -43,6 +49,15 @@ final class TLSClientContext {
             SSL_set1_host(ssl, host)
         }
         return ssl
+    }
+
+    /// Whether the origin chose `h2` in the handshake on `ssl`.
+    static func negotiatedH2(_ ssl: OpaquePointer) -> Bool {
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length == 2 else { return false }
+        return data[0] == UInt8(ascii: "h") && data[1] == UInt8(ascii: "2")
     }
 
     /// Why the handshake on `bev` failed: a metrics reason, and words an operator can act on.

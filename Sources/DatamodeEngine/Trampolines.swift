@@ -179,6 +179,55 @@ let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
     session.flushOutput()
 }
 
+// MARK: HTTP/2 origin side (SPEC §17)
+
+// An HTTP/2 connection to an origin (the TLS bufferevent its first upstream connection had) and each stream's end of
+// its pair. Every callback ends with `flushOutput()`: what the streams and the codec queued goes to the wire.
+
+let http2OriginReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2OriginReadCallback")
+    defer { CallbackNesting.leave() }
+    let session = owner(ctx, as: HTTP2OriginSession.self)
+    session.wireReadable()
+    session.flushOutput()
+}
+let http2OriginWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2OriginWriteCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HTTP2OriginSession.self).flushOutput()
+}
+let http2OriginEventCallback: bufferevent_event_cb = { _, what, ctx in
+    CallbackNesting.enter("http2OriginEventCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HTTP2OriginSession.self).wireEvent(what)
+}
+let http2OriginTimerCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("http2OriginTimerCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HTTP2OriginSession.self).timerFired()
+}
+let http2OriginFlushCallback: event_callback_fn = { _, _, ctx in
+    CallbackNesting.enter("http2OriginFlushCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: HTTP2OriginSession.self).flushOutput()
+}
+let http2OriginStreamReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2OriginStreamReadCallback")
+    defer { CallbackNesting.leave() }
+    let stream = owner(ctx, as: HTTP2OriginStream.self)
+    let session = stream.session
+    stream.requestReadable()
+    session.flushOutput()
+}
+let http2OriginStreamWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("http2OriginStreamWriteCallback")
+    defer { CallbackNesting.leave() }
+    let stream = owner(ctx, as: HTTP2OriginStream.self)
+    let session = stream.session
+    stream.responseMovedOn()
+    session.flushOutput()
+}
+
 let heldRequestsTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("heldRequestsTimerCallback")
     defer { CallbackNesting.leave() }

@@ -66,13 +66,21 @@ final class UpstreamConnection {
     /// The TLS state of an `https://` upstream (owned by the bufferevent, freed with it).
     private var ssl: OpaquePointer?
     private var writer = SpeculativeWriter()
+    /// Offer `h2` to a TLS origin (SPEC §17): when it chooses it, the connection becomes an `HTTP2OriginSession`
+    /// and this exchange its first stream (`adoptHTTP2`).
+    private let offersH2: Bool
+    /// Over an HTTP/2 origin connection: `bev` is one end of a bufferevent pair, this stream holds the other.
+    private(set) var originStream: HTTP2OriginStream?
+    /// The origin never processed the request (a refused stream, or one its GOAWAY left out): it may go again.
+    private(set) var requestNotProcessed = false
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
     var attachedClient: HTTP1Session? { owner?.session }
 
-    init(worker: Worker, key: UpstreamKey) {
+    init(worker: Worker, key: UpstreamKey, offersH2: Bool = false) {
         self.worker = worker
         self.key = key
-        let (bev, ssl) = Self.makeBufferevent(worker, key: key)
+        self.offersH2 = offersH2 && key.tls
+        let (bev, ssl) = Self.makeBufferevent(worker, key: key, offersH2: self.offersH2)
         self.bev = bev
         self.ssl = ssl
         input = bufferevent_get_input(bev)
@@ -83,26 +91,143 @@ final class UpstreamConnection {
         worker.upstreamOpened(self)
     }
 
+    /// The upstream for an exchange to `key`: when `reuse` allows, a stream of the origin's HTTP/2 connection (SPEC
+    /// §17; never for an Upgrade, HTTP/2 has none) or an idle keep-alive connection from the pool; else a new
+    /// connection, offering h2 to a TLS origin when `http2.upstream` says so.
+    static func forExchange(worker: Worker, key: UpstreamKey, reuse: Bool, upgrade: Bool) -> UpstreamConnection {
+        if reuse && key.tls && !upgrade, let session = worker.originSessions.session(for: key) {
+            return UpstreamConnection(worker: worker, key: key, session: session)
+        }
+        if reuse, let pooled = worker.pool.take(key) { return pooled }
+        return UpstreamConnection(worker: worker, key: key, offersH2: !upgrade && worker.settings.http2.upstream)
+    }
+
+    /// A stream of an HTTP/2 connection the origin already has (SPEC §17: requests to it share one connection):
+    /// connected from the start, the request written into the pair.
+    init(worker: Worker, key: UpstreamKey, session: HTTP2OriginSession) {
+        self.worker = worker
+        self.key = key
+        offersH2 = false
+        let (end, partner) = Self.makePair(worker)
+        bev = end
+        input = bufferevent_get_input(end)
+        output = bufferevent_get_output(end)
+        bufferevent_setcb(end, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
+        state = .busy
+        // As a pooled connection: a failure before any response may be the shared connection's, not this request's.
+        isReused = true
+        worker.upstreamOpened(self)
+        originStream = session.attachStream(end: partner, upstream: self)
+        bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
+    }
+
+    /// Connected (TCP, TLS, or a stream): the request queued so far goes out, the owner hears it.
+    private func connected() {
+        state = .busy
+        if let timer { event_del(timer) }
+        carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
+        // Plain TCP: EV_WRITE stays off and writes are speculative; TLS and pairs keep libevent's write path.
+        bufferevent_enable(bev, Int16(isPlainTCP ? EV_READ : EV_READ | EV_WRITE))
+        guard let owner else { return }
+        if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
+    }
+
+    /// A bufferevent pair for a stream: the first end is the exchange's wire, the second the stream's.
+    private static func makePair(_ worker: Worker) -> (OpaquePointer, OpaquePointer) {
+        var pair: [OpaquePointer?] = [nil, nil]
+        guard bufferevent_pair_new(worker.base, Int32(BEV_OPT_DEFER_CALLBACKS.rawValue), &pair) == 0,
+              let end = pair[0], let partner = pair[1] else { fatalError("bufferevent_pair_new failed: out of memory") }
+        bufferevent_setwatermark(end, Int16(EV_READ), 0, Flow.highWater)
+        bufferevent_setwatermark(end, Int16(EV_WRITE), Flow.lowWater, 0)
+        return (end, partner)
+    }
+
+    /// The origin chose `h2` in the handshake: the TLS wire goes to a new `HTTP2OriginSession` (shared from now on by
+    /// the exchanges to this origin) and this connection becomes its first stream, the request written so far moved
+    /// into the pair. False when no session could be made (the connection then fails).
+    private func adoptHTTP2() -> HTTP2OriginSession? {
+        guard let session = HTTP2OriginSession(worker: worker, key: key, wire: bev) else { return nil }
+        becomeStream(of: session)
+        return session
+    }
+
+    /// `bev` is replaced by one end of a pair whose other end is a stream of `session`, the bytes queued so far
+    /// moved along; the caller disposes of the old `bev`.
+    private func becomeStream(of session: HTTP2OriginSession) {
+        let pending = evbuffer_new()!
+        evbuffer_add_buffer(pending, output)
+        let (end, partner) = Self.makePair(worker)
+        ssl = nil
+        bev = end
+        input = bufferevent_get_input(end)
+        output = bufferevent_get_output(end)
+        bufferevent_setcb(end, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
+        originStream = session.attachStream(end: partner, upstream: self)
+        evbuffer_add_buffer(output, pending)
+        evbuffer_free(pending)
+    }
+
+    /// The stream over the HTTP/2 connection broke (`HTTP2OriginStream`): what it wrote is in `input` already; the
+    /// exchange reads it and then hears the break, as from a TCP connection that failed.
+    func originStreamFailed(_ detail: String, unprocessed: Bool) {
+        guard state == .busy else { return }
+        if unprocessed { requestNotProcessed = true }
+        if let owner, owner.upstreamBrokeOff(self) {
+            // The response had begun: it ends truncated.
+        } else {
+            let owner = self.owner
+            close()
+            owner?.upstreamFailed(self, code: .upstreamProtocolError, detail: "\(key.host):\(key.port): " + detail)
+        }
+    }
+
     /// Resolves and connects a new connection (a pooled one is connected already). Nothing fails inside this
     /// call: a failure found synchronously (a literal address refused at once, a name answered from
     /// /etc/hosts) is reported from the next loop iteration, like every other one, so the client never sees
     /// its upstream fail while it is still setting it up.
-    func start() {
-        guard state == .resolving, !starting, lookup == nil, addresses.isEmpty else { return }
+    func start(waitingForSibling: Bool = true) {
+        guard state == .resolving, !starting, lookup == nil, addresses.isEmpty, !awaitingSibling else { return }
+        // Another connection to this origin is in its handshake offering h2: its answer may make a new connection
+        // needless (SPEC §17: requests to an h2 origin share one connection), so wait for it, as browsers do.
+        if offersH2 && waitingForSibling && worker.originSessions.awaitHandshake(self) {
+            awaitingSibling = true
+            armTimer(worker.settings.upstreamConnectMs)
+            return
+        }
         starting = true
         resolve()
         starting = false
+    }
+
+    /// Waiting for a sibling's handshake (`start`).
+    private var awaitingSibling = false
+
+    /// The sibling's handshake ended: join its HTTP/2 session, or connect on our own.
+    func siblingHandshakeFinished(_ session: HTTP2OriginSession?) {
+        guard awaitingSibling, state == .resolving else { return }
+        awaitingSibling = false
+        guard let session, session.acceptsStreams else {
+            start(waitingForSibling: false)
+            return
+        }
+        // The placeholder bufferevent was never connected: the pair takes its place.
+        let old = bev
+        becomeStream(of: session)
+        bufferevent_free(old)
+        isReused = true
+        connected()
     }
 
     private var starting = false
     /// A failure found inside `start`, reported from the timer callback.
     private var deferredFailure: (code: ProxyErrorCode, detail: String)?
 
-    private static func makeBufferevent(_ worker: Worker, key: UpstreamKey) -> (OpaquePointer, OpaquePointer?) {
+    private static func makeBufferevent(_ worker: Worker, key: UpstreamKey, offersH2: Bool) -> (OpaquePointer, OpaquePointer?) {
         let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
         var ssl: OpaquePointer?
         let bev: OpaquePointer
-        if key.tls, let context = worker.tlsContext, let state = context.makeSSL(host: key.host),
+        if key.tls, let context = worker.tlsContext, let state = context.makeSSL(host: key.host, offerH2: offersH2),
            let tlsBev = bufferevent_openssl_socket_new(worker.base, -1, state, BUFFEREVENT_SSL_CONNECTING,
                                                        TLSBuffereventOptions) {
             ssl = state
@@ -123,7 +248,7 @@ final class UpstreamConnection {
         let pending = evbuffer_new()!
         evbuffer_add_buffer(pending, output)
         bufferevent_free(bev)
-        (bev, ssl) = Self.makeBufferevent(worker, key: key)
+        (bev, ssl) = Self.makeBufferevent(worker, key: key, offersH2: offersH2)
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
@@ -145,8 +270,8 @@ final class UpstreamConnection {
         }
     }
 
-    /// Not TLS: the socket carries the payload itself (splice needs that).
-    var isPlainTCP: Bool { ssl == nil }
+    /// Not TLS, not a stream: the socket carries the payload itself (splice needs that).
+    var isPlainTCP: Bool { ssl == nil && originStream == nil }
     var socket: Int32 { bufferevent_getfd(bev) }
 
     /// The splice relay took over this socket: libevent must not read or write it any more.
@@ -215,7 +340,7 @@ final class UpstreamConnection {
     /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`).
     @inline(__always)
     func readMoreIfPending() {
-        guard ssl == nil else { return }
+        guard isPlainTCP else { return }
         let buffered = evbuffer_get_length(input)
         guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
         BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
@@ -319,13 +444,20 @@ final class UpstreamConnection {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
             let fd = bufferevent_getfd(bev)
             if fd >= 0 { dm_set_nodelay(fd) }
-            state = .busy
-            if let timer { event_del(timer) }
-            carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
-            // Plain TCP: EV_WRITE stays off and writes are speculative; TLS keeps libevent's write path.
-            bufferevent_enable(bev, Int16(ssl == nil ? EV_READ : EV_READ | EV_WRITE))
-            guard let owner else { return }
-            if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
+            if offersH2, let ssl {
+                var session: HTTP2OriginSession?
+                if TLSClientContext.negotiatedH2(ssl) {
+                    session = adoptHTTP2()
+                    if session == nil {
+                        fail(.upstreamProtocolError, "\(key.host):\(key.port) chose h2 and no HTTP/2 session could be made")
+                        return
+                    }
+                }
+                connected()
+                worker.originSessions.handshakeFinished(self, session: session, choseHTTP1: session == nil)
+                return
+            }
+            connected()
             return
         }
         switch state {
@@ -378,7 +510,7 @@ final class UpstreamConnection {
 
     /// Writes what is queued for the origin, once connected (plain TCP; TLS writes through libevent).
     func flushPendingWrites() {
-        if ssl == nil, state == .busy || state == .idle || state == .flushing {
+        if isPlainTCP, state == .busy || state == .idle || state == .flushing {
             writer.flush(bev, output: output)
             if state == .flushing && evbuffer_get_length(output) == 0 { close(); return }
         }
@@ -386,7 +518,7 @@ final class UpstreamConnection {
     }
 
     func upstreamWritable() {
-        defer { if state != .closed && ssl == nil { writer.drained(bev, output: output) } }
+        defer { if state != .closed && isPlainTCP { writer.drained(bev, output: output) } }
         switch state {
         case .busy:
             owner?.upstreamWritable(self)
@@ -462,12 +594,19 @@ final class UpstreamConnection {
     func close() {
         guard state != .closed else { return }
         if state == .idle { worker.pool.remove(self) }
+        if awaitingSibling { worker.originSessions.stopWaiting(self) }
+        awaitingSibling = false
+        if offersH2 { worker.originSessions.handshakeFinished(self, session: nil, choseHTTP1: false) }
         state = .closed
         owner = nil
         lookup?.cancel()
         lookup = nil
         if let timer { event_free(timer) }
         timer = nil
+        if let originStream {
+            self.originStream = nil
+            originStream.upstreamReleased()
+        }
         bufferevent_free(bev)
         worker.upstreamClosed(self)
     }
@@ -504,7 +643,8 @@ final class UpstreamPool {
     }
 
     func put(_ connection: UpstreamConnection) {
-        guard idle[connection.key]?.count ?? 0 < maxPerKey, count < maxTotal else {
+        // A stream of an HTTP/2 connection is over with its exchange (the connection itself is shared).
+        guard connection.originStream == nil, idle[connection.key]?.count ?? 0 < maxPerKey, count < maxTotal else {
             connection.close()
             return
         }

@@ -41,6 +41,8 @@ final class Worker {
     let accessLog: AccessLog
     let logger: Logger
     let pool = UpstreamPool()
+    /// HTTP/2 connections to origins that chose h2, shared by this worker's exchanges (SPEC §17).
+    let originSessions = HTTP2OriginPool()
     /// URLs' body lengths seen whole, for what variants and refusals saved (SPEC §13).
     var knownLengths = KnownLengths()
     let shaper: LinkShaper
@@ -182,6 +184,7 @@ final class Worker {
         for client in Array(clients.values) { client.close() }
         pool.closeAll()
         for upstream in Array(upstreams.values) { upstream.close() }
+        originSessions.closeAll()
     }
 
     /// Thread-safe: asks the worker to do something at its next loop iteration.

@@ -1,0 +1,403 @@
+import CDatamodeShims
+import CLibevent
+import DatamodeHTTP
+import DatamodeHTTP2
+
+/// One request of an exchange to an origin that chose h2 (SPEC §17 "Origin side"): the mirror of `HTTP2Stream`.
+///
+/// The exchange does not know: its `UpstreamConnection` is one end of a bufferevent pair instead of a socket, and
+/// this type holds the other end. The HTTP/1.1 request the exchange wrote is read back strictly (`HTTP1Parser`,
+/// `BodyFraming`, `ChunkedElements`), translated (`HTTP2OriginRequestTranslation`) and sent as a stream of the
+/// shared `HTTP2OriginSession`; the origin's answer comes back as an HTTP/1.1 response framed by what the origin said
+/// (`content-length` when it gave one, chunked otherwise, its trailers in the last chunk), so the exchange's own
+/// strict response path reads it and a cut response is never presented as whole: a reset, or the connection lost,
+/// ends the pair before the framing does (`UpstreamConnection.originStreamFailed`).
+///
+/// Backpressure both ways: request bytes are taken from the pair only while the codec's queue for the stream is
+/// below its watermark (`requestBodyDrained` resumes); response bytes are given back to the origin's windows only
+/// once the pair moved them into the exchange's input, whose watermark stops it.
+final class HTTP2OriginStream {
+    /// Held strongly: a closing session outlives the pool's hold for as long as a stream's exchange has not let go.
+    let session: HTTP2OriginSession
+    /// This stream's end of the pair (nil once freed).
+    private var end: OpaquePointer?
+    /// The exchange's side (nil once it let go).
+    private weak var upstream: UpstreamConnection?
+    /// The stream's id once started.
+    private(set) var id: HTTP2StreamID?
+
+    private enum RequestPhase {
+        case head
+        /// Translated, waiting for the origin's concurrency to let it start.
+        case waiting(HTTP2OriginRequest, BodyFraming)
+        case body(BodyFraming, remaining: UInt64, decoder: ChunkedDecoder)
+        /// Sent whole (or given up).
+        case over
+    }
+    private var request = RequestPhase.head
+    /// The method: a response to HEAD has no body whatever its fields say.
+    private var method = ""
+    /// The codec's queue for this stream is full: read no more request bytes until `requestBodyDrained`.
+    private var requestPaused = false
+    /// A request without a body, kept while it may go again: an origin that refuses a stream (REFUSED_STREAM, RFC
+    /// 9113 §8.7: it did nothing with it) gets it again on this connection, at most `Self.maxRetries` times.
+    private var bodyless: (HTTP2OriginRequest, BodyFraming)?
+    private var retries = 0
+    static let maxRetries = 3
+
+    private enum ResponsePhase {
+        case head
+        case body(chunked: Bool)
+        case over
+    }
+    private var response = ResponsePhase.head
+    /// Response body bytes written to the pair and not yet given back to the origin's windows.
+    private var unconsumed = 0
+
+    /// The largest request head read back (the exchange wrote it; its own limits already applied).
+    static let requestLimits = HTTPLimits(requestLine: 64 * 1024, headerSection: 256 * 1024, headerCount: 1000)
+
+    init(session: HTTP2OriginSession, end: OpaquePointer, upstream: UpstreamConnection) {
+        self.session = session
+        self.end = end
+        self.upstream = upstream
+        bufferevent_setcb(end, http2OriginStreamReadCallback, http2OriginStreamWriteCallback, nil, context(self))
+        bufferevent_setwatermark(end, Int16(EV_READ), 0, Flow.highWater)
+        bufferevent_setwatermark(end, Int16(EV_WRITE), 0, 0)
+        bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
+    }
+
+    // MARK: the request
+
+    /// The exchange wrote more of its request.
+    func requestReadable() {
+        guard let end, !requestPaused else { return }
+        let input = bufferevent_get_input(end)!
+        while !requestPaused {
+            switch request {
+            case .head:
+                guard readHead(input) else { return }
+            case .waiting:
+                return
+            case .body(let framing, let remaining, var decoder):
+                guard readBody(input, framing, remaining, &decoder) else { return }
+            case .over:
+                evbuffer_drain(input, evbuffer_get_length(input))
+                return
+            }
+        }
+    }
+
+    private func readHead(_ input: OpaquePointer) -> Bool {
+        let limits = Self.requestLimits
+        let parsed = FrontParse.parse(input, limit: limits.maxRequestHeadBytes, incomplete: .incomplete,
+                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseRequestHead($0, limits: limits)
+        }
+        switch parsed {
+        case .incomplete:
+            return false
+        case .invalid(let error):
+            refuse("the exchange's request head is not valid HTTP/1.1: \(error)")
+            return false
+        case .complete(let head, let length):
+            evbuffer_drain(input, length)
+            method = head.method
+            guard case .success(let framing) = head.bodyFraming() else {
+                refuse("the exchange's request is not framed")
+                return false
+            }
+            let authority = session.key.port == 443 ? session.key.host : "\(session.key.host):\(session.key.port)"
+            switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: authority) {
+            case .failure(let error):
+                refuse("the request cannot go out in HTTP/2: \(error)")
+                return false
+            case .success(let translated):
+                request = .waiting(translated, framing)
+                session.streamReady(self)
+                return true
+            }
+        }
+    }
+
+    /// The session has room for this stream: HEADERS go out, then the body.
+    func start() -> Bool {
+        guard case .waiting(let translated, let framing) = request else { return false }
+        let endStream: Bool
+        switch framing {
+        case .none, .contentLength(0): endStream = true
+        default: endStream = false
+        }
+        do throws(HTTP2SessionError) {
+            id = try session.codec.startRequest(method: translated.method, scheme: "https",
+                                                authority: translated.authority, path: translated.path,
+                                                fields: translated.fields, endStream: endStream)
+        } catch {
+            refuse("the request cannot go out in HTTP/2: \(error)")
+            return false
+        }
+        if endStream {
+            request = .over
+            bodyless = (translated, framing)
+        } else {
+            let remaining: UInt64
+            if case .contentLength(let length) = framing { remaining = length } else { remaining = 0 }
+            request = .body(framing, remaining: remaining,
+                            decoder: ChunkedDecoder(maxLineLength: 4096, maxTrailerSection: Self.requestLimits.headerSection))
+        }
+        requestReadable()
+        return true
+    }
+
+    /// Relays request body bytes; false when more are needed, the codec said stop, or the body is over.
+    private func readBody(_ input: OpaquePointer, _ framing: BodyFraming, _ remaining: UInt64,
+                          _ decoder: inout ChunkedDecoder) -> Bool {
+        switch framing {
+        case .contentLength:
+            let available = evbuffer_get_length(input)
+            guard available > 0 else { return false }
+            let n = Int(min(UInt64(available), remaining))
+            guard send(input, count: n) else { return false }
+            let left = remaining - UInt64(n)
+            request = .body(framing, remaining: left, decoder: decoder)
+            if left == 0 { finishRequest(trailers: []) }
+            return left != 0
+        case .chunked:
+            switch ChunkedElements.next(input, &decoder) {
+            case .data(let n):
+                guard send(input, count: n) else { return false }
+                decoder.consumeData(n)
+                request = .body(framing, remaining: 0, decoder: decoder)
+                return true
+            case .framing:
+                request = .body(framing, remaining: 0, decoder: decoder)
+                return true
+            case .end(let trailers):
+                finishRequest(trailers: HTTP2ResponseTranslation.trailerFields(trailers))
+                return false
+            case .needMore:
+                return false
+            case .invalid(let error):
+                refuse("the exchange's chunked request body is invalid: \(error)")
+                return false
+            }
+        case .none, .untilClose:
+            finishRequest(trailers: [])
+            return false
+        }
+    }
+
+    private func send(_ input: OpaquePointer, count: Int) -> Bool {
+        guard count > 0, let id, let start = evbuffer_pullup(input, count) else { return count == 0 }
+        let more: Bool
+        do throws(HTTP2SessionError) {
+            more = try session.codec.sendRequestBody(id, UnsafeRawBufferPointer(start: start, count: count))
+        } catch {
+            refuse("the request body cannot go out: \(error)")
+            return false
+        }
+        evbuffer_drain(input, count)
+        if !more { requestPaused = true }
+        return true
+    }
+
+    private func finishRequest(trailers: [HTTPField]) {
+        request = .over
+        guard let id else { return }
+        do throws(HTTP2SessionError) {
+            try session.codec.finishRequest(id, trailers: trailers)
+        } catch {
+            refuse("the request end cannot go out: \(error)")
+        }
+    }
+
+    /// The codec's queue for the request body drained: read on.
+    func requestBodyDrained() {
+        guard requestPaused else { return }
+        requestPaused = false
+        requestReadable()
+    }
+
+    /// The request cannot go to the origin as it is: the stream (if started) is reset and the exchange fails.
+    private func refuse(_ detail: String) {
+        request = .over
+        response = .over
+        if let id { session.codec.resetStream(id, code: .internalError) }
+        session.worker.logger.debug("http2 origin stream refused", metadata: ["origin": "\(session.key.host)", "detail": "\(detail)"])
+        upstream?.originStreamFailed(detail, unprocessed: false)
+    }
+
+    // MARK: the response
+
+    func informational(status: Int, fields: [HTTPField]) {
+        guard case .head = response else { return }
+        writeHead(status: status, fields: fields, framing: nil)
+    }
+
+    func responseHead(status: Int, fields: [HTTPField], endStream: Bool) {
+        guard case .head = response else { return }
+        let hasLength = fields.contains { $0.name == "content-length" }
+        if method == "HEAD" || status == 204 || status == 304 {
+            writeHead(status: status, fields: fields, framing: nil)
+            response = .over
+        } else if endStream {
+            writeHead(status: status, fields: fields, framing: hasLength ? nil : "content-length: 0\r\n")
+            response = .over
+        } else if hasLength {
+            writeHead(status: status, fields: fields, framing: nil)
+            response = .body(chunked: false)
+        } else {
+            writeHead(status: status, fields: fields, framing: "transfer-encoding: chunked\r\n")
+            response = .body(chunked: true)
+        }
+    }
+
+    func responseBody(_ bytes: [UInt8]) {
+        guard case .body(let chunked) = response, end != nil else {
+            if let id { session.codec.consumeResponseBody(id, count: bytes.count) }
+            return
+        }
+        guard !bytes.isEmpty else { return }
+        if chunked { write(String(bytes.count, radix: 16) + "\r\n") }
+        bytes.withUnsafeBytes { write($0) }
+        if chunked { write("\r\n") }
+        unconsumed += bytes.count
+    }
+
+    /// END_STREAM: a chunked body gets its last chunk and the trailers (with `content-length` they are dropped:
+    /// HTTP/1.1 carries trailers only in a chunked body, RFC 9110 §6.5 lets a recipient discard them).
+    func responseEnded(trailers: [HTTPField]) {
+        guard case .body(let chunked) = response else { return }
+        response = .over
+        guard chunked else { return }
+        var tail = "0\r\n"
+        for field in trailers where HTTP2ResponseTranslation.problem(with: field) == nil {
+            tail += field.name + ": " + field.value + "\r\n"
+        }
+        tail += "\r\n"
+        write(tail)
+    }
+
+    /// The pair moved what was written into the exchange's input: the origin may send as much again.
+    func responseMovedOn() {
+        guard unconsumed > 0, let id else { return }
+        let count = unconsumed
+        unconsumed = 0
+        session.codec.consumeResponseBody(id, count: count)
+    }
+
+    private func writeHead(status: Int, fields: [HTTPField], framing: String?) {
+        var head = "HTTP/1.1 \(status) \(HTTP2OriginStream.reason(status))\r\n"
+        for field in fields {
+            head += field.name
+            head += ": "
+            head += field.value
+            head += "\r\n"
+        }
+        if let framing { head += framing }
+        head += "\r\n"
+        write(head)
+    }
+
+    private func write(_ text: String) {
+        var text = text
+        text.withUTF8 { write(UnsafeRawBufferPointer($0)) }
+    }
+
+    private func write(_ bytes: UnsafeRawBufferPointer) {
+        guard let end else { return }
+        _ = evbuffer_add(bufferevent_get_output(end), bytes.baseAddress, bytes.count)
+    }
+
+    /// A reason phrase for the status line the exchange reads (HTTP/2 has none; RFC 9112 §4 lets it be anything).
+    static func reason(_ status: Int) -> String {
+        switch status {
+        case 100: "Continue"
+        case 103: "Early Hints"
+        case 200: "OK"
+        case 201: "Created"
+        case 202: "Accepted"
+        case 204: "No Content"
+        case 206: "Partial Content"
+        case 301: "Moved Permanently"
+        case 302: "Found"
+        case 304: "Not Modified"
+        case 307: "Temporary Redirect"
+        case 308: "Permanent Redirect"
+        case 400: "Bad Request"
+        case 403: "Forbidden"
+        case 404: "Not Found"
+        case 429: "Too Many Requests"
+        case 500: "Internal Server Error"
+        case 502: "Bad Gateway"
+        case 503: "Service Unavailable"
+        default: "Status"
+        }
+    }
+
+    // MARK: ends
+
+    /// The codec closed the stream. A response not complete by then was cut (a reset, or the origin's GOAWAY left
+    /// it unprocessed): what was written reaches the exchange, then the exchange hears the break.
+    func closed(_ end: HTTP2StreamEnd) {
+        id = nil
+        request = .over
+        let headWritten: Bool
+        switch response {
+        case .over: return
+        case .head: headWritten = false
+        case .body: headWritten = true
+        }
+        response = .over
+        let detail: String
+        var unprocessed = false
+        switch end {
+        case .completed:
+            detail = "the origin ended the HTTP/2 stream before its response was complete"
+        case .resetByClient(let code):
+            detail = "the origin reset the HTTP/2 stream (\(code))"
+            // REFUSED_STREAM (RFC 9113 §8.7): the origin did nothing with it; it may go again.
+            unprocessed = code == .refusedStream && !headWritten
+            if unprocessed, case let (translated, framing)? = bodyless, retries < Self.maxRetries, upstream != nil {
+                retries += 1
+                response = .head
+                request = .waiting(translated, framing)
+                session.streamReady(self)
+                return
+            }
+        case .resetByProxy(let code):
+            detail = "the origin's response broke HTTP/2's rules; the stream was reset (\(code))"
+        }
+        breakOff(detail, unprocessed: unprocessed)
+    }
+
+    /// The connection is gone: a stream that never started was not processed (it may be retried elsewhere).
+    func connectionClosed(_ detail: String) {
+        let started = id != nil
+        id = nil
+        request = .over
+        if case .over = response { return }
+        response = .over
+        breakOff(detail, unprocessed: !started)
+    }
+
+    private func breakOff(_ detail: String, unprocessed: Bool) {
+        if let end { bufferevent_flush(end, Int16(EV_WRITE), BEV_FLUSH) }
+        upstream?.originStreamFailed(detail, unprocessed: unprocessed)
+    }
+
+    /// The exchange let go of its end (its exchange is over, or it gave up): a stream still open is cancelled.
+    func upstreamReleased() {
+        upstream = nil
+        if let id {
+            self.id = nil
+            session.codec.resetStream(id, code: .cancel)
+        }
+        request = .over
+        response = .over
+        session.streamReleased(self)
+        guard let end else { return }
+        self.end = nil
+        bufferevent_free(end)
+    }
+}

@@ -1,0 +1,261 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An HTTP/2-only TLS origin (ALPN `h2`) for SPEC §17's origin side, in Python with the `h2` package (PyPI, installed
+/// by `scripts/bootstrap.sh --test`): an implementation that is not the proxy's (nghttp2), with the answers a test
+/// needs and the misbehaviour a real origin may show. A fresh self-signed certificate for `localhost` and 127.0.0.1,
+/// to trust with `SSL_CERT_FILE`. It takes `maxConcurrentStreams` streams at once (its SETTINGS) and counts what it
+/// saw: `GET /stats` → `{"connections", "maxOpen", "streams"}`.
+///
+/// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
+/// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
+/// `/trailers`, `/early-hints` (103 then 200), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
+/// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/refuse-once` (REFUSED_STREAM the first time on
+/// each connection), `/bad-response` (a `connection` field in the response: malformed in HTTP/2).
+public final class H2Origin: @unchecked Sendable {
+    public let directory: String
+    public let certificatePath: String
+    public let port: UInt16
+    private let process: Process
+    private let logPath: String
+
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public init(directory: String, maxConcurrentStreams: Int = 100) throws {
+        self.directory = directory
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        certificatePath = directory + "/h2-cert.pem"
+        let keyPath = directory + "/h2-key.pem"
+        let generated = try ExternalCommand.run("/usr/bin/openssl", [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyPath, "-out", certificatePath,
+        ])
+        guard generated.status == 0 else { throw Failure(description: "openssl req failed: \(generated.output)") }
+        let scriptPath = directory + "/h2origin.py"
+        try Self.script.write(toFile: scriptPath, atomically: true, encoding: .utf8)
+        logPath = directory + "/h2origin.log"
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        process = Process()
+        // `python3` on PATH: the one `scripts/bootstrap.sh --test` installed `h2` for.
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", "-u", scriptPath, certificatePath, keyPath, String(maxConcurrentStreams)]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle(forWritingAtPath: logPath)
+        process.standardError = FileHandle(forWritingAtPath: logPath)
+        try process.run()
+        let deadline = Date().addingTimeInterval(20)
+        var found: UInt16?
+        while found == nil && Date() < deadline {
+            let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+            if let line = log.split(separator: "\n").first(where: { $0.hasPrefix("PORT ") }) {
+                found = UInt16(line.dropFirst(5))
+            }
+            if found == nil {
+                guard process.isRunning else { break }
+                usleep(20_000)
+            }
+        }
+        guard let found else {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            throw Failure(description: "the h2 origin did not start: \((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "")")
+        }
+        port = found
+    }
+
+    public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    public func stop() {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    deinit { stop() }
+
+    /// The pattern `/stream/N` sends: byte i is `(i * 31 + 7) mod 256`.
+    public static func patternByte(_ i: Int) -> UInt8 { UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
+
+    static let script = #"""
+import json, select, socket, ssl, sys, threading
+import h2.config, h2.connection, h2.events, h2.errors, h2.settings
+
+cert, key, max_streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stats = {"connections": 0, "maxOpen": 0, "streams": 0}
+lock = threading.Lock()
+
+def pattern(n):
+    return bytes(((i * 31 + 7) & 0xff) for i in range(n))
+
+class Connection:
+    def __init__(self, sock):
+        self.sock = sock
+        config = h2.config.H2Configuration(client_side=False, validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
+        self.conn = h2.connection.H2Connection(config=config)
+        self.requests = {}      # stream id -> (headers, body bytearray)
+        self.pending = {}       # stream id -> [bytes left, then action after: None | ("trailers", list) | ("reset", code)]
+        self.refused = False
+        self.open = set()
+
+    def send(self):
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def run(self):
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
+        self.conn.initiate_connection()
+        self.send()
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except (ConnectionError, ssl.SSLError, OSError):
+                return
+            if not data:
+                return
+            try:
+                events = self.conn.receive_data(data)
+            except h2.exceptions.ProtocolError as error:
+                print("protocol error", error, flush=True)
+                self.send()
+                return
+            for event in events:
+                self.handle(event)
+            self.flush_bodies()
+            self.send()
+
+    def handle(self, event):
+        if isinstance(event, h2.events.RequestReceived):
+            sid = event.stream_id
+            self.open.add(sid)
+            with lock:
+                stats["streams"] += 1
+                stats["maxOpen"] = max(stats["maxOpen"], len(self.open))
+            self.requests[sid] = (event.headers, bytearray())
+            if event.stream_ended:
+                self.respond(sid)
+        elif isinstance(event, h2.events.DataReceived):
+            if event.stream_id in self.requests:
+                self.requests[event.stream_id][1].extend(event.data)
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            if event.stream_id in self.requests:
+                self.respond(event.stream_id)
+        elif isinstance(event, (h2.events.StreamReset,)):
+            self.pending.pop(event.stream_id, None)
+            self.open.discard(event.stream_id)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            pass
+
+    def finish(self, sid):
+        self.open.discard(sid)
+
+    def respond(self, sid):
+        headers, body = self.requests.pop(sid)
+        fields = {}
+        for name, value in headers:
+            name = name.decode() if isinstance(name, bytes) else name
+            value = value.decode() if isinstance(value, bytes) else value
+            fields.setdefault(name, value)
+        path = fields.get(":path", "/").split("?")[0]
+        names = ",".join(n.decode() if isinstance(n, bytes) else n for n, _ in headers)
+        if path == "/hello":
+            payload = b"hello over h2\n"
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),
+                                         ("x-request-fields", names), ("x-authority", fields.get(":authority", ""))])
+            self.queue(sid, payload, None)
+        elif path.startswith("/stream/"):
+            self.conn.send_headers(sid, [(":status", "200"), ("content-type", "application/octet-stream")])
+            self.queue(sid, pattern(int(path.split("/")[2])), None)
+        elif path == "/echo":
+            self.conn.send_headers(sid, [(":status", "200"), ("x-request-fields", names)])
+            self.queue(sid, bytes(body), ("trailers", [("x-body-length", str(len(body)))]))
+        elif path == "/trailers":
+            self.conn.send_headers(sid, [(":status", "200")])
+            self.queue(sid, b"body before trailers\n", ("trailers", [("x-checksum", "c0ffee")]))
+        elif path == "/early-hints":
+            self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", "6")])
+            self.queue(sid, b"early\n", None)
+        elif path.startswith("/reset-after/"):
+            self.conn.send_headers(sid, [(":status", "200")])
+            self.queue(sid, pattern(int(path.split("/")[2])), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))
+        elif path.startswith("/cut-length/"):
+            n = int(path.split("/")[2])
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(2 * n))])
+            self.queue(sid, pattern(n), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))
+        elif path == "/refuse-once":
+            if not self.refused:
+                self.refused = True
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+                self.finish(sid)
+                return
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", "9")])
+            self.queue(sid, b"accepted\n", None)
+        elif path == "/bad-response":
+            self.conn.send_headers(sid, [(":status", "200"), ("connection", "close"), ("content-length", "4")])
+            self.queue(sid, b"bad\n", None)
+        elif path == "/stats":
+            with lock:
+                payload = json.dumps(stats).encode()
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))])
+            self.queue(sid, payload, None)
+        else:
+            self.conn.send_headers(sid, [(":status", "404"), ("content-length", "0")], end_stream=True)
+            self.finish(sid)
+
+    def queue(self, sid, payload, after):
+        self.pending[sid] = [bytes(payload), after]
+
+    def flush_bodies(self):
+        for sid in list(self.pending):
+            payload, after = self.pending[sid]
+            while payload:
+                window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+                if window <= 0:
+                    break
+                chunk, payload = payload[:window], payload[window:]
+                self.conn.send_data(sid, chunk)
+            self.pending[sid][0] = payload
+            if payload:
+                continue
+            del self.pending[sid]
+            if after is None:
+                self.conn.end_stream(sid)
+            elif after[0] == "trailers":
+                self.conn.send_headers(sid, after[1], end_stream=True)
+            else:
+                self.conn.reset_stream(sid, after[1])
+            self.finish(sid)
+
+def serve(raw):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    try:
+        sock = context.wrap_socket(raw, server_side=True)
+    except (ssl.SSLError, OSError):
+        return
+    with lock:
+        stats["connections"] += 1
+    try:
+        Connection(sock).run()
+    finally:
+        sock.close()
+
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", 0))
+listener.listen(128)
+print("PORT %d" % listener.getsockname()[1], flush=True)
+while True:
+    raw, _ = listener.accept()
+    threading.Thread(target=serve, args=(raw,), daemon=True).start()
+"""#
+}

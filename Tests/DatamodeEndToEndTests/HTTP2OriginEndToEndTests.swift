@@ -1,0 +1,253 @@
+import DatamodeTestSupport
+import Foundation
+import Testing
+
+/// HTTP/2 to origins (SPEC §17 "Origin side") through the real binary: the proxy offers `h2, http/1.1` to TLS origins
+/// and speaks h2 to the ones that choose it, sharing one connection within the origin's concurrency. The origins are
+/// `H2Origin` (Python `h2`, h2 only) and `nghttpd` (Debian's nghttp2-server), the HTTP/1.1 one `HTTPSOrigin`; the
+/// clients curl with `--http1.1` (HTTP/1.1 ↔ h2) and `--http2` (h2 ↔ h2).
+@Suite struct HTTP2OriginEndToEndTests {
+    final class Rig {
+        let directory: String
+        let origin: H2Origin
+        let http1Origin: HTTPSOrigin
+        let proxy: ProxyProcess
+
+        init(_ extra: String = "", maxConcurrentStreams: Int = 100) throws {
+            directory = try ScratchDirectory.make("datamode-h2-origin")
+            origin = try H2Origin(directory: directory + "/h2", maxConcurrentStreams: maxConcurrentStreams)
+            http1Origin = try HTTPSOrigin(directory: directory + "/h1")
+            try http1Origin.publish("small/hero.jpg", Array("small hero from http/1.1\n".utf8))
+            // One trust bundle for both origins' self-signed certificates.
+            let bundle = directory + "/origins.pem"
+            let certificates = try String(contentsOfFile: origin.certificatePath, encoding: .utf8)
+                + String(contentsOfFile: http1Origin.certificatePath, encoding: .utf8)
+            try certificates.write(toFile: bundle, atomically: true, encoding: .utf8)
+            proxy = try ProxyProcess(config: """
+                connect: {ports: [443, \(origin.port), \(http1Origin.port)]}
+                tls: {intercept: [localhost]}
+                \(extra)
+                """, environment: ["SSL_CERT_FILE": bundle], directory: directory + "/proxy")
+        }
+
+        deinit {
+            proxy.stop()
+            origin.stop()
+            http1Origin.stop()
+            ScratchDirectory.remove(directory)
+        }
+
+        var caPath: String { proxy.stateDirectory + "/ca.pem" }
+        func url(_ path: String) -> String { "https://localhost:\(origin.port)\(path)" }
+
+        func curl(_ arguments: [String], http: String) throws -> ExternalCommand.Result {
+            try ExternalCommand.run("/usr/bin/curl", ["-sS", "--max-time", "30", "--suppress-connect-headers",
+                                                      "-x", "http://127.0.0.1:\(proxy.port)", http, "--cacert", caPath]
+                                        + arguments, timeout: 60)
+        }
+
+        func metrics() throws -> MetricsScrape { try AdminAPIClient(port: proxy.adminPort).scrape() }
+
+        /// What the origin counted (straight to it, not through the proxy).
+        func originStats() throws -> [String: Int] {
+            let result = try ExternalCommand.run("/usr/bin/curl", ["-sS", "--http2", "--cacert", origin.certificatePath,
+                                                                   url("/stats")], timeout: 30)
+            let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Int]
+            return object ?? [:]
+        }
+    }
+
+    static let clients = ["--http1.1", "--http2"]
+
+    /// HTTP/1.1 ↔ h2 and h2 ↔ h2: the request arrives translated strictly (`:authority`, no connection-specific field),
+    /// tagged as every forwarded request is; the answer comes back whole.
+    @Test(arguments: clients)
+    func aClientOfEitherVersionReachesAnH2Origin(http: String) throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-i", rig.url("/hello")], http: http)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.contains(" 200"), "\(result.stdout)")
+        #expect(result.stdout.hasSuffix("hello over h2\n"), "\(result.stdout)")
+        var fields = ""
+        for line in result.stdout.replacingOccurrences(of: "\r", with: "").components(separatedBy: "\n") where line.lowercased().hasPrefix("x-request-fields:") {
+            fields = line.dropFirst("x-request-fields:".count).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let names = fields.split(separator: ",").map(String.init)
+        #expect(names.starts(with: [":method", ":scheme", ":authority", ":path"]), "\(names)")
+        for forbidden in ["host", "connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade"] {
+            #expect(!names.contains(forbidden), "\(forbidden) must not reach an h2 origin: \(names)")
+        }
+        #expect(names.contains("allow-constrained") && names.contains("allow-expensive"), "tags forwarded: \(names)")
+        #expect(result.stdout.lowercased().contains("x-authority: localhost:\(rig.origin.port)"), "\(result.stdout)")
+        let metrics = try rig.metrics()
+        #expect(metrics.counter("datamode_http2_connections_active", ["side": "origin"]) == 1)
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 1)
+        let gets = rig.proxy.accessLog.filter { $0["method"] as? String == "GET" }
+        #expect(gets.count == 1 && gets[0]["status"] as? Int == 200, "\(gets)")
+    }
+
+    /// SPEC §17: requests to an h2 origin share one connection up to its SETTINGS_MAX_CONCURRENT_STREAMS, further ones
+    /// waiting their turn — 24 streams at once, an origin that takes 2: one connection, never more than 2 open, every
+    /// body byte-exact.
+    @Test func requestsShareOneConnectionWithinTheOriginsConcurrency() throws {
+        let rig = try Rig(maxConcurrentStreams: 2)
+        let size = 100_000
+        var arguments = ["--parallel", "--parallel-max", "24", "-w", "%{http_code} %{size_download}\n"]
+        for i in 0..<24 { arguments += ["-o", rig.directory + "/body\(i).bin", rig.url("/stream/\(size)?n=\(i)")] }
+        let result = try rig.curl(arguments, http: "--http2")
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.split(separator: "\n").filter { $0 == "200 \(size)" }.count == 24, "\(result.stdout)")
+        for i in 0..<24 {
+            let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/body\(i).bin"))
+            #expect(got.count == size && got.enumerated().allSatisfy { $0.element == H2Origin.patternByte($0.offset) })
+        }
+        let stats = try rig.originStats()
+        // The stats request itself is the origin's one other connection.
+        #expect(stats["connections"] == 2, "one connection from the proxy: \(stats)")
+        #expect((stats["maxOpen"] ?? 99) <= 2, "never more than the origin's limit: \(stats)")
+        #expect(try rig.metrics().counter("datamode_http2_streams_total", ["side": "origin"]) == 24)
+    }
+
+    /// nghttpd (nghttp2's own server, Debian nghttp2-server) as the origin, nghttp-independent client curl: files
+    /// byte-exact over one shared connection.
+    @Test func nghttpdServesThroughTheProxy() throws {
+        let directory = try ScratchDirectory.make("datamode-nghttpd")
+        defer { ScratchDirectory.remove(directory) }
+        let docs = directory + "/docs"
+        try FileManager.default.createDirectory(atPath: docs, withIntermediateDirectories: true)
+        let file = (0..<1_000_000).map { H2Origin.patternByte($0) }
+        try Data(file).write(to: URL(fileURLWithPath: docs + "/file.bin"))
+        let certificate = directory + "/cert.pem", key = directory + "/key.pem"
+        let made = try ExternalCommand.run("/usr/bin/openssl", [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key, "-out", certificate,
+        ])
+        try #require(made.status == 0, "\(made.output)")
+        let port = try LoopbackPort.refusingConnections()
+        let nghttpd = Process()
+        nghttpd.executableURL = URL(fileURLWithPath: "/usr/sbin/nghttpd")
+        nghttpd.arguments = ["--htdocs=" + docs, "--address=127.0.0.1", "--max-concurrent-streams=4", String(port), key, certificate]
+        nghttpd.standardOutput = FileHandle.nullDevice
+        nghttpd.standardError = FileHandle.nullDevice
+        try nghttpd.run()
+        defer { kill(nghttpd.processIdentifier, SIGKILL); nghttpd.waitUntilExit() }
+        let proxy = try ProxyProcess(config: """
+            connect: {ports: [\(port)]}
+            tls: {intercept: [localhost]}
+            """, environment: ["SSL_CERT_FILE": certificate], directory: directory + "/proxy")
+        defer { proxy.stop() }
+        var arguments = ["-sS", "--max-time", "30", "-x", "http://127.0.0.1:\(proxy.port)", "--cacert",
+                         proxy.stateDirectory + "/ca.pem", "--http2", "--parallel", "-w", "%{http_code} %{size_download}\n"]
+        for i in 0..<8 { arguments += ["-o", directory + "/got\(i).bin", "https://localhost:\(port)/file.bin?\(i)"] }
+        let result = try ExternalCommand.run("/usr/bin/curl", arguments, timeout: 60)
+        #expect(result.stdout.split(separator: "\n").filter { $0 == "200 1000000" }.count == 8, "\(result.output)")
+        for i in 0..<8 {
+            #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/got\(i).bin")) == Data(file))
+        }
+        let metrics = try AdminAPIClient(port: proxy.adminPort).scrape()
+        #expect(metrics.counter("datamode_http2_connections_active", ["side": "origin"]) == 1)
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 8)
+    }
+
+    /// 5 MB up and back over an h2 origin, from clients of both versions, byte-exact; the origin's trailer arrives.
+    @Test(arguments: clients)
+    func fiveMegabytesUpAndBackAreByteExact(http: String) throws {
+        let rig = try Rig()
+        let size = 5 * 1024 * 1024
+        let upload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 9) }
+        try Data(upload).write(to: URL(fileURLWithPath: rig.directory + "/up.bin"))
+        // With a length, and (HTTP/1.1) chunked.
+        var variants = [["--data-binary", "@" + rig.directory + "/up.bin"]]
+        if http == "--http1.1" { variants.append(["-H", "Transfer-Encoding: chunked", "--data-binary", "@" + rig.directory + "/up.bin"]) }
+        for variant in variants {
+            let result = try rig.curl(variant + ["-D", rig.directory + "/heads.txt", "-o", rig.directory + "/back.bin",
+                                                 "-w", "%{http_code} %{size_download}", rig.url("/echo")], http: http)
+            #expect(result.stdout == "200 \(size)", "\(result.output)")
+            #expect(try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/back.bin")) == Data(upload))
+            let heads = try String(contentsOfFile: rig.directory + "/heads.txt", encoding: .utf8)
+            #expect(heads.contains("x-body-length: \(size)"), "the origin's trailer: \(heads)")
+        }
+    }
+
+    /// A 103 before the answer and trailers after it, relayed to an HTTP/1.1 client (chunked) and an h2 client.
+    @Test(arguments: clients)
+    func earlyHintsAndTrailersAreRelayed(http: String) throws {
+        let rig = try Rig()
+        let hints = try rig.curl(["-D", rig.directory + "/hints.txt", rig.url("/early-hints")], http: http)
+        #expect(hints.stdout == "early\n", "\(hints.output)")
+        let heads = try String(contentsOfFile: rig.directory + "/hints.txt", encoding: .utf8)
+        #expect(heads.contains(" 103") && heads.contains("</style.css>; rel=preload"), "\(heads)")
+        let trailers = try rig.curl(["-D", rig.directory + "/trailers.txt", rig.url("/trailers")], http: http)
+        #expect(trailers.stdout == "body before trailers\n", "\(trailers.output)")
+        let tail = try String(contentsOfFile: rig.directory + "/trailers.txt", encoding: .utf8)
+        #expect(tail.contains("x-checksum: c0ffee"), "\(tail)")
+    }
+
+    /// No truncation is sealed as complete: a stream the origin resets mid-body, or cuts short of its
+    /// `content-length`, ends the client's response as broken (HTTP/1.1: no last chunk / short body and a close;
+    /// h2: the stream reset), and the access log says so.
+    @Test(arguments: [("/reset-after/300000", "--http1.1"), ("/reset-after/300000", "--http2"),
+                      ("/cut-length/100000", "--http1.1"), ("/cut-length/100000", "--http2")])
+    func aResetOrCutResponseIsNeverPresentedAsWhole(path: String, http: String) throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-o", rig.directory + "/cut.bin", "-w", "%{http_code}", rig.url(path)], http: http)
+        #expect(result.status != 0, "a cut body must not look complete: \(result.output)")
+        let line = rig.proxy.accessLog.first { $0["method"] as? String == "GET" }
+        #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
+        // The proxy is fine afterwards: the next request over the same origin connection works.
+        let next = try rig.curl([rig.url("/hello")], http: http)
+        #expect(next.stdout == "hello over h2\n", "\(next.output)")
+    }
+
+    /// An origin's REFUSED_STREAM (RFC 9113 §8.7: nothing was done) sends the request again: the client never sees it.
+    @Test func aRefusedStreamIsSentAgain() throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-i", rig.url("/refuse-once")], http: "--http1.1")
+        #expect(result.stdout.contains(" 200") && result.stdout.hasSuffix("accepted\n"), "\(result.output)")
+    }
+
+    /// Strict translation of responses (the downgrade class, SPEC §17): a connection-specific field in an h2 response
+    /// is malformed — the stream is reset, nothing of it is forwarded, the client gets a 502, the error is counted.
+    @Test(arguments: clients)
+    func aMalformedResponseIsNeverForwarded(http: String) throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-i", rig.url("/bad-response")], http: http)
+        #expect(result.stdout.contains(" 502"), "\(result.output)")
+        #expect(result.stdout.contains("upstream-protocol-error"), "\(result.output)")
+        #expect(!result.stdout.contains("bad\n"), "\(result.output)")
+        #expect(try rig.metrics().counter("datamode_http2_errors_total", ["side": "origin", "reason": "protocol-error"]) == 1)
+    }
+
+    /// The whole policy path over h2 to the origin: a constrained-mode refusal never reaches it; a variant may send a
+    /// stream to another origin, here an HTTP/1.1 one, behind the same h2 client connection (h2 ↔ h2 and
+    /// h2 ↔ HTTP/1.1 on one client connection).
+    @Test func refusalsAndAVariantToAnHTTP1OriginShareOneClientConnection() throws {
+        let rig = try Rig("""
+            mode: constrained
+            rules:
+              - {name: video, match: {path: "*.mp4"}, tags: {allow-constrained: false}}
+            """)
+        let admin = AdminAPIClient(port: rig.proxy.adminPort)
+        #expect(try admin.putVariant("hero-small", ["match": rig.url("/img/*.jpg"),
+                                                    "target": "https://localhost:\(rig.http1Origin.port)/small/$1.jpg",
+                                                    "when": "constrained"]).status < 300)
+        let result = try rig.curl(["-i", rig.url("/hello"), rig.url("/movie.mp4"), rig.url("/img/hero.jpg"),
+                                   "-w", "connects=%{num_connects}\n"], http: "--http2")
+        #expect(result.status == 0, "\(result.output)")
+        let parts = result.stdout.components(separatedBy: "HTTP/2 ").dropFirst().map { "HTTP/2 " + $0 }
+        try #require(parts.count == 3, "\(result.stdout)")
+        #expect(parts[0].hasPrefix("HTTP/2 200") && parts[0].contains("hello over h2\n"), "\(parts[0])")
+        #expect(parts[1].hasPrefix("HTTP/2 403") && parts[1].contains("\"error\":\"constrained\""), "\(parts[1])")
+        #expect(parts[2].hasPrefix("HTTP/2 200") && parts[2].contains("small hero from http/1.1\n"), "\(parts[2])")
+        #expect(result.stdout.components(separatedBy: "connects=0").count == 3, "one client connection: \(result.stdout)")
+        let stats = try rig.originStats()
+        #expect(stats["streams"] == 2, "the refused request never reached the origin (hello + stats): \(stats)")
+    }
+
+    /// `http2: {upstream: false}`: nothing is offered to origins; an h2-only origin is then not spoken to in h2.
+    @Test func upstreamOffIsHonoured() throws {
+        let rig = try Rig("http2: {upstream: false}")
+        _ = try rig.curl([rig.url("/hello")], http: "--http1.1")
+        #expect(try rig.metrics().counter("datamode_http2_streams_total", ["side": "origin"]) == 0)
+    }
+}
