@@ -13,6 +13,7 @@
 ///   framing or routing field;
 /// - events come in a possible order (no body after the end, no second request on a stream);
 /// - the output is whole frames.
+/// Inputs whose first byte has its high bit set go to the origin side instead (`OriginSide.swift`).
 import DatamodeHTTP
 import DatamodeHTTP2
 
@@ -21,6 +22,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     guard size >= 1 else { return 0 }
     let input = UnsafeBufferPointer(start: data, count: size)
     let piece = Int(input[0] % 64) == 0 ? size : Int(input[0] % 64)
+    if input[0] & 0x80 != 0 {
+        fuzzOriginSide(input, piece: piece)
+        return 0
+    }
     var clock: UInt64 = 0
     // Small limits so that short inputs reach every one.
     let configuration = HTTP2ServerConfiguration(
