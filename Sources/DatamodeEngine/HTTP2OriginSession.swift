@@ -310,8 +310,13 @@ final class HTTP2OriginPool {
     /// The session a new exchange to `key` uses: the oldest with room under its concurrency (so few connections
     /// carry the load and the rest go idle), else the one with the shortest wait.
     func session(for key: UpstreamKey) -> HTTP2OriginSession? {
-        guard let candidates = sessions[key]?.filter(\.acceptsStreams), !candidates.isEmpty else { return nil }
-        return candidates.first { $0.load < $0.concurrency } ?? candidates.min { $0.load < $1.load }
+        guard let candidates = sessions[key] else { return nil }
+        var shortest: HTTP2OriginSession?
+        for session in candidates where session.acceptsStreams {
+            if session.load < session.concurrency { return session }
+            if shortest == nil || session.load < shortest!.load { shortest = session }
+        }
+        return shortest
     }
 
     func closeAll() {

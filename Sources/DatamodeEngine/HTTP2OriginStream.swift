@@ -131,7 +131,7 @@ final class HTTP2OriginStream {
         do throws(HTTP2SessionError) {
             id = try session.codec.startRequest(method: translated.method, scheme: "https",
                                                 authority: translated.authority, path: translated.path,
-                                                fields: translated.fields, endStream: endStream)
+                                                fields: translated.fields, endStream: endStream, checked: true)
         } catch {
             refuse("the request cannot go out in HTTP/2: \(error)")
             return false

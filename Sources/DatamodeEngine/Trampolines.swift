@@ -127,7 +127,9 @@ let clientShapingTimerCallback: event_callback_fn = { _, _, ctx in
 // MARK: HTTP/2 client side (SPEC §17)
 
 // An HTTP/2 connection's wire (the same TLS bufferevent its HTTP/1 session had) and each stream's end of its pair.
-// Every callback ends with `flushOutput()`: what the streams and the codec queued goes to the wire before the loop.
+// Every wire callback ends with `flushOutput()`: what the streams and the codec queued goes to the wire before the
+// loop. A stream's callbacks only schedule it (`scheduleFlush`), so the frames of every stream that moved in one loop
+// iteration leave in one write rather than one write (and one TLS record) each.
 
 let http2ReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2ReadCallback")
@@ -168,7 +170,7 @@ let http2StreamReadCallback: bufferevent_data_cb = { _, ctx in
     let stream = owner(ctx, as: HTTP2Stream.self)
     let session = stream.connection
     stream.responseReadable()
-    session.flushOutput()
+    session.scheduleFlush()
 }
 let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2StreamWriteCallback")
@@ -176,13 +178,13 @@ let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
     let stream = owner(ctx, as: HTTP2Stream.self)
     let session = stream.connection
     stream.requestBodyMovedOn()
-    session.flushOutput()
+    session.scheduleFlush()
 }
 
 // MARK: HTTP/2 origin side (SPEC §17)
 
 // An HTTP/2 connection to an origin (the TLS bufferevent its first upstream connection had) and each stream's end of
-// its pair. Every callback ends with `flushOutput()`: what the streams and the codec queued goes to the wire.
+// its pair, flushed as the client side's are (the wire's callbacks flush, the streams' schedule one flush).
 
 let http2OriginReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2OriginReadCallback")
@@ -217,7 +219,7 @@ let http2OriginStreamReadCallback: bufferevent_data_cb = { _, ctx in
     let stream = owner(ctx, as: HTTP2OriginStream.self)
     let session = stream.session
     stream.requestReadable()
-    session.flushOutput()
+    session.scheduleFlush()
 }
 let http2OriginStreamWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2OriginStreamWriteCallback")
@@ -225,7 +227,7 @@ let http2OriginStreamWriteCallback: bufferevent_data_cb = { _, ctx in
     let stream = owner(ctx, as: HTTP2OriginStream.self)
     let session = stream.session
     stream.responseMovedOn()
-    session.flushOutput()
+    session.scheduleFlush()
 }
 
 let heldRequestsTimerCallback: event_callback_fn = { _, _, ctx in

@@ -75,9 +75,12 @@ extension HTTP2ClientSession {
         guard let valueText = HTTP2RequestBuilder.validValue(value) else {
             return malformed(id, "invalid value for \(nameText)")
         }
-        let field = HTTPField(name: nameText, value: valueText)
-        if let problem = HTTP2ResponseTranslation.problem(with: field) { return malformed(id, problem) }
-        streams[id]!.fields.append(field)
+        // The value was checked just above; the name as `problem(with:)` checks names.
+        guard !name.isEmpty, name.allSatisfy(HTTP2RequestBuilder.isLowercaseTchar) else {
+            return malformed(id, "field name \"\(nameText)\" is not a lowercase token")
+        }
+        if HTTP2ResponseTranslation.isConnectionSpecific(nameText) { return malformed(id, "connection-specific field \(nameText)") }
+        streams[id]!.fields.append(HTTPField(name: nameText, value: valueText))
         return 0
     }
 

@@ -162,11 +162,12 @@ public final class HTTP2ClientSession {
     // MARK: - Requests
 
     /// Starts a request; the fields must already be HTTP/2's (lowercase, no connection-specific field, no `host`:
-    /// `authority` is it). `endStream`: no body. Returns the stream id.
+    /// `authority` is it), and are checked unless `checked` says the caller did (`HTTP2OriginRequestTranslation`).
+    /// `endStream`: no body. Returns the stream id.
     public func startRequest(method: String, scheme: String, authority: String, path: String, fields: [HTTPField],
-                             endStream: Bool) throws(HTTP2SessionError) -> HTTP2StreamID {
+                             endStream: Bool, checked: Bool = false) throws(HTTP2SessionError) -> HTTP2StreamID {
         guard canStartStream else { throw .connectionClosed }
-        for field in fields {
+        for field in fields where !checked {
             if let problem = HTTP2ResponseTranslation.problem(with: field) { throw .invalidField(problem) }
             if field.name == "host" { throw .invalidField("host is :authority in HTTP/2") }
         }
