@@ -12,7 +12,8 @@ import Glibc
 /// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
 /// `/trailers`, `/early-hints` (103 then 200), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
-/// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/refuse-once` (REFUSED_STREAM the first time on
+/// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
+/// connection closed), `/refuse-once` (REFUSED_STREAM the first time on
 /// each connection), `/bad-response` (a `connection` field in the response: malformed in HTTP/2).
 public final class H2Origin: @unchecked Sendable {
     public let directory: String
@@ -125,10 +126,13 @@ class Connection:
                 print("protocol error", error, flush=True)
                 self.send()
                 return
-            for event in events:
-                self.handle(event)
-            self.flush_bodies()
-            self.send()
+            try:
+                for event in events:
+                    self.handle(event)
+                self.flush_bodies()
+                self.send()
+            except ConnectionError:
+                return
 
     def handle(self, event):
         if isinstance(event, h2.events.RequestReceived):
@@ -190,6 +194,9 @@ class Connection:
             n = int(path.split("/")[2])
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(2 * n))])
             self.queue(sid, pattern(n), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))
+        elif path.startswith("/close-after/"):
+            self.conn.send_headers(sid, [(":status", "200")])
+            self.queue(sid, pattern(int(path.split("/")[2])), ("close", None))
         elif path == "/refuse-once":
             if not self.refused:
                 self.refused = True
@@ -230,6 +237,11 @@ class Connection:
                 self.conn.end_stream(sid)
             elif after[0] == "trailers":
                 self.conn.send_headers(sid, after[1], end_stream=True)
+            elif after[0] == "close":
+                # The connection lost mid-body: no END_STREAM, no RST_STREAM, no GOAWAY.
+                self.send()
+                self.sock.shutdown(socket.SHUT_RDWR)
+                raise ConnectionError("closed on purpose")
             else:
                 self.conn.reset_stream(sid, after[1])
             self.finish(sid)

@@ -23,6 +23,21 @@ public enum ProcessProbe {
         return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
     }
 
+    /// `VmHWM` from `/proc/PID/status` (the peak resident set since start or `resetPeakResident`), in KiB.
+    public static func peakResidentKiB(_ pid: Int32) -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }) else { return nil }
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    }
+
+    /// Starts `VmHWM` again from the current resident set (`clear_refs` 5, proc(5)); false when not allowed.
+    @discardableResult
+    public static func resetPeakResident(_ pid: Int32) -> Bool {
+        guard let handle = FileHandle(forWritingAtPath: "/proc/\(pid)/clear_refs") else { return false }
+        defer { try? handle.close() }
+        return (try? handle.write(contentsOf: Data("5".utf8))) != nil
+    }
+
     /// utime + stime from `/proc/PID/stat`, in seconds.
     public static func cpuSeconds(_ pid: Int32) -> Double? {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),

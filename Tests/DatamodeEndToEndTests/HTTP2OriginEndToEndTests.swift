@@ -187,16 +187,37 @@ import Testing
     /// `content-length`, ends the client's response as broken (HTTP/1.1: no last chunk / short body and a close;
     /// h2: the stream reset), and the access log says so.
     @Test(arguments: [("/reset-after/300000", "--http1.1"), ("/reset-after/300000", "--http2"),
-                      ("/cut-length/100000", "--http1.1"), ("/cut-length/100000", "--http2")])
+                      ("/cut-length/100000", "--http1.1"), ("/cut-length/100000", "--http2"),
+                      ("/close-after/300000", "--http1.1"), ("/close-after/300000", "--http2")])
     func aResetOrCutResponseIsNeverPresentedAsWhole(path: String, http: String) throws {
         let rig = try Rig()
         let result = try rig.curl(["-o", rig.directory + "/cut.bin", "-w", "%{http_code}", rig.url(path)], http: http)
         #expect(result.status != 0, "a cut body must not look complete: \(result.output)")
         let line = rig.proxy.accessLog.first { $0["method"] as? String == "GET" }
         #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
-        // The proxy is fine afterwards: the next request over the same origin connection works.
+        // The proxy is fine afterwards: the next request (over the same origin connection, or a new one) works.
         let next = try rig.curl([rig.url("/hello")], http: http)
         #expect(next.stdout == "hello over h2\n", "\(next.output)")
+    }
+
+    /// A slow reader behind an h2 origin (SPEC §17 flow control as backpressure): the origin's windows open only as
+    /// the client takes the bytes, nothing is lost, and the proxy holds a bounded amount meanwhile.
+    @Test(arguments: clients)
+    func aSlowReaderGetsEveryByteAndTheProxyDoesNotBufferTheBody(http: String) throws {
+        let rig = try Rig()
+        let size = 8_000_000
+        let pid = rig.proxy.process.processIdentifier
+        let before = ProcessProbe.residentKiB(pid)
+        let reset = ProcessProbe.resetPeakResident(pid)
+        let result = try rig.curl(["--limit-rate", "2M", "-o", rig.directory + "/slow.bin", "-w", "%{http_code} %{size_download}",
+                                   rig.url("/stream/\(size)")], http: http)
+        #expect(result.stdout == "200 \(size)", "\(result.output)")
+        let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/slow.bin"))
+        #expect(got.count == size && got.enumerated().allSatisfy { $0.element == H2Origin.patternByte($0.offset) })
+        // An 8 MB body read at 2 MB/s: had the proxy taken it as fast as the origin sends, it would hold most of it.
+        if reset, let before, let peak = ProcessProbe.peakResidentKiB(pid) {
+            #expect(peak - before < 6_000, "the proxy's memory grew by \(peak - before) KiB for an 8 MB body")
+        }
     }
 
     /// An origin's REFUSED_STREAM (RFC 9113 §8.7: nothing was done) sends the request again: the client never sees it.
