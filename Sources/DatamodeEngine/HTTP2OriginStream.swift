@@ -371,14 +371,19 @@ final class HTTP2OriginStream {
         breakOff(detail, unprocessed: unprocessed)
     }
 
-    /// The connection is gone: a stream that never started was not processed (it may be retried elsewhere).
+    /// The connection is gone: a stream none of whose answer came may go again on a new connection (as a request
+    /// on a stale keep-alive connection does).
     func connectionClosed(_ detail: String) {
-        let started = id != nil
         id = nil
         request = .over
-        if case .over = response { return }
+        let answered: Bool
+        switch response {
+        case .over: return
+        case .head: answered = false
+        case .body: answered = true
+        }
         response = .over
-        breakOff(detail, unprocessed: !started)
+        breakOff(detail, unprocessed: !answered)
     }
 
     private func breakOff(_ detail: String, unprocessed: Bool) {

@@ -71,7 +71,9 @@ final class UpstreamConnection {
     private let offersH2: Bool
     /// Over an HTTP/2 origin connection: `bev` is one end of a bufferevent pair, this stream holds the other.
     private(set) var originStream: HTTP2OriginStream?
-    /// The origin never processed the request (a refused stream, or one its GOAWAY left out): it may go again.
+    /// The origin never processed the request (a refused stream, one its GOAWAY left out, or the shared connection
+    /// lost before any of the answer came, as a stale keep-alive connection): it may go again, once, on a new
+    /// connection. A stream's other failures (a reset, a malformed answer) are not retried.
     private(set) var requestNotProcessed = false
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
     var attachedClient: HTTP1Session? { owner?.session }
@@ -115,8 +117,6 @@ final class UpstreamConnection {
         bufferevent_setcb(end, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
         timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
         state = .busy
-        // As a pooled connection: a failure before any response may be the shared connection's, not this request's.
-        isReused = true
         worker.upstreamOpened(self)
         originStream = session.attachStream(end: partner, upstream: self)
         bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
@@ -215,7 +215,6 @@ final class UpstreamConnection {
         let old = bev
         becomeStream(of: session)
         bufferevent_free(old)
-        isReused = true
         connected()
     }
 

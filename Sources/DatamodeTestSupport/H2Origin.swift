@@ -13,8 +13,10 @@ import Glibc
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
 /// `/trailers`, `/early-hints` (103 then 200), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
-/// connection closed), `/refuse-once` (REFUSED_STREAM the first time on
-/// each connection), `/bad-response` (a `connection` field in the response: malformed in HTTP/2).
+/// connection closed), `/close-once` (the first time on the whole server: the connection closed before any answer),
+/// `/refuse-once` (REFUSED_STREAM the first time on
+/// each connection), `/bad-response/KIND` (a malformed response: a `connection` or `transfer-encoding` field, an
+/// uppercase name, CR/LF in a value, a request pseudo-header, no `:status`, more DATA than `content-length`).
 public final class H2Origin: @unchecked Sendable {
     public let directory: String
     public let certificatePath: String
@@ -197,6 +199,16 @@ class Connection:
         elif path.startswith("/close-after/"):
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, pattern(int(path.split("/")[2])), ("close", None))
+        elif path == "/close-once":
+            with lock:
+                first = not stats.get("closedOnce")
+                stats["closedOnce"] = 1
+            if first:
+                # The connection lost before any answer, no GOAWAY: as a stale keep-alive connection.
+                self.sock.shutdown(socket.SHUT_RDWR)
+                raise ConnectionError("closed on purpose")
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", "9")])
+            self.queue(sid, b"answered\n", None)
         elif path == "/refuse-once":
             if not self.refused:
                 self.refused = True
@@ -205,8 +217,18 @@ class Connection:
                 return
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", "9")])
             self.queue(sid, b"accepted\n", None)
-        elif path == "/bad-response":
-            self.conn.send_headers(sid, [(":status", "200"), ("connection", "close"), ("content-length", "4")])
+        elif path.startswith("/bad-response"):
+            kind = path.split("/")[2] if path.count("/") > 1 else "connection"
+            headers = {
+                "connection": [(":status", "200"), ("connection", "close"), ("content-length", "4")],
+                "transfer-encoding": [(":status", "200"), ("transfer-encoding", "chunked")],
+                "uppercase": [(":status", "200"), ("X-Upper", "1"), ("content-length", "4")],
+                "crlf": [(":status", "200"), ("x-split", "a\r\nset-cookie: injected=1"), ("content-length", "4")],
+                "pseudo": [(":status", "200"), (":path", "/elsewhere"), ("content-length", "4")],
+                "no-status": [("content-length", "4")],
+                "longer-than-length": [(":status", "200"), ("content-length", "2")],
+            }[kind]
+            self.conn.send_headers(sid, headers)
             self.queue(sid, b"bad\n", None)
         elif path == "/stats":
             with lock:
