@@ -149,6 +149,25 @@ import Testing
         #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 8)
     }
 
+    /// nghttp (Debian nghttp2-client) as the client, h2 at both ends: nghttp has no proxy option, so a small CONNECT
+    /// shim opens the tunnel through the proxy and relays; nghttp speaks TLS and h2 inside it with the tunnel's
+    /// authority. Two requests multiplexed on one connection, both answered.
+    @Test func nghttpThroughTheProxyToAnH2Origin() throws {
+        let rig = try Rig()
+        let shim = try ConnectShim(proxyPort: rig.proxy.port, target: "localhost:\(rig.origin.port)")
+        defer { shim.stop() }
+        let result = try ExternalCommand.run("/usr/bin/nghttp", [
+            "-v", "-H", ":authority: localhost:\(rig.origin.port)",
+            "https://localhost:\(shim.port)/hello", "https://localhost:\(shim.port)/stream/50000",
+        ], timeout: 60)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.contains("hello over h2\n"), "\(result.output)")
+        #expect(result.stdout.components(separatedBy: ":status: 200").count == 3, "two answers: \(result.output)")
+        let metrics = try rig.metrics()
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "client"]) == 2)
+        #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 2)
+    }
+
     /// 5 MB up and back over an h2 origin, from clients of both versions, byte-exact; the origin's trailer arrives.
     @Test(arguments: clients)
     func fiveMegabytesUpAndBackAreByteExact(http: String) throws {
