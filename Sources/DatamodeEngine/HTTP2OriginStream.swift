@@ -287,16 +287,22 @@ final class HTTP2OriginStream {
     }
 
     private func writeHead(status: Int, fields: [HTTPField], framing: String?) {
-        var head = "HTTP/1.1 \(status) \(HTTP2OriginStream.reason(status))\r\n"
+        var head: [UInt8] = []
+        head.reserveCapacity(64 + fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 })
+        head.append(contentsOf: "HTTP/1.1 ".utf8)
+        head.append(contentsOf: String(status).utf8)
+        head.append(0x20)
+        head.append(contentsOf: HTTP2OriginStream.reason(status).utf8)
+        head.append(contentsOf: [0x0D, 0x0A])
         for field in fields {
-            head += field.name
-            head += ": "
-            head += field.value
-            head += "\r\n"
+            head.append(contentsOf: field.name.utf8)
+            head.append(contentsOf: [0x3A, 0x20])
+            head.append(contentsOf: field.value.utf8)
+            head.append(contentsOf: [0x0D, 0x0A])
         }
-        if let framing { head += framing }
-        head += "\r\n"
-        write(head)
+        if let framing { head.append(contentsOf: framing.utf8) }
+        head.append(contentsOf: [0x0D, 0x0A])
+        head.withUnsafeBytes { write($0) }
     }
 
     private func write(_ text: String) {

@@ -196,6 +196,18 @@ struct HTTP2RequestBuilder {
     /// A field value the HTTP/1.1 side can carry unchanged (RFC 9110 §5.5, RFC 9113 §8.2.1): VCHAR, SP, HTAB and
     /// UTF-8 obs-text; no NUL, CR, LF or other control; no leading or trailing SP/HTAB. nil when invalid.
     static func validValue(_ value: UnsafeRawBufferPointer) -> String? {
+        guard let high = checkValueBytes(value) else { return nil }
+        if high { return String(validating: value, as: UTF8.self) }
+        return String(decoding: value, as: UTF8.self)
+    }
+
+    /// `validValue`'s byte rules alone, for a value that is a Swift `String` already (valid UTF-8): no allocation.
+    static func isValidValue(_ value: UnsafeRawBufferPointer) -> Bool {
+        checkValueBytes(value) != nil
+    }
+
+    /// nil when a byte breaks the rules; else whether any byte is above ASCII (UTF-8 left to check).
+    private static func checkValueBytes(_ value: UnsafeRawBufferPointer) -> Bool? {
         var high = false
         for b in value {
             if b < 0x20 && b != 0x09 || b == 0x7F { return nil }
@@ -203,8 +215,7 @@ struct HTTP2RequestBuilder {
         }
         if let first = value.first, first == 0x20 || first == 0x09 { return nil }
         if let last = value.last, last == 0x20 || last == 0x09 { return nil }
-        if high { return String(validating: value, as: UTF8.self) }
-        return String(decoding: value, as: UTF8.self)
+        return high
     }
 
     /// `content-length = 1*DIGIT` (RFC 9110 §8.6), at most 18 digits (below 2^63, as nghttp2 holds it).

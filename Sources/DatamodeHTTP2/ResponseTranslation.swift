@@ -43,7 +43,7 @@ public enum HTTP2ResponseTranslation {
         }
         if isConnectionSpecific(field.name) { return "connection-specific field \(field.name)" }
         var value = field.value
-        let valid = value.withUTF8 { HTTP2RequestBuilder.validValue(UnsafeRawBufferPointer($0)) != nil }
+        let valid = value.withUTF8 { HTTP2RequestBuilder.isValidValue(UnsafeRawBufferPointer($0)) }
         guard valid else { return "invalid value for \(field.name)" }
         return nil
     }
