@@ -10,7 +10,8 @@
 #                                   (nghttp and h2load from Debian's nghttp2-client, Python h2 from PyPI), an
 #                                   HTTP/2 origin (nghttpd from Debian's nghttp2-server)
 #                                   and iptables + iproute2 (the transparent sidecar tests build network
-#                                   namespaces with redirect rules, SPEC §16)
+#                                   namespaces with redirect rules, SPEC §16), and wget (with apt and pip, a
+#                                   client whose printed refusal must name the cause, SPEC §20)
 set -euo pipefail
 test_tools=false
 [ "${1:-}" = "--test" ] && test_tools=true
@@ -19,7 +20,7 @@ packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev
     libsqlite3-dev)
 if $test_tools; then
     packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil
-        nghttp2-client nghttp2-server iptables iproute2)
+        nghttp2-client nghttp2-server iptables iproute2 wget)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -171,6 +171,7 @@ final class HTTP2Session: ClientSession {
             try codec.sendResponseHead(id, status: error.clientErrorCode.status, fields: [
                 HTTPField(name: "content-type", value: "application/problem+json"),
                 HTTPField(name: "cache-control", value: "no-store"),
+                HTTPField(name: "proxy-status", value: error.clientErrorCode.proxyStatus),
                 HTTPField(name: "content-length", value: String(body.count)),
             ], endStream: false)
             let queued = body.withUnsafeBytes { bytes in Result { () throws(HTTP2SessionError) in try codec.sendResponseBody(id, bytes) } }

@@ -28,11 +28,13 @@ struct LocalAnswer {
         }
     }
 
-    /// A problem document (RFC 9457) already written (`Rejection.problemBody`, `ProblemDetail.json`).
+    /// A problem document (RFC 9457) already written (`Rejection.problemBody`, `ProblemDetail.json`), under a
+    /// status line and a `Proxy-Status` that name the cause (SPEC §20).
     static func problem(_ code: ProxyErrorCode, body: [UInt8], extraFields: [(String, String)] = []) -> LocalAnswer {
-        var fields: [(String, String)] = [("Content-Type", "application/problem+json"), ("Cache-Control", "no-store")]
+        var fields: [(String, String)] = [("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
+                                          ("Proxy-Status", code.proxyStatus)]
         fields.append(contentsOf: extraFields)
-        return LocalAnswer(status: code.status, reason: code.reasonPhrase, fields: fields, body: .bytes(body))
+        return LocalAnswer(status: code.status, reason: code.statusReason, fields: fields, body: .bytes(body))
     }
 
     static func problem(_ problem: ProblemDetail, extraFields: [(String, String)] = []) -> LocalAnswer {

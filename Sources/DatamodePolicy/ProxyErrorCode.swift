@@ -91,7 +91,56 @@ public enum ProxyErrorCode: String, CaseIterable, Hashable, Sendable {
         }
     }
 
-    /// The reason phrase for the status line.
+    /// What the status line says (SPEC §20): apt, pip and wget print the reason phrase and nothing else of a
+    /// refusal (a refused CONNECT's body reaches no one), so it names the cause: `Refused by data mode
+    /// (constrained)` for a data-mode refusal, `<usual phrase> (<error code>)` for anything else the proxy says
+    /// itself. Built once per code (a refusal is a hot path: a quarter of the requests of the policy-cost row).
+    public var statusReason: String { Self.statusReasons[self]! }
+
+    /// `Proxy-Status` (RFC 9209 §2) on every response the proxy makes itself: this proxy's name, the RFC's
+    /// error type (§2.3) and in `details` the stable `error` code, so a client or a cache in front of the proxy
+    /// tells "the proxy refused" from "the origin answered 403" without reading the body.
+    public var proxyStatus: String { Self.proxyStatuses[self]! }
+
+    /// Whether the refusal is the data mode's (SPEC §4, §11, §15) rather than a failure or a policy of access.
+    public var isDataModeRefusal: Bool {
+        switch self {
+        case .constrained, .expensive, .ultraConstrained, .budgetExhausted: true
+        default: false
+        }
+    }
+
+    /// RFC 9209 §2.3's error type for this code.
+    public var proxyStatusErrorType: String {
+        switch self {
+        case .badRequest, .invalidTag, .notAProxyRequest, .uriTooLong, .headersTooLarge, .invalidVariant,
+             .unknownSession, .unknownProfile, .misdirectedRequest, .httpVersionNotSupported:
+            "http_request_error"
+        case .accessDenied, .proxyAuthRequired, .connectPortDenied, .constrained, .expensive, .ultraConstrained,
+             .budgetExhausted, .sessionsDisabled:
+            "http_request_denied"
+        case .loopDetected: "proxy_loop_detected"
+        case .dnsFailure: "dns_error"
+        case .upstreamUnreachable: "connection_refused"
+        case .upstreamProtocolError: "http_protocol_error"
+        case .upstreamTimeout: "connection_timeout"
+        case .upstreamTLSError: "tls_certificate_error"
+        case .overloaded: "proxy_internal_error"
+        }
+    }
+
+    /// The proxy's name in `Proxy-Status` (an sf-token, RFC 8941 §3.3.4).
+    public static let proxyStatusName = "datamode-proxy"
+
+    private static let statusReasons: [ProxyErrorCode: String] = Dictionary(uniqueKeysWithValues: allCases.map { code in
+        (code, code.isDataModeRefusal ? "Refused by data mode (\(code.rawValue))" : "\(code.reasonPhrase) (\(code.rawValue))")
+    })
+
+    private static let proxyStatuses: [ProxyErrorCode: String] = Dictionary(uniqueKeysWithValues: allCases.map { code in
+        (code, "\(proxyStatusName); error=\(code.proxyStatusErrorType); details=\"\(code.rawValue)\"")
+    })
+
+    /// The usual reason phrase of the status (RFC 9110 §15), without the cause.
     public var reasonPhrase: String {
         switch status {
         case 400: "Bad Request"

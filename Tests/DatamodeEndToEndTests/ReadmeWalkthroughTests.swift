@@ -70,6 +70,8 @@ import Testing
         let before = origin.requests.count
         let video = try Self.curl(proxy.port, origin.url("/video.mp4"))
         #expect(video.status == 403)
+        #expect(video.headers.hasPrefix("HTTP/1.1 403 Refused by data mode (constrained)\r\n"), "\(video.headers)")
+        #expect(video.headers.contains("Proxy-Status: datamode-proxy; error=http_request_denied; details=\"constrained\""))
         #expect(video.headers.contains("Network-Unavailable-Reason: constrained"))
         #expect(video.headers.contains("Content-Type: application/problem+json"))
         let problem = try JSONSerialization.jsonObject(with: Data(video.body.utf8)) as? [String: Any]

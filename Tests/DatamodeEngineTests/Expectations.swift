@@ -13,6 +13,17 @@ func expectProblem(_ response: ParsedResponse, status: Int, error: String,
     #expect(problem?.error == error, "error code; body: \(response.bodyText)", sourceLocation: sourceLocation)
     #expect(problem?.status == status, sourceLocation: sourceLocation)
     #expect(problem?.type == "urn:datamode:\(error)", sourceLocation: sourceLocation)
+    // SPEC §20: the status line and Proxy-Status (RFC 9209) name the cause, for clients that print nothing else.
+    let dataMode = ["constrained", "expensive", "ultra-constrained", "budget-exhausted"].contains(error)
+    let usual = [400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required", 409: "Conflict",
+                 414: "URI Too Long", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
+                 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+                 505: "HTTP Version Not Supported", 508: "Loop Detected"][status] ?? "?"
+    #expect(response.reason == (dataMode ? "Refused by data mode (\(error))" : "\(usual) (\(error))"),
+            "reason phrase", sourceLocation: sourceLocation)
+    let proxyStatus = response.value(of: "Proxy-Status") ?? ""
+    #expect(proxyStatus.hasPrefix("datamode-proxy; error=") && proxyStatus.hasSuffix("; details=\"\(error)\""),
+            "Proxy-Status: \(proxyStatus)", sourceLocation: sourceLocation)
 }
 
 /// Checks that nothing at all reached the origin: no request and not one byte (after every connection the
