@@ -36,6 +36,11 @@ public final class AdminAPI: @unchecked Sendable {
     /// The local CA's certificate (PEM), when one is loaded (SPEC §9).
     let caCertificate: () -> String?
 
+    /// The workers' latest refusals, newest first (`ProxyServer.refusals`, SPEC §20).
+    let refusals: () -> [Refusal]
+    /// Bytes per second over the last hour (SPEC §20), sampled by `sampleTimeline`.
+    var timeline = Timeline()
+
     /// Data budgets (SPEC §11), counted by the workers.
     let budgets: BudgetLedger
     /// Whether each budget was spent at the last `emitBudgetChanges` (a `budget` event marks each change).
@@ -49,8 +54,10 @@ public final class AdminAPI: @unchecked Sendable {
                 monotonic: @escaping () -> UInt64 = { SystemClock().nowNanoseconds() },
                 knownProfiles: @escaping () -> Set<String> = { LinkProfileNames.builtIn },
                 events: EventHub = EventHub(),
-                caCertificate: @escaping () -> String? = { nil }) {
+                caCertificate: @escaping () -> String? = { nil },
+                refusals: @escaping () -> [Refusal] = { [] }) {
         self.caCertificate = caCertificate
+        self.refusals = refusals
         self.runtime = runtime
         self.store = store
         self.token = token
@@ -105,6 +112,12 @@ public final class AdminAPI: @unchecked Sendable {
             budgetSpent[budget.name] = spent
             events.emit(.budget, scope: "global", data: BudgetsEndpoint.document(budgets, index, now: now))
         }
+    }
+
+    /// Adds this second's point to the timeline from the workers' running totals (SPEC §20). Called by the control
+    /// plane once a second, serialised with admin requests.
+    public func sampleTimeline() {
+        timeline.sample(t: now(), Timeline.Totals(metrics()))
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

@@ -140,6 +140,14 @@ extension AdminAPI {
             api, request, parameters in
             DeferredEndpoint(api: api).handleItem(request, id: parameters[0].removingPercentEncoding ?? "")
         },
+        AdminRoute("/refusals", [.get, .head], readers: .token,
+                   help: "the last 200 refused requests, newest first: time, client, method, url, error, reasons, rule, session") {
+            api, request, _ in RefusalsEndpoint(api: api).handle(request)
+        },
+        AdminRoute("/stats/timeline", [.get, .head], readers: .token,
+                   help: "bytes relayed (bytesIn, bytesOut) and saved by kind, one point per second over the last hour") {
+            api, request, _ in TimelineEndpoint(api: api).handle(request)
+        },
         AdminRoute("/healthz", [.get, .head], readers: .anyone,
                    help: "liveness: 200 while the control loop runs, no token needed") {
             _, request, _ in HealthEndpoint.handle(request)

@@ -46,6 +46,20 @@ final class Exchange {
         return clientVersion == .http10 ? "http/1.0" : "http/1.1"
     }
 
+    /// A refused request's `reasons` (SPEC §20 `GET /refusals`, as in the problem of SPEC §15): every condition
+    /// of its mode its tags do not allow, when a condition refused it; else its error code alone.
+    var refusalReasons: [String] {
+        let code = reason ?? Outcome.rejected.rawValue
+        guard let tags, DataCondition(rawValue: code) != nil else { return [code] }
+        var reasons: [String] = []
+        if mode.contains(.constrained) && !tags.allowConstrained { reasons.append(DataCondition.constrained.rawValue) }
+        if mode.contains(.expensive) && !tags.allowExpensive { reasons.append(DataCondition.expensive.rawValue) }
+        if mode.contains(.ultraConstrained) && !tags.allowUltraConstrained {
+            reasons.append(DataCondition.ultraConstrained.rawValue)
+        }
+        return reasons.isEmpty ? [code] : reasons
+    }
+
     init(clientVersion: HTTPVersion, method: String, url: String, startedAt: UInt64) {
         self.clientVersion = clientVersion
         self.method = method

@@ -222,6 +222,11 @@ public final class ProxyServer: @unchecked Sendable {
         workers.reduce(0) { $0 + UInt64($1.metrics.activityCount) }
     }
 
+    /// The latest refusals of every worker together, newest first (SPEC §20 `GET /refusals`).
+    public func refusals() -> [Refusal] {
+        RefusalRing.latest(workers.map(\.refusals))
+    }
+
     public func metrics() -> MetricsSnapshot {
         var total = MetricsSnapshot()
         for worker in workers { worker.metrics.accumulate(into: &total) }

@@ -37,6 +37,8 @@ final class Worker {
     let metrics = WorkerMetrics()
     /// Written by this worker only; read through `sessionReport`.
     let sessionTallies = WorkerSessionTallies()
+    /// This worker's latest refusals (SPEC §20 `GET /refusals`), written only when a request is refused.
+    let refusals = RefusalRing()
     let sessionReport = WorkerMailbox<[String: SessionTally]>()
     let accessLog: AccessLog
     let logger: Logger
@@ -457,6 +459,11 @@ final class Worker {
                                   rejected: outcome == .rejected
                                       ? (exchange.url, exchange.reason ?? outcome.rawValue, clock.wallNanoseconds()) : nil,
                                   now: now)
+        }
+        if outcome == .rejected {
+            refusals.append(Refusal(time: clock.wallNanoseconds(), client: client, method: exchange.method,
+                                    url: exchange.url, error: exchange.reason ?? outcome.rawValue,
+                                    reasons: exchange.refusalReasons, rule: exchange.rule, session: exchange.session?.id))
         }
         if accessLog.isEnabled {
             accessLog.write(time: clock.wallNanoseconds(), client: client, proto: exchange.protocolName,

@@ -153,7 +153,7 @@ public final class ProxyInstance: @unchecked Sendable {
                                  sessionTallies: { server.sessionTallies() }, now: { Self.seconds(clock) },
                                  monotonic: { clock.nowNanoseconds() },
                                  knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) },
-                                 caCertificate: { authority?.certificatePEM })
+                                 caCertificate: { authority?.certificatePEM }, refusals: { server.refusals() })
     }
 
     /// Opens the deferral store (a damaged, foreign or busy one stops start-up, naming the file: SPEC §18) and
@@ -271,6 +271,9 @@ public final class ProxyInstance: @unchecked Sendable {
         startControlTimers(control)
         startIdleTrim(control)
         try server.start()
+        // SPEC §20: the timeline's one point per second, from the totals the workers keep anyway.
+        controlPlane.withLock { _ in adminAPI.sampleTimeline() }
+        control.every(milliseconds: 1000) { [unowned self] in self.controlPlane.withLock { _ in self.adminAPI.sampleTimeline() } }
         delivery?.start()
         if !budgets.isEmpty {
             control.every(milliseconds: 100) { [unowned self] in self.budgetTick() }

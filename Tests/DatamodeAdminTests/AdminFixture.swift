@@ -25,6 +25,8 @@ final class AdminFixture: Sendable {
     let tallies: Shared<[String: SessionTally]>
     /// Every event emitted, as framed bytes with its scope.
     let emitted: Shared<[(scope: String?, text: String)]>
+    /// What the workers' refusal rings read as (newest first).
+    let refusals = Shared<[Refusal]>([])
     /// When the fixture's clock starts, and the mode's `since` at start-up: 2026-01-01T00:00:00Z.
     static let start: Int64 = 1_767_225_600
 
@@ -47,10 +49,12 @@ final class AdminFixture: Sendable {
         (self.monotonic, self.tallies) = (monotonic, tallies)
         let emitted = Shared<[(scope: String?, text: String)]>([])
         self.emitted = emitted
+        let refusals = self.refusals
         api = AdminAPI(runtime: runtime, store: store, token: token, readToken: readToken,
                        logger: Logger(label: "admin-test") { _ in SwiftLogNoOpLogHandler() },
                        metrics: { metrics.value }, reloads: { reloads.value }, sessionTallies: { tallies.value },
-                       now: { clock.value }, monotonic: { monotonic.value }, caCertificate: { caCertificate })
+                       now: { clock.value }, monotonic: { monotonic.value }, caCertificate: { caCertificate },
+                       refusals: { refusals.value })
         api.events.connect { scope, bytes in emitted.value.append((scope, String(decoding: bytes, as: UTF8.self))) }
     }
 
