@@ -81,6 +81,10 @@ enum AdminReaders: Sendable, Equatable {
 extension AdminAPI {
     /// Every admin endpoint (SPEC §7), in the order the 404 text names them. A path matches the first row it fits.
     static let routes: [AdminRoute] = [
+        AdminRoute("/", [.get, .head], readers: .anyoneOnLoopback,
+                   help: "the admin page: mode with buttons, profile, budgets, refusals, charts, live from /events") {
+            _, request, _ in AdminPage.handle(request)
+        },
         AdminRoute("/mode", [.get, .head, .put, .delete], readers: .readToken,
                    help: "the data mode in force and who set it; PUT sets it (persisted), DELETE returns to flag/config") {
             api, request, _ in ModeEndpoint(api: api).handle(request)

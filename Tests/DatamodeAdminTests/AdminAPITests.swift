@@ -49,7 +49,7 @@ struct AdminAPITests {
     /// Every endpoint with its methods, item paths included, and the same text for a path under `/budgets/` that is
     /// not `{name}/reset` as for any other unknown path.
     @Test("an unknown path is a 404 problem that names every endpoint and its methods",
-          arguments: ["/", "/modes", "/variant", "/metrics/x", "/mode/", "/budgets/daily", "/budgets/", "/budgets/daily/reset/x"])
+          arguments: ["/index.html", "//", "/modes", "/variant", "/metrics/x", "/mode/", "/budgets/daily", "/budgets/", "/budgets/daily/reset/x"])
     func unknownPath(_ path: String) throws {
         let response = try AdminFixture().handle("GET", path)
         expectProblem(response, 404, "not-found")

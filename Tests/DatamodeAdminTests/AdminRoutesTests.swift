@@ -68,7 +68,7 @@ struct AdminRoutesTests {
     }
 
     /// SPEC §7: the read token grants only GET /mode, /events, /conditions, /budgets and /ca.pem (HEAD with each
-    /// that answers it), plus /healthz, which needs no token at all.
+    /// that answers it), plus /healthz, which needs no token at all, and the admin page (SPEC §20).
     @Test("what admin.read-token reaches is SPEC §7's list")
     func readTokenMatchesTheSpec() throws {
         let admin = try AdminFixture(Self.offLoopback, token: "all", readToken: "look")
@@ -80,8 +80,9 @@ struct AdminRoutesTests {
                 reached.insert("\(method) \(route.path)")
             }
         }
+        // SPEC §20: the admin page has the read endpoints' authorisation (it holds no data of its own).
         let monitor = ["GET /mode", "HEAD /mode", "GET /events", "GET /conditions", "HEAD /conditions",
-                       "GET /budgets", "HEAD /budgets", "GET /ca.pem", "HEAD /ca.pem"]
+                       "GET /budgets", "HEAD /budgets", "GET /ca.pem", "HEAD /ca.pem", "GET /", "HEAD /"]
         #expect(reached == Set(monitor + Self.allMethods.map { "\($0) /healthz" }))
     }
 
@@ -95,7 +96,7 @@ struct AdminRoutesTests {
         }
     }
 
-    @Test("on a loopback listener /ca.pem needs no token, whatever the method; nothing else opens")
+    @Test("on a loopback listener /ca.pem and the page need no token, whatever the method; nothing else opens")
     func loopback() throws {
         let admin = try AdminFixture(token: "all", caCertificate: "-----BEGIN CERTIFICATE-----\n")
         for route in AdminAPI.routes {

@@ -138,7 +138,7 @@ struct AdminEndToEndTests {
     @Test("Unknown paths answer 404 problem+json")
     func unknownPaths() throws {
         try withAdminProxy { _, admin throws in
-            for path in ["/", "/nope", "/mode/extra", "/variant", "/metrics/x", "/healthz/x", "/MODE"] {
+            for path in ["/index.html", "//", "/nope", "/mode/extra", "/variant", "/metrics/x", "/healthz/x", "/MODE"] {
                 expectProblem(try admin.get(path), 404, "GET \(path)")
             }
             expectProblem(try admin.put("/modes", #"{"mode": "constrained"}"#), 404, "PUT /modes")
