@@ -12,6 +12,12 @@ struct AdminOptions: ParsableArguments {
     @Option(name: .long, help: "Bearer token (default: DATAMODE_ADMIN_TOKEN).")
     var token: String?
 
+    @Flag(name: .long, help: "Print the admin API's JSON (the default when stdout is not a terminal; NO_COLOR turns off colour).")
+    var json = false
+
+    /// Tables for a person at a terminal, JSON otherwise (SPEC §20).
+    var style: OutputStyle { OutputStyle.current(json: json) }
+
     var client: AdminClient {
         let env = ProcessInfo.processInfo.environment
         let address = admin ?? env["DATAMODE_ADMIN_LISTEN"].flatMap { $0.isEmpty ? nil : $0 } ?? "127.0.0.1:8878"

@@ -17,14 +17,14 @@ struct BudgetsCommand: ParsableCommand {
     func run() throws {
         let client = options.client
         do {
-            let response: AdminClient.Response
             if let reset {
                 let name = reset.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? reset
-                response = try client.request("POST", "/budgets/\(name)/reset")
+                HumanOutput.emit(try client.check(client.request("POST", "/budgets/\(name)/reset")), options.style,
+                                 as: [String: Any].self) { HumanOutput.budgets([$0], $1) }
             } else {
-                response = try client.request("GET", "/budgets")
+                HumanOutput.emit(try client.check(client.request("GET", "/budgets")), options.style,
+                                 as: [[String: Any]].self, HumanOutput.budgets)
             }
-            print(try client.check(response), terminator: "")
         } catch {
             throw CommandFailure(error)
         }

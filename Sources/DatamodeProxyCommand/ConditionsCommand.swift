@@ -36,7 +36,7 @@ struct ConditionsCommand: ParsableCommand {
             } else {
                 response = try client.request("GET", "/conditions")
             }
-            print(try client.check(response), terminator: "")
+            HumanOutput.emit(try client.check(response), options.style, as: [String: Any].self, HumanOutput.conditions)
         } catch {
             throw CommandFailure(error)
         }

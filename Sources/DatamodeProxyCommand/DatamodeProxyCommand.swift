@@ -21,14 +21,15 @@ struct DatamodeProxyCommand: ParsableCommand {
         commandName: "datamode-proxy",
         abstract: "An HTTP forward proxy that enforces data modes: Low Data Mode on the network.",
         discussion: """
-            Point HTTP_PROXY / http_proxy at it, flip the mode with `datamode-proxy mode constrained` \
+            Point http_proxy at it (lowercase: curl and URLSession on Linux read only that), flip the mode with \
+            `datamode-proxy mode constrained` \
             (or the admin API), and disallowed requests are refused with `constrained` or served as \
             their registered low-resolution variants.
             """,
         version: ProductVersion.string,
         subcommands: [RunCommand.self, CheckCommand.self, ModeCommand.self, VariantsCommand.self, SessionsCommand.self,
                       WatchCommand.self, CACommand.self, ConditionsCommand.self, BudgetsCommand.self,
-                      TransparentRulesCommand.self, DeferredCommand.self]
+                      TransparentRulesCommand.self, DeferredCommand.self, StatusCommand.self, ScheduleCommand.self]
     )
 }
 

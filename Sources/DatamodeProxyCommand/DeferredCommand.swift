@@ -35,17 +35,18 @@ struct DeferredCommand: ParsableCommand {
     func run() throws {
         let client = options.client
         do {
-            let response: AdminClient.Response
             switch action {
             case "cancel":
                 let encoded = id!.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? id!
-                response = try client.request("DELETE", "/deferred/\(encoded)")
+                HumanOutput.emit(try client.check(client.request("DELETE", "/deferred/\(encoded)")), options.style,
+                                 as: [String: Any].self, HumanOutput.object)
             case "flush":
-                response = try client.request("POST", "/deferred/flush")
+                HumanOutput.emit(try client.check(client.request("POST", "/deferred/flush")), options.style,
+                                 as: [String: Any].self, HumanOutput.object)
             default:
-                response = try client.request("GET", "/deferred")
+                HumanOutput.emit(try client.check(client.request("GET", "/deferred")), options.style,
+                                 as: [[String: Any]].self, HumanOutput.deferred)
             }
-            print(try client.check(response), terminator: "")
         } catch {
             throw CommandFailure(error)
         }

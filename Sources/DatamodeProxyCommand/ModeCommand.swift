@@ -43,7 +43,7 @@ struct ModeCommand: ParsableCommand {
             } else {
                 response = try client.request("GET", "/mode")
             }
-            print(try client.check(response), terminator: "")
+            HumanOutput.emit(try client.check(response), options.style, as: [String: Any].self, HumanOutput.mode)
         } catch {
             throw CommandFailure(error)
         }

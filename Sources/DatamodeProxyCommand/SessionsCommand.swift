@@ -56,10 +56,11 @@ struct SessionsCommand: ParsableCommand {
                 } else {
                     response = try client.request("GET", path)
                 }
+                HumanOutput.emit(try client.check(response), options.style, as: [String: Any].self, HumanOutput.session)
             } else {
-                response = try client.request("GET", "/sessions")
+                HumanOutput.emit(try client.check(client.request("GET", "/sessions")), options.style,
+                                 as: [String: Any].self, HumanOutput.sessions)
             }
-            print(try client.check(response), terminator: "")
         } catch {
             throw CommandFailure(error)
         }
@@ -71,7 +72,10 @@ struct WatchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
         abstract: "Print the events of a running proxy as they happen (mode, conditions, budget, variants, reload).",
-        discussion: "Each line is the event type and its JSON data. The current mode comes first. Stops with Ctrl-C."
+        discussion: """
+            Each line is the event type and its JSON data. The current mode comes first. Stops with Ctrl-C; exits 1 \
+            with a message when the stream ends (the proxy stopped, or the connection dropped).
+            """
     )
 
     @Option(name: .long, help: "Follow one session's scope only.")
@@ -90,5 +94,8 @@ struct WatchCommand: ParsableCommand {
         } catch {
             throw CommandFailure(error)
         }
+        // The proxy never ends a stream on its own: it stopped, restarted or was cut off. A watcher (a test rig, a
+        // script waiting for an event) must not take that for a clean end.
+        throw CommandFailure("the event stream from \(options.client.address) ended: the proxy stopped or the connection dropped")
     }
 }

@@ -192,4 +192,17 @@ public final class ProxyProcess: @unchecked Sendable {
         for (key, value) in environment { env[key] = value }
         return try ExternalCommand.run(binaryPath, arguments, environment: env, timeout: timeout)
     }
+
+    /// Runs the binary as `runCLI` does, but with a terminal for its stdout (a pseudo-terminal from util-linux
+    /// `script`), as a person at a shell runs it: what it prints there, CRLF line ends turned back into LF.
+    public static func runCLIOnTerminal(_ arguments: [String], environment: [String: String] = [:], timeout: Double = 30) throws
+        -> ExternalCommand.Result {
+        var env = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin", "TERM": "xterm"]
+        for (key, value) in environment { env[key] = value }
+        let quoted = ([binaryPath] + arguments).map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+        var result = try ExternalCommand.run("/usr/bin/script", ["-qec", quoted.joined(separator: " "), "/dev/null"],
+                                             environment: env, timeout: timeout)
+        result.stdoutBytes = Array(result.stdout.replacingOccurrences(of: "\r\n", with: "\n").utf8)
+        return result
+    }
 }
