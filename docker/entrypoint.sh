@@ -16,7 +16,10 @@
 #                                a FLAG given here wins over its variable
 #   -*  (other than -h/--help/--version)   same as `run -*`
 #   check [FLAGS]                exec `datamode-proxy check`, with --config DATAMODE_CONFIG unless given
-#   mode | variants | help | -h | --help | --version   exec `datamode-proxy ARGS` (formats checked)
+#   every other datamode-proxy subcommand (mode, variants, sessions, watch, ca, conditions, budgets,
+#   transparent-rules, deferred, status, schedule, help) and -h | --help | --version
+#                                exec `datamode-proxy ARGS` (formats checked); a test compares this list
+#                                with the binary's own (`--experimental-dump-help`)
 #   datamode-proxy ARGS          the same as ARGS
 #   anything else                exec'd as is (e.g. `sh`)
 # DATAMODE_ENTRYPOINT_DRY_RUN=1 prints the command that would be exec'd, one shell-quoted line on stdout,
@@ -288,7 +291,7 @@ case $1 in
             *) launch "$proxy" "$@" --config "${DATAMODE_CONFIG:-$default_config}" ;;
         esac
         ;;
-    mode | variants | help | -h | --help | --version)
+    mode | variants | sessions | watch | ca | conditions | budgets | transparent-rules | deferred | status | schedule | help | -h | --help | --version)
         check_variable_formats
         launch "$proxy" "$@"
         ;;

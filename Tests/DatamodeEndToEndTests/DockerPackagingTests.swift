@@ -196,6 +196,27 @@ struct DockerEntrypointTests {
         #expect(!result.stdout.contains(validToken))
     }
 
+    /// The subcommands come from the binary itself, so a new one cannot be forgotten here: each must reach
+    /// `datamode-proxy SUBCOMMAND`, not be exec'd as a program of its own name.
+    @Test("every subcommand of the binary is passed to it")
+    func everySubcommandReachesTheBinary() throws {
+        let dump = try ExternalCommand.run(ProxyProcess.binaryPath, ["--experimental-dump-help"])
+        let tool = try #require(try JSONSerialization.jsonObject(with: Data(dump.stdoutBytes)) as? [String: Any])
+        let subcommands = ((tool["command"] as? [String: Any])?["subcommands"] as? [[String: Any]] ?? [])
+            .compactMap { $0["commandName"] as? String }
+        #expect(subcommands.contains("status") && subcommands.contains("ca") && subcommands.count >= 12, "\(subcommands)")
+        let state = try makeScratchDirectory()
+        defer { try? FileManager.default.removeItem(at: state) }
+        for subcommand in subcommands where subcommand != "run" {
+            for arguments in [[subcommand, "--help"], ["datamode-proxy", subcommand, "--help"]] {
+                let result = try runEntrypoint(arguments, [:], stateDir: state.path)
+                #expect(result.status == 0, "\(arguments): \(result.stderr)")
+                let launched = result.stdout.hasPrefix("datamode-proxy \(subcommand) ")
+                #expect(launched, "\(arguments) launched: \(result.stdout)")
+            }
+        }
+    }
+
     @Test("a bad value stops the start with status 78 and a message naming the variable", arguments: dockerBadValueCases)
     func badValue(_ testCase: DockerBadValueCase) throws {
         let state = try makeScratchDirectory()
