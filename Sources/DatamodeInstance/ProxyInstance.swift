@@ -448,8 +448,10 @@ public final class ProxyInstance: @unchecked Sendable {
         do {
             let configuration = try load()
             if !configuration.tls.intercept.isEmpty && certificateAuthority == nil {
-                return .refused(reason: "tls.intercept needs the local CA, which is created or loaded at start-up: "
-                    + "restart the proxy (or run `datamode-proxy ca init` first)")
+                // The CA goes into every worker's TLS setup at start-up, so one made by `ca init` since cannot be
+                // taken up by a reload: only a restart turns interception on.
+                return .refused(reason: "tls.intercept needs the local CA, which is loaded only at start-up: "
+                    + "restart the proxy to turn interception on (it creates the CA if there is none)")
             }
             // Control-plane changes are serialised (`controlPlane`), so the API variants cannot change meanwhile.
             let apiVariants = runtime.load().snapshot.policy.variants.filter { $0.source == .api }

@@ -182,6 +182,23 @@ struct ProxyInstanceReloadTests {
         #expect(instance.reloadCounts == ReloadCounts(ok: 0, failed: 1))
     }
 
+    /// The issue's newcomer ran `ca init` and sent SIGHUP, because the message said `ca init` would help; it
+    /// cannot (the CA is loaded at start-up), so the message says what does: a restart.
+    @Test("turning tls.intercept on by a reload, after `ca init`, is refused with a message that says restart")
+    func interceptionNeedsARestart() throws {
+        let fixture = try Fixture()
+        defer { fixture.remove() }
+        let instance = try fixture.instance("mode: normal\n")
+        let paths = try fixture.configuration("").caPaths
+        _ = try CertificateAuthority.create(certificatePath: paths.certificate, keyPath: paths.key)
+        let result = instance.reload { () throws(ConfigError) -> ProxyConfiguration in
+            try fixture.configuration("tls: {intercept: [localhost]}\n")
+        }
+        guard case .refused(let reason) = result else { Issue.record("applied: \(result)"); return }
+        #expect(reason.contains("restart the proxy"), "\(reason)")
+        #expect(!reason.contains("ca init"), "\(reason)")
+    }
+
     @Test("a file that takes an API variant's id is refused, and the API variant stays")
     func apiVariantConflict() throws {
         let fixture = try Fixture()
