@@ -412,3 +412,46 @@ import Testing
         #expect(used > 1_000_000 && used < 1_001_000, "used \(used)")
     }
 }
+
+/// The README's "Test rigs: sessions, events, schedules" walk-through as written: a config that turns sessions on
+/// (a newcomer who skipped it would get `409 sessions-disabled`), two sessions, a refusal judged by rig-a's mode.
+@Suite struct ReadmeSessionsWalkthroughTests {
+    @Test func sessionsWalkthrough() throws {
+        let all = try ReadmeSatelliteWalkthroughTests.readmeCommands(section: "## Test rigs: sessions, events, schedules")
+        #expect(Array(all.prefix(2)) == [
+            "printf 'sessions: {enabled: true}\\n' > /tmp/rigs.yaml",
+            "datamode-proxy run --config /tmp/rigs.yaml &",
+        ])
+        #expect(all.last == "kill %1")
+        let commands = Array(all.dropFirst(2).dropLast())
+        try #require(commands.count == 5, "\(commands)")
+        // The config the printf writes, as the proxy's file.
+        let proxy = try ProxyProcess(config: "sessions: {enabled: true}\n")
+        defer { proxy.stop() }
+        var outputs: [String] = []
+        for line in commands {
+            let words = ReadmeSatelliteWalkthroughTests.words(line)
+            if words[0] == "datamode-proxy" {
+                let result = try ProxyProcess.runCLI(Array(words.dropFirst()) + ["--admin", "127.0.0.1:\(proxy.adminPort)"])
+                #expect(result.status == 0, "\(line): \(result.stderr)")
+                outputs.append(result.stdout)
+            } else {
+                #expect(words[0] == "curl")
+                let result = try ReadmeSatelliteWalkthroughTests.curl(["-i"] + words.dropFirst().map {
+                    $0.replacingOccurrences(of: "127.0.0.1:8877", with: "127.0.0.1:\(proxy.port)")
+                })
+                #expect(result.status == 403, "\(line): \(result.headers)")
+                #expect(result.headers.contains("HTTP/1.1 403 Refused by data mode (constrained)"))
+                outputs.append(result.body)
+            }
+        }
+        let created = try ReadmeSatelliteWalkthroughTests.problem(outputs[0])
+        #expect(created["mode"] as? String == "constrained" && created["id"] as? String == "rig-a")
+        #expect(try ReadmeSatelliteWalkthroughTests.problem(outputs[2])["error"] as? String == "constrained")
+        let tally = try ReadmeSatelliteWalkthroughTests.problem(outputs[3])
+        #expect(tally["requestsTotal"] as? Int == 1, "\(tally)")
+        #expect((tally["rejected"] as? [[String: Any]])?.first?["url"] as? String == "http://cdn.example/hero.jpg")
+        #expect((tally["requests"] as? [String: [String: Int]])?["rejected"]?["constrained"] == 1)
+        #expect(try ReadmeSatelliteWalkthroughTests.problem(outputs[4])["requestsTotal"] as? Int == 1)
+    }
+}
