@@ -54,4 +54,56 @@ import Testing
         let normal = try ExternalCommand.run("/usr/bin/curl", ["-s", "--max-time", "10", "-x", "127.0.0.1:\(proxy.port)", url])
         #expect(normal.stdout == master)
     }
+
+    /// 355149 as the README writes it: 355,149.
+    static func grouped(_ n: Int) -> String {
+        let digits = String(n)
+        var out = ""
+        for (i, digit) in digits.enumerated() {
+            if i > 0 && (digits.count - i) % 3 == 0 { out += "," }
+            out.append(digit)
+        }
+        return out
+    }
+
+    /// "Images in constrained mode": the README's own lines make the photo (bench/lib/pageweight.py's generator)
+    /// and configure the proxy; curl through it must see what the README shows.
+    @Test func imagesWalkthrough() throws {
+        let text = try Self.section("## Images in constrained mode")
+        let lines = try ReadmeSatelliteWalkthroughTests.readmeCommands(section: "## Images in constrained mode")
+        let generate = try #require(lines.first { $0.hasPrefix("/usr/bin/python3 -c") })
+        let scratch = try ScratchDirectory.make("readme-images")
+        defer { ScratchDirectory.remove(scratch) }
+        let made = try ExternalCommand.run("/bin/sh", ["-c", "cd '\(ProxyProcess.packageRoot)' && "
+                                                             + generate.replacingOccurrences(of: "/tmp/photos", with: scratch)],
+                                           timeout: 120)
+        #expect(made.status == 0, "\(made.output)")
+        let photo = try #require(FileManager.default.contents(atPath: scratch + "/img/photo-2048.jpg"))
+        #expect(text.contains("a JPEG of \(Self.grouped(photo.count)) bytes"), "the photo the README describes: \(photo.count)")
+        let heredoc = try #require(text.range(of: "<<'YAML'\n"))
+        let end = try #require(text.range(of: "\nYAML\n", range: heredoc.upperBound..<text.endIndex))
+        let origin = try RecordingOrigin { _ in
+            .respond(status: 200, headers: [HTTPField(name: "Content-Type", value: "image/jpeg")], body: Array(photo))
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: String(text[heredoc.upperBound..<end.lowerBound]) + "\n", arguments: ["--mode", "constrained"])
+        defer { proxy.stop() }
+        let result = try ExternalCommand.run("/usr/bin/curl", ["-s", "-o", scratch + "/photo.webp", "-D", "-", "--max-time", "30",
+                                                              "-x", "127.0.0.1:\(proxy.port)", "-H", "Accept: image/avif,image/webp,*/*",
+                                                              origin.url("/photo-2048.jpg")])
+        let head = result.stdout.components(separatedBy: "\r\n")
+        #expect(head.first == "HTTP/1.1 200 OK", "\(result.stdout)")
+        for field in ["Content-Type: image/webp", "Vary: Accept", "Data-Mode-Variant: transcoded"] {
+            #expect(head.contains(field), "\(field) in \(head)")
+        }
+        let webp = try #require(FileManager.default.contents(atPath: scratch + "/photo.webp"))
+        #expect(text.contains("Content-Length: \(webp.count)"), "the README's WebP size; got \(webp.count)")
+        #expect(webp.count < photo.count / 10)
+        // Without WebP in Accept: a JPEG, of the size the README shows.
+        let jpeg = try ExternalCommand.run("/usr/bin/curl", ["-s", "-o", scratch + "/photo.jpg", "-w", "%{size_download}",
+                                                            "--max-time", "30", "-x", "127.0.0.1:\(proxy.port)",
+                                                            origin.url("/photo-2048.jpg")])
+        let size = Int(jpeg.stdout) ?? 0
+        #expect(text.contains("a 800×600 JPEG of \(Self.grouped(size)) bytes"), "the README's JPEG size; got \(size)")
+    }
 }
