@@ -196,6 +196,27 @@ struct DockerEntrypointTests {
         #expect(!result.stdout.contains(validToken))
     }
 
+    /// docker/README.md names every package the build installs (scripts/bootstrap.sh without --test) and every
+    /// one the runtime stage installs: a reader can tell what the image holds without reading the Dockerfile.
+    @Test("docker/README.md names every package of the build and the runtime stage")
+    func readmeNamesEveryPackage() throws {
+        let readme = try readRepoFile("docker/README.md")
+        let bootstrap = try readRepoFile("scripts/bootstrap.sh")
+        let start = try #require(bootstrap.range(of: "packages=("))
+        let end = try #require(bootstrap[start.upperBound...].firstIndex(of: ")"))
+        let build = bootstrap[start.upperBound..<end].split(whereSeparator: \.isWhitespace).map(String.init)
+        let dockerfile = try readRepoFile("docker/Dockerfile")
+        let install = try #require(dockerfile.range(of: "apt-get install -y --no-install-recommends \\\n"))
+        let installEnd = try #require(dockerfile[install.upperBound...].range(of: "&&"))
+        let runtime = dockerfile[install.upperBound..<installEnd.lowerBound]
+            .split(whereSeparator: { $0.isWhitespace || $0 == "\\" }).map(String.init)
+        #expect(build.count >= 9 && runtime.count >= 12, "\(build) \(runtime)")
+        let words = Set(readme.split(whereSeparator: { $0.isWhitespace || $0 == "," || $0 == "(" || $0 == ")" }).map(String.init))
+        for package in build + runtime {
+            #expect(words.contains(package), "docker/README.md does not name \(package)")
+        }
+    }
+
     /// The subcommands come from the binary itself, so a new one cannot be forgotten here: each must reach
     /// `datamode-proxy SUBCOMMAND`, not be exec'd as a program of its own name.
     @Test("every subcommand of the binary is passed to it")
