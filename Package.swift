@@ -27,6 +27,7 @@ let package = Package(
         .executable(name: "datamode-proxy", targets: ["DatamodeProxyCommand"]),
         // The client kit (SPEC §14): Foundation only, for apps on Linux and Apple platforms.
         .library(name: "DatamodeClient", targets: ["DatamodeClient"]),
+        .executable(name: "datamode-client-example", targets: ["DatamodeClientExample"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -70,6 +71,8 @@ let package = Package(
         .target(name: "DatamodeHTTP"),
         .target(name: "DatamodeHTTP2", dependencies: ["CNghttp2", "DatamodeHTTP"]),
         .target(name: "DatamodeClient"),
+        // The README's client-kit snippet as a program (`swift run datamode-client-example FULL LOW`).
+        .executableTarget(name: "DatamodeClientExample", dependencies: ["DatamodeClient"]),
         .target(name: "DatamodePolicy"),
         .target(name: "DatamodeMedia"),
         .target(

@@ -173,3 +173,25 @@ func waitFor(seconds: Double = 10, _ condition: () -> Bool) -> Bool {
     }
     return condition()
 }
+
+/// The README's runnable example (`swift run datamode-client-example FULL LOW`), built with the package: the same
+/// pattern from a separate program, against the real proxy in normal and constrained modes.
+@Suite struct ClientKitExampleTests {
+    @Test func theExampleFallsBackInConstrainedMode() throws {
+        let example = URL(fileURLWithPath: ProxyProcess.binaryPath).deletingLastPathComponent()
+            .appendingPathComponent("datamode-client-example").path
+        #expect(FileManager.default.isExecutableFile(atPath: example), "swift build builds the example target")
+        let origin = try RecordingOrigin { request in .ok(request.target == "/full.jpg" ? String(repeating: "F", count: 5000) : "small") }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess()
+        defer { proxy.stop() }
+        let arguments = [origin.url("/full.jpg"), origin.url("/low.jpg"), "--proxy", "127.0.0.1:\(proxy.port)"]
+
+        let normal = try ExternalCommand.run(example, arguments, environment: ["PATH": "/usr/bin:/bin"], timeout: 60)
+        #expect(normal.status == 0 && normal.stdout == "full: 5000 bytes\n", "\(normal.output)")
+        #expect(try AdminAPIClient(port: proxy.adminPort).put("/mode", #"{"mode": "constrained"}"#).status == 200)
+        let constrained = try ExternalCommand.run(example, arguments, environment: ["PATH": "/usr/bin:/bin"], timeout: 60)
+        #expect(constrained.status == 0 && constrained.stdout == "low-res (constrained): 5 bytes\n", "\(constrained.output)")
+        #expect(origin.requests.map(\.target) == ["/full.jpg", "/low.jpg"], "the refused full-size request never left")
+    }
+}
