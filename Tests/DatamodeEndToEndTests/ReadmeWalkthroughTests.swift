@@ -310,6 +310,9 @@ import Testing
         let video = try curl("/video.mp4")
         #expect(video.stdout.hasPrefix("HTTP/2 403"), "\(video.output)")
         #expect(video.stdout.contains("network-unavailable-reason: constrained"))
+        // HTTP/2 has no reason phrase (RFC 9113 §8.3.2); Proxy-Status says why all the same (SPEC §20).
+        #expect(video.stdout.contains("proxy-status: datamode-proxy; error=http_request_denied; details=\"constrained\""),
+                "\(video.output)")
         #expect(video.stdout.contains("\"url\":\"https://localhost:\(origin.port)/video.mp4\""))
         let small = try curl("/img/hero.jpg")
         #expect(small.stdout.hasPrefix("HTTP/2 200") && small.stdout.contains("data-mode-variant: hero-small"), "\(small.output)")
