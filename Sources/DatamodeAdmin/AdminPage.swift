@@ -72,9 +72,9 @@ enum AdminPage {
     <div class="buttons" id="mode-buttons"></div><div id="message"></div></section>
   <section><h2>Link profile</h2><div id="profile">…</div><div class="muted" id="profile-detail"></div></section>
   <section><h2>Budgets</h2><div id="budgets" class="muted">none configured</div></section>
-  <section class="wide"><h2>Bytes relayed, last hour</h2><svg id="relayed-chart" viewBox="0 0 600 130" preserveAspectRatio="none"></svg>
+  <section class="wide"><h2>Bytes relayed per second (in: from clients, out: to clients)</h2><svg id="relayed-chart" viewBox="0 0 600 130" preserveAspectRatio="none"></svg>
     <div class="legend" id="relayed-legend"></div></section>
-  <section class="wide"><h2>Bytes saved, last hour</h2><svg id="saved-chart" viewBox="0 0 600 130" preserveAspectRatio="none"></svg>
+  <section class="wide"><h2>Bytes saved per second, by kind</h2><svg id="saved-chart" viewBox="0 0 600 130" preserveAspectRatio="none"></svg>
     <div class="legend" id="saved-legend"></div></section>
   <section class="wide"><h2>Latest refusals</h2>
     <table><thead><tr><th>time</th><th>client</th><th>request</th><th>error</th><th>rule</th><th>session</th></tr></thead>
@@ -149,13 +149,15 @@ async function loadRefusals() {
   }));
 }
 
-/// Lines of per-second values over the last hour, on one scale (the top is the largest second).
+/// Lines of per-second values, on one scale (the top is the largest second), over the time the timeline covers:
+/// from its first point (at least the last 5 minutes, at most the hour it keeps) to now.
 function chart(svg, legend, points, series) {
   const now = Math.floor(Date.now() / 1000), W = 600, H = 120;
+  const span = Math.min(3600, Math.max(300, now - (points.length ? points[0].t : now) + 1));
   const max = Math.max(1, ...series.flatMap(s => points.map(s.value)));
   svg.replaceChildren(); legend.replaceChildren();
   for (const s of series) {
-    const d = points.map((p, i) => (i ? "L" : "M") + (W - (now - p.t) * W / 3600).toFixed(1) + " " + (H + 5 - s.value(p) * H / max).toFixed(1)).join(" ");
+    const d = points.map((p, i) => (i ? "L" : "M") + (W - (now - p.t) * W / span).toFixed(1) + " " + (H + 5 - s.value(p) * H / max).toFixed(1)).join(" ");
     const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
     path.setAttribute("d", d || "M0 125"); path.setAttribute("fill", "none"); path.setAttribute("stroke", COLORS[s.name] || "#555");
     path.setAttribute("stroke-width", "1.5"); path.setAttribute("vector-effect", "non-scaling-stroke"); path.dataset.series = s.name;
@@ -164,7 +166,7 @@ function chart(svg, legend, points, series) {
     const key = el("span"); const swatch = el("i"); swatch.style.background = COLORS[s.name] || "#555";
     key.append(swatch, s.name + " " + bytes(total)); legend.append(key);
   }
-  legend.append(el("span", "peak " + bytes(max) + "/s", "muted"));
+  legend.append(el("span", "peak " + bytes(max) + "/s · last " + Math.round(span / 60) + " min", "muted"));
 }
 
 async function loadTimeline() {
