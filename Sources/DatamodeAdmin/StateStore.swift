@@ -39,6 +39,32 @@ public final class StateStore: @unchecked Sendable {
         }
     }
 
+    /// The files another process may write for this one to follow (SPEC §19 `store.kind: file`), by name.
+    public static let followedFiles: Set<String> = ["mode.json", "variants.json", "conditions.json"]
+
+    /// Whether a change of the directory entry `name` may change a followed file: one of them, or an entry of a
+    /// Kubernetes ConfigMap volume (`..data`, the symlink swapped to publish a new version, and its `..` siblings).
+    /// Temporaries, budget usage and the deferral store are this process's own business.
+    public static func mayChangeFollowedFiles(_ name: String) -> Bool {
+        followedFiles.contains(name) || name.hasPrefix("..")
+    }
+
+    /// The bytes of each followed file as this process last wrote or read it (`.some(nil)`: absent), so that a
+    /// change seen in the directory is told apart from this process's own write. Control plane only.
+    private var known: [String: [UInt8]?] = [:]
+
+    /// Whether the file at `path` differs from what this process last wrote or read there (it appeared, went, or
+    /// holds other bytes). Follows symlinks, as a reader does.
+    public func changedSinceKnown(_ path: String) -> Bool {
+        guard let last = known[path] else { return true }
+        return Self.contents(path) != last
+    }
+
+    /// The file's bytes, or nil when there is none (or it cannot be opened).
+    private static func contents(_ path: String) -> [UInt8]? {
+        FileManager.default.contents(atPath: path).map { Array($0) }
+    }
+
     public var modePath: String { directory + "/mode.json" }
     public var variantsPath: String { directory + "/variants.json" }
 
@@ -64,6 +90,7 @@ public final class StateStore: @unchecked Sendable {
         if unlink(modePath) != 0 && errno != ENOENT {
             throw StateError(description: "cannot remove \(modePath): \(String(cString: strerror(errno)))")
         }
+        known[modePath] = .some(nil)
         syncDirectory()
     }
 
@@ -88,6 +115,7 @@ public final class StateStore: @unchecked Sendable {
         if unlink(conditionsPath) != 0 && errno != ENOENT {
             throw StateError(description: "cannot remove \(conditionsPath): \(String(cString: strerror(errno)))")
         }
+        known[conditionsPath] = .some(nil)
         syncDirectory()
     }
 
@@ -167,10 +195,15 @@ public final class StateStore: @unchecked Sendable {
     // MARK: files
 
     private func readObject(_ path: String) throws(StateError) -> [String: Any]? {
-        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        guard FileManager.default.fileExists(atPath: path) else {
+            known[path] = .some(nil)
+            return nil
+        }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw StateError(description: "\(path): cannot be read")
         }
+        // Known even when refused below: the refusal is logged once, not again at every change of the directory.
+        known[path] = .some(Array(data))
         guard let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
             throw StateError(description: "\(path): not a JSON object (corrupt?); fix or delete the file to start")
         }
@@ -215,6 +248,7 @@ public final class StateStore: @unchecked Sendable {
             unlink(temporary)
             throw StateError(description: "cannot rename \(temporary) to \(path): \(reason)")
         }
+        known[path] = .some(bytes)
         syncDirectory()
     }
 

@@ -335,6 +335,9 @@ let eventBatchFreeCallback: evbuffer_ref_cleanup_cb = { data, _, _ in
 let controlTimerCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: ControlTimer.self).fired()
 }
+let directoryWatchCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: DirectoryWatch.self).readable()
+}
 let controlPostCallback: event_callback_fn = { _, _, ctx in
     Unmanaged<ControlPost>.fromOpaque(ctx!).takeRetainedValue().run()
 }

@@ -223,12 +223,18 @@ public final class ProxyInstance: @unchecked Sendable {
     private var heartbeatTimer: ControlTimer?
     private var scheduleTimer: ControlTimer?
     private var expiryTimer: ControlTimer?
+    /// The state directory's watch (SPEC §19 `store.kind: file`) and the timer that gathers its bursts.
+    private var stateWatch: DirectoryWatch?
+    private var stateFollowTimer: ControlTimer?
+    private var stateFollowArmed = false
 
     deinit {
         // evhttp and the timers before the event base they live on.
         heartbeatTimer = nil
         scheduleTimer = nil
         expiryTimer = nil
+        stateWatch = nil
+        stateFollowTimer = nil
         admin = nil
         control = nil
     }
@@ -269,6 +275,7 @@ public final class ProxyInstance: @unchecked Sendable {
         }
         server.addOwnAddress(adminAddress)
         startControlTimers(control)
+        followStateDirectory(control)
         startIdleTrim(control)
         try server.start()
         // SPEC §20: the timeline's one point per second, from the totals the workers keep anyway.
@@ -331,6 +338,35 @@ public final class ProxyInstance: @unchecked Sendable {
         }
         expiryTimer = expiry
         armExpiryTimer()
+    }
+
+    /// How long after the first change seen in the state directory its files are read: a writer's burst (a
+    /// temporary written, then renamed; a ConfigMap's new directory, its `..data_tmp` link, the rename) is read once,
+    /// whole, well within SPEC §19's second.
+    static let stateFollowDelayMilliseconds: Int64 = 50
+
+    /// Watches the state directory for what another process writes there (SPEC §19): a change arms the timer once
+    /// (later changes do not push it back, so a writer that never stops cannot starve it), and when it fires the
+    /// admin API applies the followed files. Where inotify cannot be had, the directory is read every second.
+    private func followStateDirectory(_ control: ControlLoop) {
+        let follow = control.timer { [unowned self] in
+            self.stateFollowArmed = false
+            self.controlPlane.withLock { _ in _ = self.adminAPI.followStateDirectory() }
+        }
+        stateFollowTimer = follow
+        do {
+            stateWatch = try DirectoryWatch(loop: control, directory: store.directory) { [unowned self] names in
+                guard names?.contains(where: StateStore.mayChangeFollowedFiles) ?? true, !self.stateFollowArmed else { return }
+                self.stateFollowArmed = true
+                follow.schedule(milliseconds: Self.stateFollowDelayMilliseconds)
+            }
+        } catch {
+            logger.warning("cannot watch the state directory; reading it every second instead",
+                           metadata: ["directory": "\(store.directory)", "error": "\(error)"])
+            control.every(milliseconds: 1000) { [unowned self] in
+                self.controlPlane.withLock { _ in _ = self.adminAPI.followStateDirectory() }
+            }
+        }
     }
 
     /// What grows with the proxy's work: the workers' exchanges and connections, and admin requests answered.
