@@ -57,6 +57,13 @@ let package = Package(
             pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        // SPEC §19: the shared store's client (Debian libhiredis-dev, 0.14 on Debian 12) on its libevent adapter.
+        // Only the engine imports it.
+        .systemLibrary(
+            name: "CHiredis",
+            pkgConfig: "hiredis",
+            providers: [.apt(["libhiredis-dev"])]
+        ),
         .target(
             name: "CDatamodeShims",
             dependencies: ["CLibevent", "COpenSSL"]
@@ -93,7 +100,7 @@ let package = Package(
         .target(
             name: "DatamodeEngine",
             dependencies: [
-                "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage",
+                "CLibevent", "COpenSSL", "CDatamodeShims", "CDatamodeImage", "CHiredis",
                 "DatamodeHTTP", "DatamodeHTTP2", "DatamodePolicy", "DatamodeConfig", "DatamodeMedia", "DatamodeState",
                 "DatamodeDeferral",
                 .product(name: "Logging", package: "swift-log"),

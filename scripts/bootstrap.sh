@@ -2,7 +2,8 @@
 # Installs what datamode-proxy needs to build and run, only what is missing.
 # Used by scripts/start.sh, scripts/test.sh and docker/Dockerfile: one list, one place.
 #   scripts/bootstrap.sh            build + run dependencies (libevent, OpenSSL, libjpeg-turbo, libpng, libwebp,
-#                                   nghttp2 for HTTP/2, SPEC §17; SQLite for the deferral store, SPEC §18)
+#                                   nghttp2 for HTTP/2, SPEC §17; SQLite for the deferral store, SPEC §18;
+#                                   hiredis for the shared store, SPEC §19)
 #   scripts/bootstrap.sh --test     also what the test suite drives: curl, the openssl CLI, Python requests,
 #                                   headless Chromium and certutil (the HTTPS browser test, SPEC §9), Debian's
 #                                   Pillow (the image tests' independent encoder), the linters the docker/
@@ -10,17 +11,18 @@
 #                                   (nghttp and h2load from Debian's nghttp2-client, Python h2 from PyPI), an
 #                                   HTTP/2 origin (nghttpd from Debian's nghttp2-server)
 #                                   and iptables + iproute2 (the transparent sidecar tests build network
-#                                   namespaces with redirect rules, SPEC §16), and wget (with apt and pip, a
-#                                   client whose printed refusal must name the cause, SPEC §20)
+#                                   namespaces with redirect rules, SPEC §16), wget (with apt and pip, a
+#                                   client whose printed refusal must name the cause, SPEC §20), and redis-server
+#                                   (the shared store's tests start their own, SPEC §19; redis-cli comes with it)
 set -euo pipefail
 test_tools=false
 [ "${1:-}" = "--test" ] && test_tools=true
 
 packages=(libevent-dev libssl-dev pkg-config ca-certificates libjpeg62-turbo-dev libpng-dev libwebp-dev libnghttp2-dev
-    libsqlite3-dev)
+    libsqlite3-dev libhiredis-dev)
 if $test_tools; then
     packages+=(curl openssl shellcheck python3 python3-pip python3-requests chromium libnss3-tools python3-pil
-        nghttp2-client nghttp2-server iptables iproute2 wget)
+        nghttp2-client nghttp2-server iptables iproute2 wget redis-server)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,4 +1,5 @@
 import CDatamodeShims
+import CHiredis
 import CLibevent
 #if canImport(Glibc)
 import Glibc
@@ -337,6 +338,34 @@ let controlTimerCallback: event_callback_fn = { _, _, ctx in
 }
 let directoryWatchCallback: event_callback_fn = { _, _, ctx in
     owner(ctx, as: DirectoryWatch.self).readable()
+}
+// MARK: Redis (SPEC §19): hiredis's callbacks, on the link's thread
+
+private func redisOwner(_ context: UnsafePointer<redisAsyncContext>?) -> RedisConnection? {
+    guard let data = context?.pointee.data else { return nil }
+    return Unmanaged<RedisConnection>.fromOpaque(data).takeUnretainedValue()
+}
+let redisConnectCallback: @convention(c) (UnsafePointer<redisAsyncContext>?, Int32) -> Void = { context, status in
+    redisOwner(context)?.connected(status: status)
+}
+let redisDisconnectCallback: @convention(c) (UnsafePointer<redisAsyncContext>?, Int32) -> Void = { context, status in
+    redisOwner(context)?.disconnected(status: status)
+}
+/// A command's reply (nil reply: dropped unanswered); the completion was retained for this one call.
+let redisReplyCallback: @convention(c) (UnsafeMutablePointer<redisAsyncContext>?, UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { context, reply, data in
+    if reply != nil { redisOwner(UnsafePointer(context))?.replied() }
+    let completion = Unmanaged<RedisCompletion>.fromOpaque(data!).takeRetainedValue()
+    completion.completion(RedisReply(reply))
+}
+/// The subscriber's replies: the confirmation, then each message, for as long as the connection lives.
+let redisMessageCallback: @convention(c) (UnsafeMutablePointer<redisAsyncContext>?, UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { _, reply, data in
+    owner(data, as: RedisConnection.self).message(RedisReply(reply))
+}
+let redisWatchdogCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: RedisLink.self).watch()
+}
+let redisRetryCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: RedisConnection.self).connect()
 }
 let controlPostCallback: event_callback_fn = { _, _, ctx in
     Unmanaged<ControlPost>.fromOpaque(ctx!).takeRetainedValue().run()
