@@ -40,6 +40,12 @@ public final class AdminAPI: @unchecked Sendable {
     let refusals: () -> [Refusal]
     /// Bytes per second over the last hour (SPEC §20), sampled by `sampleTimeline`.
     var timeline = Timeline()
+    /// The shared store's state (SPEC §19): nil with `store.kind: file` (the directory is always there), else
+    /// whether Redis is reachable now. Read by `/healthz` and `/metrics`.
+    public var storeUp: (() -> Bool)?
+    /// What the shared store last held for each followed file, as applied or refused (`applyShared`): the same
+    /// value seen again by the next sync is neither applied nor refused again.
+    var sharedSeen: [String: [UInt8]?] = [:]
 
     /// Data budgets (SPEC §11), counted by the workers.
     let budgets: BudgetLedger
@@ -118,6 +124,17 @@ public final class AdminAPI: @unchecked Sendable {
     /// plane once a second, serialised with admin requests.
     public func sampleTimeline() {
         timeline.sample(t: now(), Timeline.Totals(metrics()))
+    }
+
+    /// A state write that failed: `503 store-unavailable` when the shared store could not take it (nothing changed,
+    /// on any proxy: SPEC §19), else `500 state-write-failed` (the disk).
+    func stateWriteFailure(_ error: StateStore.StateError) -> AdminResponse {
+        if error.unavailable {
+            var response = AdminProblem.response(503, "store-unavailable", "\(error)")
+            response.headers.append(("Retry-After", "1"))
+            return response
+        }
+        return AdminProblem.response(500, "state-write-failed", "\(error)")
     }
 
     static func authorized(_ header: String?, token: String) -> Bool {

@@ -154,7 +154,7 @@ extension AdminAPI {
         },
         AdminRoute("/healthz", [.get, .head], readers: .anyone,
                    help: "liveness: 200 while the control loop runs, no token needed") {
-            _, request, _ in HealthEndpoint.handle(request)
+            api, request, _ in HealthEndpoint.handle(request, storeUp: api.storeUp)
         },
         AdminRoute("/ca.pem", [.get, .head], readers: .anyoneOnLoopback,
                    help: "the local CA's certificate, for clients to trust (no token needed on a loopback listener)") {

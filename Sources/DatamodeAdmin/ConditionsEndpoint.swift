@@ -61,7 +61,7 @@ struct ConditionsEndpoint {
         do {
             try api.store.saveProfile(name)
         } catch {
-            return AdminProblem.response(500, "state-write-failed", "\(error)")
+            return api.stateWriteFailure(error)
         }
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in
             state.apiProfile = name
@@ -77,7 +77,7 @@ struct ConditionsEndpoint {
         do {
             try api.store.deleteProfile()
         } catch {
-            return AdminProblem.response(500, "state-write-failed", "\(error)")
+            return api.stateWriteFailure(error)
         }
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in
             state.apiProfile = nil

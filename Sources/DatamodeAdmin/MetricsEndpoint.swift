@@ -6,7 +6,7 @@ struct MetricsEndpoint {
     let api: AdminAPI
 
     func handle(_ request: AdminRequest) -> AdminResponse {
-        var text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads())
+        var text = Self.render(api.metrics(), api.runtime.load().snapshot, reloads: api.reloads(), storeUp: api.storeUp)
         text += Self.renderBudgets(api.budgets, now: api.now())
         return AdminResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")], body: Array(text.utf8))
     }
@@ -27,7 +27,8 @@ struct MetricsEndpoint {
         return out
     }
 
-    static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot, reloads: ReloadCounts) -> String {
+    static func render(_ metrics: MetricsSnapshot, _ snapshot: RuntimeSnapshot, reloads: ReloadCounts,
+                       storeUp: (() -> Bool)? = nil) -> String {
         var out = ""
         out += "# HELP datamode_requests_total Requests answered, by outcome and reason (an error code of SPEC §6, or empty).\n"
         out += "# TYPE datamode_requests_total counter\n"
@@ -133,6 +134,9 @@ struct MetricsEndpoint {
         let api = snapshot.policy.variants.filter { $0.source == .api }.count
         out += "datamode_variants{source=\"config\"} \(snapshot.policy.variants.count - api)\n"
         out += "datamode_variants{source=\"api\"} \(api)\n"
+        out += "# HELP datamode_store_up Whether the state store is reachable (SPEC §19): always 1 for the state directory.\n"
+        out += "# TYPE datamode_store_up gauge\n"
+        out += "datamode_store_up{kind=\"\(storeUp == nil ? "file" : "redis")\"} \((storeUp?() ?? true) ? 1 : 0)\n"
         out += "# HELP datamode_reloads_total Configuration reloads (SIGHUP): ok = applied, failed = refused, the running one kept.\n"
         out += "# TYPE datamode_reloads_total counter\n"
         out += "datamode_reloads_total{result=\"ok\"} \(reloads.ok)\n"

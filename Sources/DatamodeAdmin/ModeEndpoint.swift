@@ -65,7 +65,7 @@ public struct ModeEndpoint {
         do {
             try api.store.saveMode(mode, since: since)
         } catch {
-            return AdminProblem.response(500, "state-write-failed", "\(error)")
+            return api.stateWriteFailure(error)
         }
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in
             state.apply(ModeResolution(api: mode, configuration: state.configuration), now: since)
@@ -81,7 +81,7 @@ public struct ModeEndpoint {
         do {
             try api.store.deleteMode()
         } catch {
-            return AdminProblem.response(500, "state-write-failed", "\(error)")
+            return api.stateWriteFailure(error)
         }
         let now = api.now()
         let snapshot = api.runtime.update { state -> RuntimeSnapshot in

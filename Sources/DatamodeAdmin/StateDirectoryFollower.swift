@@ -54,6 +54,37 @@ extension AdminAPI {
         return outcome
     }
 
+    /// Applies what the shared store holds for the followed file `name` (SPEC §19 `store.kind: redis`; nil: no
+    /// value), parsed as strictly as the file; `origin` names it in a refusal (the Redis key). A valid value is
+    /// put in force as the matching admin write would be, and written to the local file as the last state known;
+    /// a bad one is refused with a log line naming the key, and the running state kept. The same value seen again
+    /// is skipped. Returns whether it was applied, unchanged (`false`), or refused (`nil`).
+    @discardableResult
+    public func applyShared(_ name: String, _ bytes: [UInt8]?, origin: String) -> Bool? {
+        guard StateStore.followedFiles.contains(name), sharedSeen[name] != .some(bytes) else { return false }
+        sharedSeen[name] = .some(bytes)
+        let given = StateStore.Given(bytes: bytes, origin: origin)
+        do throws(StateStore.StateError) {
+            let changed: Bool
+            switch name {
+            case "mode.json": changed = followMode(try store.loadMode(given))
+            case "conditions.json": changed = try followProfile(try store.loadProfile(given))
+            default:
+                let files = runtime.load().snapshot.configuration.variantFiles
+                changed = try followVariants(try store.loadVariants(files: files, given))
+            }
+            do {
+                try store.cache(name, bytes)
+            } catch {
+                logger.error("cannot keep the shared state in the state directory", metadata: ["error": "\(error)"])
+            }
+            return changed
+        } catch {
+            logger.error("shared state refused; the running state is kept", metadata: ["key": "\(origin)", "error": "\(error)"])
+            return nil
+        }
+    }
+
     /// Puts the file's API mode in force (none: back to the flag/config mode). A file naming the mode already in
     /// force changes nothing, so this process's own writes, seen again, are not changes.
     private func followMode(_ saved: (mode: DataMode, since: Int64)?) -> Bool {
@@ -76,7 +107,7 @@ extension AdminAPI {
     private func followProfile(_ name: String?) throws(StateStore.StateError) -> Bool {
         let current = runtime.load().snapshot
         if let name, current.configuration.link.profiles[name] == nil {
-            throw StateStore.StateError(description: "\(store.conditionsPath): profile \"\(name)\" is not defined in the configuration; "
+            throw StateStore.StateError(description: "profile \"\(name)\" is not defined in the configuration; "
                 + "known: \(current.configuration.link.profileNames.joined(separator: ", "))")
         }
         guard name != current.apiProfile else { return false }
@@ -99,7 +130,7 @@ extension AdminAPI {
         do {
             compiled = try current.replacingAPIVariants(variants)
         } catch {
-            throw StateStore.StateError(description: "\(store.variantsPath): \(error)")
+            throw StateStore.StateError(description: "API variants do not compile: \(error)")
         }
         runtime.update { $0.policy = compiled }
         let ids = compiled.variants.map(\.id)

@@ -16,8 +16,30 @@ public final class StateStore: @unchecked Sendable {
 
     public struct StateError: Error, CustomStringConvertible {
         public var description: String
-        public init(description: String) { self.description = description }
+        /// The shared store could not be reached in time (SPEC §19): nothing was changed, anywhere (`503
+        /// store-unavailable`), rather than this proxy alone.
+        public var unavailable: Bool
+        public init(description: String, unavailable: Bool = false) {
+            self.description = description
+            self.unavailable = unavailable
+        }
     }
+
+    /// Contents handed to a loader instead of its file: what the shared store holds (nil: no value), and where
+    /// it came from for error messages (a Redis key).
+    public struct Given {
+        public var bytes: [UInt8]?
+        public var origin: String
+        public init(bytes: [UInt8]?, origin: String) {
+            self.bytes = bytes
+            self.origin = origin
+        }
+    }
+
+    /// The shared store (SPEC §19 `store.kind: redis`): a write of a followed file goes there first, and only once
+    /// it is there to the local file, which is then the last state known (what a start with the store down uses).
+    /// nil: the state directory is the store. Set once, before the admin API serves.
+    public var shared: (any SharedStateWriter)?
 
     public init(directory: String) throws(StateError) {
         self.directory = directory
@@ -73,10 +95,10 @@ public final class StateStore: @unchecked Sendable {
     /// The persisted API mode, or nil when none was set. The file holds the mode's name, so one written before
     /// the ultra-constrained condition existed (SPEC §15) names one of the four old modes and reads as that mode
     /// without it.
-    public func loadMode() throws(StateError) -> (mode: DataMode, since: Int64)? {
-        guard let object = try readObject(modePath) else { return nil }
+    public func loadMode(_ given: Given? = nil) throws(StateError) -> (mode: DataMode, since: Int64)? {
+        guard let object = try readObject(modePath, given) else { return nil }
         guard let name = object["mode"] as? String, let mode = DataMode(name: name) else {
-            throw StateError(description: "\(modePath): \"mode\" is missing or not a mode name; fix or delete the file")
+            throw StateError(description: "\(given?.origin ?? modePath): \"mode\" is missing or not a mode name; fix or delete \(given == nil ? "the file" : "it")")
         }
         let since = (object["since"] as? NSNumber)?.int64Value ?? 0
         return (mode, since)
@@ -87,6 +109,7 @@ public final class StateStore: @unchecked Sendable {
     }
 
     public func deleteMode() throws(StateError) {
+        try share(modePath, nil)
         if unlink(modePath) != 0 && errno != ENOENT {
             throw StateError(description: "cannot remove \(modePath): \(String(cString: strerror(errno)))")
         }
@@ -99,10 +122,10 @@ public final class StateStore: @unchecked Sendable {
     public var conditionsPath: String { directory + "/conditions.json" }
 
     /// The link profile set with `PUT /conditions`, or nil.
-    public func loadProfile() throws(StateError) -> String? {
-        guard let object = try readObject(conditionsPath) else { return nil }
+    public func loadProfile(_ given: Given? = nil) throws(StateError) -> String? {
+        guard let object = try readObject(conditionsPath, given) else { return nil }
         guard let name = object["profile"] as? String, !name.isEmpty else {
-            throw StateError(description: "\(conditionsPath): \"profile\" is missing or not a name; fix or delete the file")
+            throw StateError(description: "\(given?.origin ?? conditionsPath): \"profile\" is missing or not a name; fix or delete \(given == nil ? "the file" : "it")")
         }
         return name
     }
@@ -112,6 +135,7 @@ public final class StateStore: @unchecked Sendable {
     }
 
     public func deleteProfile() throws(StateError) {
+        try share(conditionsPath, nil)
         if unlink(conditionsPath) != 0 && errno != ENOENT {
             throw StateError(description: "cannot remove \(conditionsPath): \(String(cString: strerror(errno)))")
         }
@@ -151,8 +175,9 @@ public final class StateStore: @unchecked Sendable {
     /// The persisted API variants. Each is checked as a new `PUT` would be, `file`s against `files`: a variant
     /// that no longer passes (its file is gone, or lies outside the variants directory, as one written before
     /// `variants-dir` existed may) stops start-up with an error naming this file, rather than being dropped.
-    public func loadVariants(files: VariantFiles) throws(StateError) -> [Variant] {
-        guard let object = try readObject(variantsPath) else { return [] }
+    public func loadVariants(files: VariantFiles, _ given: Given? = nil) throws(StateError) -> [Variant] {
+        let variantsPath = given?.origin ?? self.variantsPath
+        guard let object = try readObject(self.variantsPath, given) else { return [] }
         guard let list = object["variants"] as? [[String: Any]] else {
             throw StateError(description: "\(variantsPath): \"variants\" is missing or not a list; fix or delete the file")
         }
@@ -194,7 +219,14 @@ public final class StateStore: @unchecked Sendable {
 
     // MARK: files
 
-    private func readObject(_ path: String) throws(StateError) -> [String: Any]? {
+    private func readObject(_ path: String, _ given: Given? = nil) throws(StateError) -> [String: Any]? {
+        if let given {
+            guard let bytes = given.bytes else { return nil }
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(bytes))) as? [String: Any] else {
+                throw StateError(description: "\(given.origin): not a JSON object")
+            }
+            return object
+        }
         guard FileManager.default.fileExists(atPath: path) else {
             known[path] = .some(nil)
             return nil
@@ -220,7 +252,8 @@ public final class StateStore: @unchecked Sendable {
         try writeAtomically(path, bytes: Array(data) + [0x0a])
     }
 
-    private func writeAtomically(_ path: String, bytes: [UInt8]) throws(StateError) {
+    private func writeAtomically(_ path: String, bytes: [UInt8], sharing: Bool = true) throws(StateError) {
+        if sharing { try share(path, bytes) }
         let temporary = "\(path).tmp.\(getpid())"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateError(description: "cannot create \(temporary): \(String(cString: strerror(errno)))") }
@@ -252,6 +285,35 @@ public final class StateStore: @unchecked Sendable {
         syncDirectory()
     }
 
+    /// Hands a followed file's new contents (nil: removed) to the shared store first, when there is one.
+    private func share(_ path: String, _ bytes: [UInt8]?) throws(StateError) {
+        guard let shared else { return }
+        let name = String(path.split(separator: "/").last ?? "")
+        guard Self.followedFiles.contains(name) else { return }
+        try shared.share(name, bytes)
+    }
+
+    /// Writes what the shared store holds for `name` to the local file (nil: removes it), without sharing it back:
+    /// the last state known, for a start while the store is down.
+    public func cache(_ name: String, _ bytes: [UInt8]?) throws(StateError) {
+        precondition(Self.followedFiles.contains(name), "only followed files are cached")
+        let path = directory + "/" + name
+        if let bytes {
+            guard known[path] != .some(bytes) else { return }
+            try writeAtomically(path, bytes: bytes, sharing: false)
+        } else {
+            if unlink(path) != 0 && errno != ENOENT {
+                throw StateError(description: "cannot remove \(path): \(String(cString: strerror(errno)))")
+            }
+            known[path] = .some(nil)
+        }
+    }
+
+    /// The local file's bytes for `name` (nil: none): what this proxy seeds an empty shared store with.
+    public func localBytes(_ name: String) -> [UInt8]? {
+        Self.contents(directory + "/" + name)
+    }
+
     /// Makes the rename itself durable.
     private func syncDirectory() {
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -260,4 +322,11 @@ public final class StateStore: @unchecked Sendable {
             close(fd)
         }
     }
+}
+
+/// The shared store behind `StateStore.shared` (SPEC §19): implemented over Redis by the instance.
+public protocol SharedStateWriter: AnyObject, Sendable {
+    /// Stores `value` for the followed file `name` (nil: removes it) where every proxy reads it, and tells them.
+    /// Throws a `StateError` with `unavailable` when the store cannot take it in time: then nothing changed.
+    func share(_ name: String, _ value: [UInt8]?) throws(StateStore.StateError)
 }

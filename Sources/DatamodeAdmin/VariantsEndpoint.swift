@@ -62,7 +62,7 @@ struct VariantsEndpoint {
         do {
             try api.store.saveVariants(apiVariants)
         } catch {
-            return AdminProblem.response(500, "state-write-failed", "\(error)")
+            return api.stateWriteFailure(error)
         }
         // Publish what was compiled, unless a reload replaced the policy meanwhile: then compile against that
         // (under the lock, but only in that rare case).

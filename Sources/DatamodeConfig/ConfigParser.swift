@@ -28,7 +28,7 @@ struct ConfigParser {
     static let topLevelKeys = ["listen", "admin", "mode", "state-dir", "threads", "tags", "rules", "variants",
                                "connect", "access", "limits", "timeouts", "drain-timeout", "log", "variants-dir", "sessions",
                                "tls", "profiles", "conditions", "shaping-scope", "budgets",
-                               "media", "images", "deferral", "http2", "transparent"]
+                               "media", "images", "deferral", "http2", "transparent", "store"]
 
     mutating func parse(_ yaml: String) throws(ConfigError) -> ProxyConfiguration {
         var configuration = ProxyConfiguration.defaults
@@ -82,6 +82,7 @@ struct ConfigParser {
         if let node = section["deferral"] { configuration.deferral = try deferral(node) }
         if let node = section["http2"] { configuration.http2 = try http2(node) }
         if let node = section["transparent"] { configuration.transparent = try transparent(node) }
+        if let node = section["store"] { configuration.store = try store(node) }
         configuration.link = try link(profiles: section["profiles"], conditions: section["conditions"],
                                       scope: section["shaping-scope"])
 

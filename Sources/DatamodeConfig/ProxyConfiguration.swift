@@ -57,6 +57,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
     public var http2: HTTP2Section = HTTP2Section()
     /// The transparent sidecar listener (SPEC §16); off by default.
     public var transparent: TransparentSection = TransparentSection()
+    /// Where shared state lives (SPEC §19): the state directory (default) or Redis.
+    public var store: StoreSection = StoreSection()
 
     /// True when an override (`--mode` or `DATAMODE_MODE`) set `mode`, not the file.
     public internal(set) var modeSetByOverride: Bool

@@ -29,12 +29,15 @@ public final class ProxyInstance: @unchecked Sendable {
         case state(StateStore.StateError)
         /// The local CA cannot be loaded or created (SPEC §9), e.g. a key readable by others.
         case certificateAuthority(CertificateAuthorityError)
+        /// The shared store cannot be set up (SPEC §19), e.g. its password file cannot be read.
+        case store(String)
 
         public var description: String {
             switch self {
             case .configuration(let error): "\(error)"
             case .state(let error): "state: \(error)"
             case .certificateAuthority(let error): "CA: \(error)"
+            case .store(let reason): "store: \(reason)"
             }
         }
     }
@@ -121,6 +124,7 @@ public final class ProxyInstance: @unchecked Sendable {
                 throw .state(StateStore.StateError(description: "\(store.variantsPath): \(error); fix or delete the file"))
             }
         }
+        redisPassword = try Self.redisPassword(configuration.store)
         let resolution = ModeResolution(api: saved?.mode, configuration: configuration)
         let now = Self.seconds(clock)
         let runtime = RuntimeState(RuntimeSnapshot(
@@ -154,6 +158,52 @@ public final class ProxyInstance: @unchecked Sendable {
                                  monotonic: { clock.nowNanoseconds() },
                                  knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) },
                                  caCertificate: { authority?.certificatePEM }, refusals: { server.refusals() })
+    }
+
+    /// The password in `store.redis.password-file`, without its trailing line break; nil without a file or with the
+    /// state directory as the store. An unreadable or empty file stops start-up, naming the file (not its contents).
+    private static func redisPassword(_ store: StoreSection) throws(StartupError) -> String? {
+        guard store.kind == .redis, let path = store.redis.passwordFile else { return nil }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw .store("store.redis.password-file \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while bytes.count <= 64 * 1024 {
+            let count = read(fd, &buffer, buffer.count)
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { break }
+            bytes += buffer[0..<count]
+        }
+        while let last = bytes.last, last == 0x0a || last == 0x0d { bytes.removeLast() }
+        guard !bytes.isEmpty, bytes.count <= 64 * 1024 else {
+            throw .store("store.redis.password-file \(path): \(bytes.isEmpty ? "empty" : "larger than 64 KiB")")
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Connects the shared store (SPEC §19 `store.kind: redis`): admin writes go to Redis first, what Redis holds is
+    /// applied on the control loop (pub/sub, every second, and when Redis comes up). Redis down changes nothing the
+    /// workers see: they go on with the last state known.
+    private func startFleetStore(_ control: ControlLoop) throws(EngineError) {
+        let settings = runtime.load().snapshot.configuration.store.redis
+        let store = self.store
+        let fleet = try FleetStore(settings: settings, password: redisPassword, logger: logger,
+                                   lastKnown: { name in store.localBytes(name) },
+                                   deliver: { [unowned self] name, bytes, key in
+            control.post { [unowned self] in
+                self.controlPlane.withLock { _ in _ = self.adminAPI.applyShared(name, bytes, origin: key) }
+            }
+        })
+        controlPlane.withLock { _ in
+            store.shared = fleet
+            adminAPI.storeUp = { fleet.isUp }
+        }
+        self.fleet = fleet
+        fleet.start()
+        control.every(milliseconds: 1000) { fleet.sync() }
+        logger.info("store: shared state in Redis", metadata: ["url": "\(settings.url)", "prefix": "\(settings.keyPrefix)",
+                                                              "auth": "\(redisPassword == nil ? "none" : "password-file")"])
     }
 
     /// Opens the deferral store (a damaged, foreign or busy one stops start-up, naming the file: SPEC §18) and
@@ -227,6 +277,10 @@ public final class ProxyInstance: @unchecked Sendable {
     private var stateWatch: DirectoryWatch?
     private var stateFollowTimer: ControlTimer?
     private var stateFollowArmed = false
+    /// The shared state in Redis (SPEC §19 `store.kind: redis`); nil with the state directory as the store.
+    private var fleet: FleetStore?
+    /// The Redis password, read from `store.redis.password-file` at start-up. Never logged.
+    private let redisPassword: String?
 
     deinit {
         // evhttp and the timers before the event base they live on.
@@ -275,7 +329,11 @@ public final class ProxyInstance: @unchecked Sendable {
         }
         server.addOwnAddress(adminAddress)
         startControlTimers(control)
-        followStateDirectory(control)
+        if configuration.store.kind == .redis {
+            try startFleetStore(control)
+        } else {
+            followStateDirectory(control)
+        }
         startIdleTrim(control)
         try server.start()
         // SPEC §20: the timeline's one point per second, from the totals the workers keep anyway.
@@ -447,6 +505,7 @@ public final class ProxyInstance: @unchecked Sendable {
         let finished = server.wait(timeout: timeout)
         // A clean stop loses no counted byte.
         persistBudgets()
+        fleet?.stop()
         delivery?.stop()
         deferredStore?.close()
         return finished
@@ -508,6 +567,9 @@ public final class ProxyInstance: @unchecked Sendable {
             adminAPI.events.emit(.reload, scope: "global", data: ["generation": Int(generation)])
             if before.mode != after.mode || before.modeSource != after.modeSource {
                 adminAPI.events.emit(.mode, scope: "global", data: ModeEndpoint.eventData(after))
+            }
+            if configuration.store != before.configuration.store {
+                logger.warning("store changed in the configuration file: it takes effect at the next start")
             }
             if configuration.budgets != budgets.budgets {
                 logger.warning("budgets changed in the configuration file: they take effect at the next start (usage is counted against the budgets the proxy started with)")
