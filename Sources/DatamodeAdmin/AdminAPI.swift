@@ -43,6 +43,9 @@ public final class AdminAPI: @unchecked Sendable {
     /// The shared store's state (SPEC §19): nil with `store.kind: file` (the directory is always there), else
     /// whether Redis is reachable now. Read by `/healthz` and `/metrics`.
     public var storeUp: (() -> Bool)?
+    /// With a shared store (SPEC §19): resets budget `index` for the whole fleet (its shared counter and this
+    /// process's share of it), or throws `unavailable`. nil: the budget is this process's own.
+    public var sharedBudgetReset: ((Int) throws(StateStore.StateError) -> Void)?
     /// What the shared store last held for each followed file, as applied or refused (`applyShared`): the same
     /// value seen again by the next sync is neither applied nor refused again.
     var sharedSeen: [String: [UInt8]?] = [:]

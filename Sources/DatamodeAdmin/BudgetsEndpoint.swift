@@ -18,7 +18,16 @@ struct BudgetsEndpoint {
         guard let index = api.budgets.index(named: name) else {
             return AdminProblem.response(404, "not-found", "no budget named \"\(name)\"; see GET /budgets")
         }
-        api.budgets.reset(index)
+        if let sharedReset = api.sharedBudgetReset {
+            // SPEC §19: the fleet's counter first; a store that cannot take it changes nothing, anywhere.
+            do {
+                try sharedReset(index)
+            } catch {
+                return api.stateWriteFailure(error)
+            }
+        } else {
+            api.budgets.reset(index)
+        }
         do {
             try api.store.saveBudgetUsage(api.budgets.usage())
         } catch {

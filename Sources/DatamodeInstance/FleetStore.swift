@@ -14,7 +14,8 @@ import Logging
 /// milliseconds), every second a read of all three keys (what a lost message or a write made with redis-cli
 /// would otherwise miss), and a read when the link comes up. A Redis that comes up without `<prefix>seeded` is
 /// new or came back empty: the proxy seeds it with the state it last knew (`SET … NX`: the first proxy's wins),
-/// so nothing an operator set is lost with Redis's memory.
+/// so nothing an operator set is lost with Redis's memory. Budget counters are raised to at least what each proxy
+/// knew every time it connects (`FleetBudgets.raiseCommands`).
 final class FleetStore: SharedStateWriter, @unchecked Sendable {
     let link: RedisLink
     let prefix: String
@@ -27,6 +28,10 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
     private let deliver: @Sendable (String, [UInt8]?, String) -> Void
 
     static let names = ["mode.json", "conditions.json", "variants.json"]
+
+    /// Commands sent each time the link comes up, before the state is read (the budgets' counters raised to at
+    /// least what this proxy knew). Set before `start()`.
+    var onUpCommands: (@Sendable () -> [[[UInt8]]])?
 
     init(settings: RedisStoreSettings, password: String?, logger: Logger,
          lastKnown: @escaping @Sendable (String) -> [UInt8]?,
@@ -112,6 +117,7 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
 
     /// Up (again): an empty Redis is seeded with what this proxy knew last, then everything is read.
     private func cameUp() {
+        if let commands = onUpCommands?(), !commands.isEmpty { link.pipeline(commands) { _ in } }
         link.command([Array("EXISTS".utf8), Array(seededKey.utf8)]) { [self] reply in
             guard reply == .integer(0) else { return sync() }
             var batch: [[[UInt8]]] = []
@@ -121,7 +127,7 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
             }
             batch.append([Array("SET".utf8), Array(seededKey.utf8), Array("1".utf8)])
             logger.info("store: Redis holds no state for this prefix; seeding it with the state this proxy knew",
-                        metadata: ["prefix": "\(prefix)", "keys": "\(batch.count - 1)"])
+                        metadata: ["prefix": "\(prefix)", "commands": "\(batch.count - 1)"])
             link.pipeline(batch) { [self] _ in sync() }
         }
     }

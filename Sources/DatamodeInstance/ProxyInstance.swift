@@ -195,11 +195,18 @@ public final class ProxyInstance: @unchecked Sendable {
                 self.controlPlane.withLock { _ in _ = self.adminAPI.applyShared(name, bytes, origin: key) }
             }
         })
+        let clock = self.clock
+        let shared = FleetBudgets(ledger: budgets, link: fleet.link, prefix: settings.keyPrefix)
+        fleet.onUpCommands = { shared.raiseCommands(now: Self.seconds(clock)) }
         controlPlane.withLock { _ in
             store.shared = fleet
             adminAPI.storeUp = { fleet.isUp }
+            if !budgets.isEmpty {
+                adminAPI.sharedBudgetReset = { index throws(StateStore.StateError) in try shared.reset(index, now: Self.seconds(clock)) }
+            }
         }
         self.fleet = fleet
+        fleetBudgets = shared
         fleet.start()
         control.every(milliseconds: 1000) { fleet.sync() }
         logger.info("store: shared state in Redis", metadata: ["url": "\(settings.url)", "prefix": "\(settings.keyPrefix)",
@@ -279,6 +286,8 @@ public final class ProxyInstance: @unchecked Sendable {
     private var stateFollowArmed = false
     /// The shared state in Redis (SPEC §19 `store.kind: redis`); nil with the state directory as the store.
     private var fleet: FleetStore?
+    /// The budgets' shared counters (with `fleet`).
+    private var fleetBudgets: FleetBudgets?
     /// The Redis password, read from `store.redis.password-file` at start-up. Never logged.
     private let redisPassword: String?
 
@@ -349,6 +358,7 @@ public final class ProxyInstance: @unchecked Sendable {
     /// crash loses at most a second of counting).
     private func budgetTick() {
         budgets.rollOver(now: Self.seconds(clock))
+        fleetBudgets?.flush(now: Self.seconds(clock))
         controlPlane.withLock { _ in adminAPI.emitBudgetChanges() }
         budgetTicks += 1
         if budgetTicks % 10 == 0 { persistBudgets() }

@@ -117,6 +117,29 @@ public final class BudgetLedger: Sendable {
         periods[index].base.store(Int64(value) &- sum, ordering: .releasing)
     }
 
+    // MARK: a fleet's shared counter (SPEC §19)
+
+    /// Everything the workers of this process have counted against budget `index` since start-up (never goes
+    /// back): what a shared store is sent the growth of.
+    public func localTotal(_ index: Int) -> UInt64 {
+        var total: UInt64 = 0
+        for slot in 0..<slotCount { total &+= slots[index * slotCount + slot].value.load(ordering: .relaxed) }
+        return total
+    }
+
+    /// Adopts the fleet's shared counter: `total` bytes used in the period, of which this process sent everything
+    /// up to its `localTotal` of `flushed`. Used is then `total` plus what this process counted since (`base` is
+    /// `total - flushed`), so counting goes on between flushes and while the store is down.
+    public func adoptShared(_ index: Int, total: UInt64, flushed: UInt64) {
+        periods[index].base.store(Int64(bitPattern: total) &- Int64(bitPattern: flushed), ordering: .releasing)
+    }
+
+    /// The fleet's counter as this process last knew it, without what it counted and did not send yet: what an
+    /// empty store is seeded with.
+    public func lastSharedTotal(_ index: Int, flushed: UInt64) -> UInt64 {
+        UInt64(max(0, periods[index].base.load(ordering: .acquiring) &+ Int64(bitPattern: flushed)))
+    }
+
     /// What is persisted: per budget, its period start and its usage.
     public func usage() -> [(name: String, start: Int64, used: UInt64)] {
         budgets.indices.map { (budgets[$0].name, periods[$0].start.load(ordering: .acquiring), used($0)) }
