@@ -73,7 +73,20 @@ public final class RedisServer: @unchecked Sendable {
     public func kill() {
         guard let process, process.isRunning else { return }
         Glibc.kill(process.processIdentifier, SIGKILL)
+        Glibc.kill(process.processIdentifier, SIGCONT)
         process.waitUntilExit()
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open and nothing is answered, a Redis that is slow forever.
+    public func pause() {
+        guard let process, process.isRunning else { return }
+        Glibc.kill(process.processIdentifier, SIGSTOP)
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    public func resume() {
+        guard let process, process.isRunning else { return }
+        Glibc.kill(process.processIdentifier, SIGCONT)
     }
 
     /// Stops the server and waits for it. SIGKILL, as `kill()`: a child of a process whose threads block SIGTERM

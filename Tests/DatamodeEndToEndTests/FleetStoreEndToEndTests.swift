@@ -302,4 +302,35 @@ struct FleetStoreEndToEndTests {
         }
         print("fleet budget across Redis's death: \(served) requests, counter \(total), expected \(expected)")
     }
+
+    @Test("A Redis that stops answering (SIGSTOP): no request waits on it, admin writes answer 503 within the deadline, and all is well after SIGCONT")
+    func redisStalled() throws {
+        let origin = try RecordingOrigin { _ in .ok("hello") }
+        defer { origin.stop() }
+        let fleet = try Fleet(count: 2, extraConfig: "budgets:\n  - {name: big, bytes: 10GB, period: month, then: constrained}")
+        #expect(try fleet.admins[0].put("/mode", #"{"mode": "expensive"}"#).status == 200)
+        #expect(fleet.waitForMode("expensive") != nil)
+        fleet.redis.pause()
+        defer { fleet.redis.resume() }
+        // Requests while Redis is frozen: answered at the usual pace (each under a second, whatever Redis does).
+        for proxy in fleet.proxies {
+            for _ in 0..<20 {
+                let started = ContinuousClock.now
+                let answer = try RawHTTPClient.exchange(RequestText.make("GET", origin.url("/s"), headers: []), to: proxy.port)
+                #expect(answer.status == 200)
+                #expect(ContinuousClock.now - started < .seconds(1), "a request waited on Redis")
+            }
+        }
+        let started = ContinuousClock.now
+        let refused = try fleet.admins[1].put("/mode", #"{"mode": "normal"}"#)
+        #expect(refused.status == 503 && refused.object["error"] as? String == "store-unavailable", "\(refused.status) \(refused.bodyText)")
+        #expect(ContinuousClock.now - started < .seconds(3))
+        #expect(fleet.modes() == ["expensive", "expensive"])
+        fleet.redis.resume()
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            fleet.admins.allSatisfy { (try? $0.get("/healthz"))?.object["store"] as? String == "up" }
+        })
+        #expect(try fleet.admins[1].put("/mode", #"{"mode": "normal"}"#).status == 200)
+        #expect(fleet.waitForMode("normal") != nil)
+    }
 }

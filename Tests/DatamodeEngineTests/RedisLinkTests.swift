@@ -84,4 +84,24 @@ struct RedisLinkTests {
         _ = try redis.command(["PUBLISH", "test:changes", "again"])
         #expect(AdminPolling.until(timeout: .seconds(5)) { inbox.messages.withLock { $0 } == ["again"] })
     }
+
+    @Test("A Redis that stops answering (SIGSTOP): the command's completion gets nil after the reply deadline, the link goes down, and comes back when Redis does")
+    func stalled() throws {
+        let redis = try RedisServer()
+        let inbox = Inbox()
+        let link = try Self.link(redis, password: nil, inbox: inbox)
+        link.start()
+        defer { link.stop() }
+        #expect(AdminPolling.until(timeout: .seconds(5)) { link.isUp })
+        redis.pause()
+        defer { redis.resume() }
+        let started = ContinuousClock.now
+        #expect(Self.call(link, ["PING"]) == nil, "no reply from a frozen Redis")
+        let waited = ContinuousClock.now - started
+        #expect(waited < .seconds(4), "the completion came after the 1 s deadline, not never: \(waited)")
+        #expect(AdminPolling.until(timeout: .seconds(3)) { !link.isUp })
+        redis.resume()
+        #expect(AdminPolling.until(timeout: .seconds(10)) { link.isUp }, "not up again after SIGCONT")
+        #expect(Self.call(link, ["PING"]) == .status("PONG"))
+    }
 }
