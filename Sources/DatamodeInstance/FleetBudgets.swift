@@ -4,6 +4,9 @@ import DatamodeEngine
 import DatamodeState
 import Dispatch
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Budget usage shared by a fleet (SPEC §19 `store.kind: redis`): one counter per budget and period in Redis,
 /// `<prefix>budget:<name>:<period start>`, that every proxy adds what it counted to (`INCRBY`), expiring an hour
@@ -49,16 +52,27 @@ final class FleetBudgets: @unchecked Sendable {
         max(1, ledger.period(index).end - now + 3600)
     }
 
+    /// At a clean stop: a last flush, waited for up to `timeout`, so what the workers counted in the last 100 ms
+    /// reaches the fleet's counter (SPEC §11: a clean stop loses nothing).
+    func flushBeforeStopping(now: Int64, timeout: DispatchTimeInterval = .milliseconds(500)) {
+        let done = DispatchSemaphore(value: 0)
+        let deadline = DispatchTime.now() + timeout
+        // One flush may be on its way already: wait for it, then send what is left.
+        while state.withLock({ $0.inFlight }) && DispatchTime.now() < deadline { usleep(5_000) }
+        flush(now: now) { done.signal() }
+        _ = done.wait(timeout: deadline)
+    }
+
     /// Every 100 ms on the control loop: sends each budget's growth and adopts the fleet's totals.
-    func flush(now: Int64) {
-        guard !ledger.isEmpty, link.isUp else { return }
+    func flush(now: Int64, completion: (@Sendable () -> Void)? = nil) {
+        guard !ledger.isEmpty, link.isUp else { completion?(); return }
         typealias Item = (index: Int, sending: UInt64, start: Int64)
         let items: [Item]? = state.withLock { state in
             guard !state.inFlight else { return nil }
             state.inFlight = true
             return ledger.budgets.indices.map { ($0, ledger.localTotal($0), ledger.period($0).start) }
         }
-        guard let items else { return }
+        guard let items else { completion?(); return }
         let flushed = state.withLock { $0.flushed }
         var batch: [[[UInt8]]] = []
         for item in items {
@@ -78,6 +92,7 @@ final class FleetBudgets: @unchecked Sendable {
                     ledger.adoptShared(item.index, total: UInt64(max(0, total)), flushed: item.sending)
                 }
             }
+            completion?()
         }
     }
 

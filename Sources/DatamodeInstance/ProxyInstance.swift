@@ -514,6 +514,7 @@ public final class ProxyInstance: @unchecked Sendable {
     public func wait(timeout: Duration) -> Bool {
         let finished = server.wait(timeout: timeout)
         // A clean stop loses no counted byte.
+        fleetBudgets?.flushBeforeStopping(now: Self.seconds(clock))
         persistBudgets()
         fleet?.stop()
         delivery?.stop()

@@ -333,4 +333,28 @@ struct FleetStoreEndToEndTests {
         #expect(try fleet.admins[1].put("/mode", #"{"mode": "normal"}"#).status == 200)
         #expect(fleet.waitForMode("normal") != nil)
     }
+
+    @Test("A clean stop sends what the proxy counted in its last moments: the shared counter is exact")
+    func cleanStopFlushes() throws {
+        let origin = try RecordingOrigin { _ in .ok("0123456789") }
+        defer { origin.stop() }
+        let fleet = try Fleet(count: 3, extraConfig: "budgets:\n  - {name: big, bytes: 10GB, period: month, then: constrained}")
+        // One kept-alive client per proxy, so that the last requests and the SIGTERM are a few milliseconds apart.
+        let clients = try fleet.proxies.map { try RawHTTPClient(port: $0.port) }
+        defer { clients.forEach { $0.close() } }
+        func request(_ index: Int) throws { #expect(try proxied(clients[index], origin.url("/n")).status == 200) }
+        for _ in 0..<10 { try request(0) }
+        #expect(AdminPolling.until(timeout: .seconds(2)) { (try? Self.counter(fleet, "big")) ?? 0 > 0 })
+        Thread.sleep(forTimeInterval: 0.3)
+        let perRequest = try Self.counter(fleet, "big") / 10
+        var served = 10
+        // Each proxy in turn: a burst, then SIGTERM at once (three chances for the burst to fall between two flushes).
+        for index in fleet.proxies.indices {
+            for _ in 0..<5 { try request(index) }
+            served += 5
+            fleet.proxies[index].signal(SIGTERM)
+            #expect(fleet.proxies[index].waitForExit(timeout: 12) == 0)
+        }
+        #expect(try Self.counter(fleet, "big") == UInt64(served) * perRequest, "the last requests' bytes reached Redis before the exit")
+    }
 }
