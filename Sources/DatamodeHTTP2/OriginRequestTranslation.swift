@@ -43,16 +43,30 @@ public enum HTTP2OriginRequestTranslation {
             let tail = String(rest[slash...])
             path = tail.isEmpty ? "/" : (tail.hasPrefix("?") ? "/" + tail : tail)
         }
-        let hosts = head.values(of: "host")
-        guard hosts.count <= 1 else { return .failure(.invalidField("more than one Host field")) }
-        let authority = targetAuthority ?? hosts.first ?? defaultAuthority
+        // One pass for the fields that decide the rest: Host (at most one) and whether any Connection names options.
+        var host: String?
+        var hostCount = 0
+        var hasConnection = false
+        for field in head.fields {
+            switch field.name.utf8.count {
+            case 4 where HTTP2RequestBuilder.equalsIgnoringASCIICase(field.name, "host"):
+                hostCount += 1
+                if host == nil { host = field.value }
+            case 10 where HTTP2RequestBuilder.equalsIgnoringASCIICase(field.name, "connection"):
+                hasConnection = true
+            default:
+                break
+            }
+        }
+        guard hostCount <= 1 else { return .failure(.invalidField("more than one Host field")) }
+        let authority = targetAuthority ?? host ?? defaultAuthority
         guard !authority.isEmpty else { return .failure(.invalidField("no authority")) }
-        let named = head.connectionTokens.fieldNames
+        let named = hasConnection ? head.connectionTokens.fieldNames : []
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.fields.count)
         for field in head.fields {
             let name = HTTP2ResponseTranslation.lowercased(field.name)
-            if name == "host" || named.contains(name) { continue }
+            if name == "host" || (!named.isEmpty && named.contains(name)) { continue }
             if name == "te" {
                 // `te: trailers` is the one TE HTTP/2 carries (RFC 9113 §8.2.2).
                 if field.value.split(separator: ",").contains(where: {
@@ -63,9 +77,10 @@ public enum HTTP2OriginRequestTranslation {
                 continue
             }
             if HTTP2ResponseTranslation.isConnectionSpecific(name) { continue }
-            let translated = HTTPField(name: name, value: field.value)
-            if let problem = HTTP2ResponseTranslation.problem(with: translated) { return .failure(.invalidField(problem)) }
-            fields.append(translated)
+            if let problem = HTTP2ResponseTranslation.problem(name: name, value: field.value) {
+                return .failure(.invalidField(problem))
+            }
+            fields.append(HTTPField(name: name, value: field.value))
         }
         return .success(HTTP2OriginRequest(method: head.method, authority: authority, path: path, fields: fields))
     }

@@ -37,29 +37,51 @@ public enum HTTP2ResponseTranslation {
     /// Why `field` cannot go out in HTTP/2, or nil: the checks `HTTP2ServerSession` applies to every field it is
     /// given (RFC 9113 §8.2.1, §8.2.2).
     public static func problem(with field: HTTPField) -> String? {
-        let name = field.name.utf8
-        guard !name.isEmpty, name.allSatisfy(HTTP2RequestBuilder.isLowercaseTchar) else {
-            return "field name \"\(field.name)\" is not a lowercase token"
-        }
+        // The connection-specific names are lowercase tokens: the order of the checks does not change the answer.
         if isConnectionSpecific(field.name) { return "connection-specific field \(field.name)" }
-        var value = field.value
+        return problem(name: field.name, value: field.value)
+    }
+
+    /// `problem(with:)` for a field whose name is known not to be connection-specific.
+    static func problem(name: String, value: String) -> String? {
+        guard isLowercaseToken(name) else { return "field name \"\(name)\" is not a lowercase token" }
+        var value = value
         let valid = value.withUTF8 { HTTP2RequestBuilder.isValidValue(UnsafeRawBufferPointer($0)) }
-        guard valid else { return "invalid value for \(field.name)" }
+        guard valid else { return "invalid value for \(name)" }
         return nil
+    }
+
+    private static func isLowercaseToken(_ name: String) -> Bool {
+        !name.utf8.isEmpty && name.utf8.allSatisfy(HTTP2RequestBuilder.isLowercaseTchar)
     }
 
     /// The fields RFC 9113 §8.2.2 forbids in HTTP/2 (`te` is allowed only as `te: trailers`, which no response
     /// carries, so responses drop it whole).
     static func isConnectionSpecific(_ lowercaseName: String) -> Bool {
-        switch lowercaseName {
-        case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te": true
+        // Gated on the length first: most names match none of the lengths, and a String switch compares each case.
+        switch lowercaseName.utf8.count {
+        case 2: lowercaseName == "te"
+        case 7: lowercaseName == "upgrade"
+        case 10: lowercaseName == "connection" || lowercaseName == "keep-alive"
+        case 16: lowercaseName == "proxy-connection"
+        case 17: lowercaseName == "transfer-encoding"
         default: false
         }
     }
 
+    /// `s` with ASCII uppercase letters lowercased; `s` itself when it has none. One buffer, no intermediate
+    /// array: a name of up to 15 bytes stays a small string (no allocation at all).
     static func lowercased(_ s: String) -> String {
-        guard s.utf8.contains(where: { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") }) else { return s }
-        return String(decoding: s.utf8.map { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") ? $0 | 0x20 : $0 },
-                      as: UTF8.self)
+        let utf8 = s.utf8
+        guard utf8.contains(where: { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") }) else { return s }
+        let count = utf8.count
+        return String(unsafeUninitializedCapacity: count) { buffer in
+            var i = 0
+            for b in utf8 {
+                buffer[i] = b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z") ? b | 0x20 : b
+                i += 1
+            }
+            return count
+        }
     }
 }
