@@ -48,10 +48,10 @@ private func clientSession(_ user: UnsafeMutableRawPointer?) -> HTTP2ClientSessi
 extension HTTP2ClientSession {
     func beginHeaders(_ frame: nghttp2_frame) -> Int32 {
         let id = frame.hd.stream_id
-        guard streams[id] != nil else { return 0 }
-        streams[id]!.fields = []
-        streams[id]!.status = nil
-        streams[id]!.decodedSize = 0
+        guard let stream = streams[id] else { return 0 }
+        stream.fields = []
+        stream.status = nil
+        stream.decodedSize = 0
         return 0
     }
 
@@ -59,9 +59,9 @@ extension HTTP2ClientSession {
     /// field checked as the proxy would check one it sends (what the HTTP/1.1 side gets must be well-formed).
     func header(_ frame: nghttp2_frame, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Int32 {
         let id = frame.hd.stream_id
-        guard streams[id] != nil, streams[id]!.malformation == nil else { return 0 }
-        streams[id]!.decodedSize += name.count + value.count + 4
-        if streams[id]!.decodedSize > configuration.headerLimits.headerSection {
+        guard let stream = streams[id], stream.malformation == nil else { return 0 }
+        stream.decodedSize += name.count + value.count + 4
+        if stream.decodedSize > configuration.headerLimits.headerSection {
             return malformed(id, "the response header section is larger than \(configuration.headerLimits.headerSection) bytes")
         }
         let nameText = String(decoding: name, as: UTF8.self)
@@ -69,7 +69,7 @@ extension HTTP2ClientSession {
             guard let status = Int(String(decoding: value, as: UTF8.self)), (100...999).contains(status) else {
                 return malformed(id, "invalid :status")
             }
-            streams[id]!.status = status
+            stream.status = status
             return 0
         }
         guard let valueText = HTTP2RequestBuilder.validValue(value) else {
@@ -80,7 +80,7 @@ extension HTTP2ClientSession {
             return malformed(id, "field name \"\(nameText)\" is not a lowercase token")
         }
         if HTTP2ResponseTranslation.isConnectionSpecific(nameText) { return malformed(id, "connection-specific field \(nameText)") }
-        streams[id]!.fields.append(HTTPField(name: nameText, value: valueText))
+        stream.fields.append(HTTPField(name: nameText, value: valueText))
         return 0
     }
 
@@ -90,8 +90,8 @@ extension HTTP2ClientSession {
 
     /// Resets the stream; the engine hears it once (`malformedResponse`), then `streamClosed`.
     private func malformed(_ id: HTTP2StreamID, _ why: String) -> Int32 {
-        guard streams[id] != nil, streams[id]!.malformation == nil else { return 0 }
-        streams[id]!.malformation = why
+        guard let stream = streams[id], stream.malformation == nil else { return 0 }
+        stream.malformation = why
         events.append(.malformedResponse(id, why))
         _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, HTTP2ErrorCode.protocolError.rawValue)
         return 0
@@ -105,7 +105,7 @@ extension HTTP2ClientSession {
             guard let stream = streams[id], stream.malformation == nil else { return 0 }
             if stream.finalResponseSeen {
                 // Trailers (RFC 9113 §8.1): a HEADERS section after the DATA, ending the stream.
-                streams[id]!.responseEnded = true
+                stream.responseEnded = true
                 events.append(.responseEnd(id, trailers: stream.fields))
                 return 0
             }
@@ -115,13 +115,13 @@ extension HTTP2ClientSession {
                 events.append(.informational(id, status: status, fields: stream.fields))
                 return 0
             }
-            streams[id]!.finalResponseSeen = true
-            if endStream { streams[id]!.responseEnded = true }
+            stream.finalResponseSeen = true
+            if endStream { stream.responseEnded = true }
             events.append(.response(id, status: status, fields: stream.fields, endStream: endStream))
         case UInt8(NGHTTP2_DATA.rawValue):
             guard endStream, let stream = streams[id], stream.malformation == nil, stream.finalResponseSeen,
                   !stream.responseEnded else { return 0 }
-            streams[id]!.responseEnded = true
+            stream.responseEnded = true
             events.append(.responseEnd(id, trailers: []))
         case UInt8(NGHTTP2_SETTINGS.rawValue):
             guard frame.hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 else { return 0 }
@@ -143,12 +143,12 @@ extension HTTP2ClientSession {
     }
 
     func dataChunk(_ id: HTTP2StreamID, _ data: UnsafeRawBufferPointer) -> Int32 {
-        guard streams[id] != nil, streams[id]!.malformation == nil else {
+        guard let stream = streams[id], stream.malformation == nil else {
             // Nobody will consume it: the connection window goes back at once.
             _ = nghttp2_session_consume_connection(session, data.count)
             return 0
         }
-        streams[id]!.unconsumed += data.count
+        stream.unconsumed += data.count
         events.append(.responseBody(id, Array(data)))
         return 0
     }
@@ -180,7 +180,7 @@ extension HTTP2ClientSession {
         return body.read(into: buffer, flags: flags, lowWatermark: configuration.requestBodyLowWatermark,
                          drained: { events.append(.requestBodyDrained(id)) },
                          submitTrailers: { trailers in
-                             HTTP2ServerSession.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
+                             HTTP2ServerSession.withNameValues(pseudo: [], fields: trailers) { list, count in
                                  nghttp2_submit_trailer(session, id, list, count)
                              }
                          })

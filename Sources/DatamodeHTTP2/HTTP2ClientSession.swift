@@ -74,7 +74,9 @@ public final class HTTP2ClientSession {
     public internal(set) var remoteSettingsReceived = false
     var lastLibraryMessage = ""
 
-    struct ClientStream {
+    /// A class, not a struct: the callbacks look a stream up once and change it in place, rather than copying it
+    /// out of and back into the dictionary for every field of every response.
+    final class ClientStream {
         var fields: [HTTPField] = []
         var status: Int?
         /// The first reason the current header section cannot be handed on.
@@ -171,18 +173,17 @@ public final class HTTP2ClientSession {
             if let problem = HTTP2ResponseTranslation.problem(with: field) { throw .invalidField(problem) }
             if field.name == "host" { throw .invalidField("host is :authority in HTTP/2") }
         }
-        var pairs: [(String, String)] = [(":method", method), (":scheme", scheme), (":authority", authority)]
-        if method != "CONNECT" { pairs.append((":path", path)) }
-        pairs += fields.map { ($0.name, $0.value) }
-        var state = ClientStream()
+        var pseudo: [(String, String)] = [(":method", method), (":scheme", scheme), (":authority", authority)]
+        if method != "CONNECT" { pseudo.append((":path", path)) }
+        let state = ClientStream()
         let id: Int32
         if endStream {
-            id = HTTP2ServerSession.withNameValues(pairs) { list, count in
+            id = HTTP2ServerSession.withNameValues(pseudo: pseudo, fields: fields) { list, count in
                 nghttp2_submit_request(session, nil, list, count, nil, nil)
             }
         } else {
             var provider = ClientCallbacks.requestBodyProvider()
-            id = HTTP2ServerSession.withNameValues(pairs) { list, count in
+            id = HTTP2ServerSession.withNameValues(pseudo: pseudo, fields: fields) { list, count in
                 nghttp2_submit_request(session, nil, list, count, &provider, nil)
             }
             state.outbound = OutboundBody()

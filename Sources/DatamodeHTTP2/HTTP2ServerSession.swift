@@ -397,30 +397,49 @@ public final class HTTP2ServerSession {
         for field in fields {
             if let problem = HTTP2ResponseTranslation.problem(with: field) { throw .invalidField(problem) }
         }
-        return Self.withNameValues([(":status", String(status))] + fields.map { ($0.name, $0.value) }, body)
+        return Self.withNameValues(pseudo: [(":status", String(status))], fields: fields, body)
     }
 
-    static func withNameValues(_ pairs: [(String, String)], _ body: (UnsafePointer<nghttp2_nv>, Int) -> Int32) -> Int32 {
-        var storage: [UInt8] = []
-        storage.reserveCapacity(pairs.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count })
-        var spans: [(Int, Int, Int, Int)] = []
-        spans.reserveCapacity(pairs.count)
-        for (name, value) in pairs {
-            let n = storage.count
-            storage.append(contentsOf: name.utf8)
-            let v = storage.count
-            storage.append(contentsOf: value.utf8)
-            spans.append((n, name.utf8.count, v, value.utf8.count))
-        }
-        storage.append(0)
-        return storage.withUnsafeMutableBufferPointer { buffer in
-            let base = buffer.baseAddress!
-            let list = spans.map { span in
-                nghttp2_nv(name: base + span.0, value: base + span.2, namelen: span.1, valuelen: span.3,
-                           flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+    /// `pseudo` (in order), then `fields`, as the name/value list nghttp2 takes (it copies them before returning).
+    /// Every byte goes into one temporary buffer and the list into another, on the stack when they are small: no
+    /// intermediate array of pairs, no copy per field.
+    static func withNameValues(pseudo: [(String, String)], fields: [HTTPField],
+                               _ body: (UnsafePointer<nghttp2_nv>, Int) -> Int32) -> Int32 {
+        let count = pseudo.count + fields.count
+        var size = 0
+        for (name, value) in pseudo { size += name.utf8.count + value.utf8.count }
+        for field in fields { size += field.name.utf8.count + field.value.utf8.count }
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(size, 1)) { storage in
+            withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { list in
+                var offset = 0
+                var index = 0
+                func add(_ name: String, _ value: String) {
+                    let n = put(name, storage, &offset)
+                    let v = put(value, storage, &offset)
+                    list.initializeElement(at: index, to: nghttp2_nv(
+                        name: n.start, value: v.start, namelen: n.count, valuelen: v.count,
+                        flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+                    index += 1
+                }
+                for (name, value) in pseudo { add(name, value) }
+                for field in fields { add(field.name, field.value) }
+                defer { list.baseAddress!.deinitialize(count: index) }
+                return body(UnsafePointer(list.baseAddress!), count)
             }
-            return list.withUnsafeBufferPointer { body($0.baseAddress!, $0.count) }
         }
+    }
+
+    /// Copies `text`'s UTF-8 into `storage` at `offset` (advanced past it).
+    private static func put(_ text: String, _ storage: UnsafeMutableBufferPointer<UInt8>,
+                            _ offset: inout Int) -> (start: UnsafeMutablePointer<UInt8>, count: Int) {
+        var text = text
+        let start = storage.baseAddress! + offset
+        let count = text.withUTF8 { bytes in
+            if let base = bytes.baseAddress { start.update(from: base, count: bytes.count) }
+            return bytes.count
+        }
+        offset += count
+        return (start, count)
     }
 
     static func libraryError(_ code: Int32) -> String {

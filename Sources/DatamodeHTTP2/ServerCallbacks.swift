@@ -408,7 +408,7 @@ extension HTTP2ServerSession {
         return body.read(into: buffer, flags: flags, lowWatermark: configuration.responseBodyLowWatermark,
                          drained: { events.append(.responseBodyDrained(id)) },
                          submitTrailers: { trailers in
-                             Self.withNameValues(trailers.map { ($0.name, $0.value) }) { list, count in
+                             Self.withNameValues(pseudo: [], fields: trailers) { list, count in
                                  nghttp2_submit_trailer(session, id, list, count)
                              }
                          })
