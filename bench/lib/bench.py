@@ -41,6 +41,9 @@ SCALE_WORKERS = 2
 SCALE = {DM: "datamode-proxy-threads2", "haproxy": "haproxy-nbthread2", "nginx": "nginx-workers2"}
 # The measurements over plain HTTP (the proxies above); "https" has intercepting proxies of its own (https.py).
 PLAIN = ["small", "policy", "download", "connect", "idle", "scale"]
+# Measurements that are commands of their own in bench/ (each also runs alone): run with this run's binary, rounds,
+# duration and stamp; each writes its table beside this run's report, <stamp>-<name>.md, and the report includes it.
+SCRIPTS = ["transparent", "fleet"]
 NO_PROXY_ENV = {k: v for k, v in os.environ.items()
                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
 
@@ -749,6 +752,46 @@ class Bench:
             log(f"create_sessions: {e}")
         return made
 
+    def m_script(self, name):
+        """bench/transparent (issue 27) or bench/fleet (issue 29), as its own process, on every core (as when it runs
+        alone: bench/transparent pins its proxy and clients itself, bench/fleet pins nothing); stopped with the rest
+        on an interrupt. Its table is read back from the file it writes."""
+        a = self.a
+        res = {"available": False, "script": f"bench/{name}"}
+        self.results["measurements"][name] = res
+        if not a.proxy_bin:
+            res["reason"] = f"datamode-proxy not available: {a.datamode_unavailable or 'no binary'}"
+            log(f"{name}: {res['reason']}")
+            return
+        if name == "transparent" and os.getuid() != 0:
+            res["reason"] = "needs root (a network namespace of its own, iptables inside it)"
+            log(f"{name}: {res['reason']}")
+            return
+        argv = [sys.executable, os.path.join(BENCH, name),
+                "--proxy-bin" if name == "transparent" else "--binary", a.proxy_bin,
+                "--rounds", str(a.rounds), "--duration", str(a.duration), "--out", a.out, "--stamp", a.stamp]
+        if name == "transparent":
+            argv += ["--downloads", str(a.downloads)]
+        res["command"] = " ".join(["bench/" + name] + argv[2:])
+        path = os.path.join(a.out, f"{a.stamp}-{name}.md")
+        if os.path.exists(path):
+            os.remove(path)   # a file of an earlier run with this stamp must not pass for this run's
+        log(f"{name}: {res['command']}")
+        t0 = time.time()
+        p = self.procs.start(f"script-{name}", argv, cpu=",".join(map(str, a.all_cpus)))
+        rc = p.wait()
+        res["seconds"] = round(time.time() - t0, 1)
+        if rc != 0 or not os.path.exists(path):
+            with open(os.path.join(self.work, "logs", f"script-{name}.log"), errors="replace") as f:
+                tail = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-3:]
+            res["reason"] = f"bench/{name} exited {rc}: {' / '.join(tail)[-300:]}"
+            log(f"{name}: {res['reason']}")
+            return
+        with open(path) as f:
+            res["markdown"] = f.read()
+        res.update(available=True, file=os.path.basename(path))
+        log(f"{name}: wrote {path} in {res['seconds']:.0f} s")
+
     def m7_pageweight(self):
         """SPEC §13 images: bytes saved, transcodes per CPU-second, added latency, untouched throughput meanwhile."""
         key = "pageweight"
@@ -924,6 +967,9 @@ class Bench:
             self.results["measurements"]["shaping"] = shaping.measure(self)
         if "pageweight" in m:
             self.m7_pageweight()
+        for name in SCRIPTS:
+            if name in m:
+                self.m_script(name)
         # was anything lost mid-run?
         for n, t in self.targets.items():
             if n in self.results["targets"] and t.available and not t.is_direct and not t.alive():
@@ -949,6 +995,8 @@ def environment(a):
     if "https" in a.only:
         vers["mitmproxy"] = sh(["sh", "-c", f"'{a.mitmdump}' --version 2>&1 | head -1"]) if a.mitmdump else "not installed"
         vers["openssl"] = sh(["openssl", "version"])
+    if "fleet" in a.only:
+        vers["redis"] = sh(["redis-server", "--version"])
     if a.proxy_bin:
         vers["datamode-proxy"] = sh([a.proxy_bin, "--version"]).splitlines()[0:1] or [""]
         vers["datamode-proxy"] = vers["datamode-proxy"][0]
@@ -985,7 +1033,8 @@ def main():
     ap.add_argument("--idle-conns", type=int, default=5000)
     ap.add_argument("--targets", default=",".join([DM] + PEERS + ["mitmproxy"]),
                     help="comma list of proxies (direct is always run; squid also selects Squid ssl_bump in https)")
-    ap.add_argument("--only", default=",".join(PLAIN + ["https", "shaping", "pageweight"]), help="comma list of measurements")
+    ap.add_argument("--only", default=",".join(PLAIN + ["https", "shaping", "pageweight"] + SCRIPTS),
+                    help="comma list of measurements (default, all of them: %(default)s)")
     ap.add_argument("--mitmdump", default="", help="mitmdump binary for the https measurement (empty: not available)")
     ap.add_argument("--tls-new-connections", type=int, default=10,
                     help="concurrent clients in the https new-connection run (one request per connection)")
@@ -1011,7 +1060,7 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 65536), max(hard, 65536)))
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    stamp = a.stamp or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    stamp = a.stamp = a.stamp or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
 
     b = Bench(a)
 

@@ -405,6 +405,20 @@ def pageweight_section(res):
             "while two clients keep it transcoding.", ""]
     return "\n".join(out) + "\n"
 
+def script_section(res, name):
+    """bench/transparent's or bench/fleet's table, as the script wrote it beside this report (its title dropped)."""
+    m = res["measurements"].get(name)
+    if not m:
+        return f"not measured (`--only {name}`)\n"
+    if not m.get("available"):
+        return f"not available: {m.get('reason', '')}\n"
+    body = m["markdown"].splitlines()
+    if body and body[0].startswith("# "):
+        body = body[1:]
+    return (f"Run by this bench as `{m['command']}` ({m['seconds']:.0f} s); its own file: [{m['file']}]({m['file']}).\n"
+            + "\n".join(body).rstrip() + "\n")
+
+
 def markdown(res, png):
     env = res.get("env", {})
     p = res.get("params", {})
@@ -493,5 +507,9 @@ def markdown(res, png):
             "`images.transcode: {when: constrained, max-width: 800, quality: 60}`; the proxy is pinned to its one core, "
             "and its transcoding threads share that core.", "",
             pageweight_section(res),
+            "## 10. Transparent sidecar beside the explicit proxy (`bench/transparent`, SPEC §16, issue 27)", "",
+            script_section(res, "transparent"),
+            "## 11. A fleet on one Redis (`bench/fleet`, SPEC §19, issue 29)", "",
+            script_section(res, "fleet"),
             ]
     return "\n".join(out) + "\n"
