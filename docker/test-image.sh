@@ -27,6 +27,7 @@ cache=${DATAMODE_CONTAINER_CACHE:-/var/tmp/datamode-proxy-containers}
 mirror=${DATAMODE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security_mirror=${mirror%/debian}/debian-security
 image=localhost/datamode-proxy:local
+app_image=localhost/datamode-example-app:local
 debian_image=localhost/debian:bookworm-slim
 swift_image=localhost/swift:6.3-bookworm
 podman_compose_version=1.6.0
@@ -169,6 +170,9 @@ EOF
 
 # swift:6.3-bookworm's stand-in: the official image's packages, and this machine's toolchain laid out as in
 # the official image (its usr/ merged into /usr, so the runtime is in /usr/lib/swift/linux as there).
+# Every build here runs its RUN steps on the host's network (--network host): on podman's default network,
+# netavark would add a bridge (podman0), a veth, iptables rules (NETAVARK_*) and ip_forward=1 to the host's
+# own network namespace, and this script changes nothing there (checked at the end).
 make_swift_image() {
     podman image exists "$swift_image" && return
     local swift toolchain version
@@ -190,7 +194,7 @@ RUN apt-get update \\
  && rm -rf /var/lib/apt/lists/*
 RUN cp -a /toolchain/usr/. /usr/ && swift --version
 EOF
-    podman build --format docker -v "$toolchain:/toolchain:ro" -f "$work/swift.Containerfile" \
+    podman build --format docker --network host -v "$toolchain:/toolchain:ro" -f "$work/swift.Containerfile" \
         -t "$swift_image" "$work" >"$work/swift-image.log" 2>&1 || {
         tail -n 20 "$work/swift-image.log" >&2
         die "building $swift_image failed (last lines above)"
@@ -209,8 +213,8 @@ build_image() {
     cp -a "$swiftpm_cache" "$cache/swiftpm"
     local before after
     before=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
-    # --format docker keeps the HEALTHCHECK (the OCI format has no field for it).
-    podman build --format docker -v "$cache/swiftpm:/root/.cache/org.swift.swiftpm" \
+    # --format docker keeps the HEALTHCHECK (the OCI format has no field for it). --network host: see above.
+    podman build --format docker --network host -v "$cache/swiftpm:/root/.cache/org.swift.swiftpm" \
         -f "$repo/docker/Dockerfile" -t "$image" "$repo" >"$work/build.log" 2>&1 || {
         tail -n 40 "$work/build.log" >&2
         die "podman build of docker/Dockerfile failed (last lines above)"
@@ -218,6 +222,13 @@ build_image() {
     after=$(podman image inspect --format '{{.Id}}' "$image")
     # The image this build replaced is no use as a cache any more.
     if [ -n "$before" ] && [ "$before" != "$after" ]; then podman rmi "$before" >/dev/null 2>&1 || true; fi
+    # The compose examples' app, built here rather than by podman-compose up (which would build it on the default
+    # network: see above); up then finds it and builds nothing.
+    podman build --format docker --network host -f "$repo/docker/example/app.Dockerfile" -t "$app_image" \
+        "$repo/docker/example" >"$work/app-build.log" 2>&1 || {
+        tail -n 20 "$work/app-build.log" >&2
+        die "podman build of docker/example/app.Dockerfile failed (last lines above)"
+    }
 }
 
 # --- helpers for the checks ----------------------------------------------------------------------
@@ -583,6 +594,25 @@ check_transparent_compose() {
     fi
 }
 
+# The host's own network namespace: its iptables and ip6tables rules (without their counters), interfaces, routes
+# and IPv4 forwarding, to compare at the end with the start.
+host_network() {
+    { iptables-save || true; ip6tables-save || true; } 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]$//'
+    ip -o link show | awk -F': ' '{ print $2 }'
+    ip route show
+    printf 'ip_forward=%s\n' "$(cat /proc/sys/net/ipv4/ip_forward)"
+}
+
+check_host_network() {
+    local now
+    now=$(host_network)
+    if [ "$now" = "$host_network_at_start" ]; then
+        pass "the host's own network namespace is as at the start: the same iptables and ip6tables rules, interfaces, routes and ip_forward"
+    else
+        fail "the host's network namespace changed: $(diff <(printf '%s\n' "$host_network_at_start") <(printf '%s\n' "$now") | grep '^[<>]' | one_line)"
+    fi
+}
+
 # --- main -----------------------------------------------------------------------------------------
 
 mkdir -p "$cache"
@@ -593,6 +623,7 @@ export TMPDIR=$work
 section "setup"
 install_packages
 configure_podman
+host_network_at_start=$(host_network)
 note "podman $(podman version --format '{{.Client.Version}}'), runc $(runc --version | sed -n 's/^runc version //p'), $("$cache/venv/bin/podman-compose" --version 2>/dev/null | grep podman-compose)"
 make_debian_image
 make_swift_image
@@ -613,6 +644,9 @@ check_compose
 
 section "docker/transparent/compose.yaml: the transparent sidecar"
 check_transparent_compose
+
+section "the host"
+check_host_network
 
 section "result"
 printf '%d checks passed, %d failed, in %s\n' "$passes" "$failures" "$(elapsed)"
