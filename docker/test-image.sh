@@ -75,6 +75,7 @@ cleanup() {
     if $transparent_up; then
         compose_transparent down -v >/dev/null 2>&1
     fi
+    [ -z "$transparent_netns" ] || ip netns del "$transparent_netns" 2>/dev/null
     # SIGKILL: a parent may hand this script down a blocked SIGTERM (a Swift test process does), and an origin
     # left running would keep the caller waiting on the output it inherited.
     for pid in "${background[@]}"; do kill -KILL "$pid" 2>/dev/null; done
@@ -540,19 +541,66 @@ check_compose() {
 
 # --- the transparent sidecar example (SPEC §16) ---------------------------------------------------
 
+# The pod's network namespace: one this script makes (`ip netns add`) and removes, with loopback and a veth pair
+# whose both ends stay in it (this machine's kernel has no dummy interfaces), one of them holding 10.89.0.2/24 and
+# the default route, as a pod's eth0 does: the app's connections to any address are routed, and then redirected
+# to the proxy by the init container's rules, inside that namespace; nothing leaves it. The compose file's
+# default network, a bridge, would have netavark add a bridge interface and iptables rules in the host's own
+# namespace; an override file (the only change to the compose file) puts the proxy, and so the whole pod
+# (network_mode: service:datamode-proxy), in this namespace instead.
+transparent_netns=''
+make_transparent_netns() {
+    transparent_netns=$run_id
+    ip netns add "$transparent_netns" || return 1
+    ip -n "$transparent_netns" link set lo up &&
+        ip -n "$transparent_netns" link add dm0 type veth peer name dm1 &&
+        ip -n "$transparent_netns" addr add 10.89.0.2/24 dev dm0 &&
+        ip -n "$transparent_netns" link set dm1 up &&
+        ip -n "$transparent_netns" link set dm0 up &&
+        ip -n "$transparent_netns" route add default dev dm0 || return 1
+    cat >"$work/transparent.override.yaml" <<EOF
+services:
+  datamode-proxy:
+    network_mode: "ns:/run/netns/$transparent_netns"
+EOF
+}
+
 compose_transparent() {
-    "$cache/venv/bin/podman-compose" -p "$run_id-transparent" -f "$repo/docker/transparent/compose.yaml" "$@" 2>&1 |
+    "$cache/venv/bin/podman-compose" -p "$run_id-transparent" -f "$repo/docker/transparent/compose.yaml" \
+        -f "$work/transparent.override.yaml" "$@" 2>&1 |
         { grep -v -e 'unable to get systemd connection' || true; }
     return "${PIPESTATUS[0]}"
 }
 
 check_transparent_compose() {
-    local out app_log proxy_log rules_exit tries project=$run_id-transparent
+    local out app_log proxy_log rules_exit tries app_env project=$run_id-transparent
     export DATAMODE_MODE=constrained EXAMPLE_INTERVAL=1
+    if ! make_transparent_netns; then
+        fail "ip netns add $run_id (the pod's network namespace) failed"
+        return
+    fi
     note "project $project: the app has no proxy variable; an init container with NET_ADMIN applies transparent-rules"
+    note "in network namespace $transparent_netns (lo; veth dm0 10.89.0.2/24 with the default route, its peer dm1 in it too)"
     transparent_up=true
-    if ! out=$(compose_transparent up -d 2>&1); then
-        fail "podman-compose up -d (transparent): $(printf '%s' "$out" | tail -n 20)"
+    # In two steps, in Compose's order: podman 4.3 cannot start a container that requires an exited one whose own
+    # dependency is running ("generating dependency graph for container ...: container ... depends on container
+    # ... not found in input list"): the app requires the init container, which joined the proxy's namespace.
+    # So the proxy and the init container first; then, once the init container has exited 0 (what
+    # service_completed_successfully means; podman-compose only waits for it to stop), the app without
+    # --requires (up --no-deps).
+    if ! out=$(compose_transparent up -d datamode-proxy datamode-rules 2>&1); then
+        fail "podman-compose up -d datamode-proxy datamode-rules (transparent): $(printf '%s' "$out" | tail -n 20)"
+        return
+    fi
+    rules_exit=$(timeout 60 podman wait "${project}_datamode-rules_1" 2>/dev/null || echo '?')
+    if [ "$rules_exit" = 0 ]; then
+        pass "the init container (NET_ADMIN, in the proxy's network namespace) applied the rules and exited 0"
+    else
+        fail "the init container exited $rules_exit: $(podman logs "${project}_datamode-rules_1" 2>&1 | one_line)"
+        return
+    fi
+    if ! out=$(compose_transparent up -d --no-deps app 2>&1); then
+        fail "podman-compose up -d --no-deps app (transparent): $(printf '%s' "$out" | tail -n 20)"
         return
     fi
     tries=0
@@ -571,27 +619,44 @@ check_transparent_compose() {
         fi
         sleep 0.5
     done
-    printf '%s\n' "$app_log" | tail -n 3 | sed 's/^/   app | /'
-    pass "an app with no proxy setting got the variant (video 200), a refusal (clip 403) and a refusal inside TLS (tls 403)"
-    rules_exit=$(podman inspect --format '{{.State.ExitCode}}' "${project}_datamode-rules_1" 2>/dev/null || echo '?')
-    if [ "$rules_exit" = 0 ]; then
-        pass "the init container applied the rules and exited 0"
+    printf '%s\n' "$app_log" | head -n 3 | sed 's/^/   app | /'
+    # What the app runs with, as podman started it: no proxy variable in any spelling.
+    app_env=$(podman inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "${project}_app_1" 2>&1 || true)
+    if [ -n "$app_env" ] && ! printf '%s\n' "$app_env" | grep -qi -e '^[a-z_]*proxy='; then
+        pass "the app's environment has no proxy variable (no http_proxy, https_proxy, all_proxy in any case)"
     else
-        fail "the init container exited $rules_exit: $(podman logs "${project}_datamode-rules_1" 2>&1 | one_line)"
+        fail "the app's environment: $(printf '%s\n' "$app_env" | grep -i proxy | one_line)"
     fi
+    # Each answer the app printed, and the proxy's access log line of it: one line with the URL, the outcome and
+    # "source":"transparent" (the connection came through the transparent listener, not the proxy port).
     proxy_log=$(podman logs "${project}_datamode-proxy_1" 2>/dev/null || true)
-    if [[ $proxy_log == *'"url":"http://cdn.example/promo.mp4"'*'"source":"transparent"'* ]]; then
-        pass "the proxy's access log says the app's requests came through the transparent listener"
+    if printf '%s\n' "$proxy_log" |
+        grep -q '"url":"http://cdn.example/promo.mp4","status":200,.*"variant":"promo-poster","source":"transparent"'; then
+        pass "the app with no proxy setting got the variant (video 200 variant=promo-poster); access log: \"variant\":\"promo-poster\",\"source\":\"transparent\""
     else
-        fail "no transparent request in the proxy's access log: $(printf '%s' "$proxy_log" | tail -n 3)"
+        fail "no transparent variant line in the proxy's access log: $(printf '%s' "$proxy_log" | tail -n 3)"
+    fi
+    if printf '%s\n' "$proxy_log" |
+        grep -q '"url":"http://clips.video.example/intro.mp4","status":403,.*"outcome":"rejected",.*"source":"transparent"'; then
+        pass "the app with no proxy setting got a constrained refusal (clip 403 reason=constrained); access log: \"outcome\":\"rejected\", \"source\":\"transparent\""
+    else
+        fail "no transparent refusal in the proxy's access log: $(printf '%s' "$proxy_log" | tail -n 3)"
+    fi
+    if printf '%s\n' "$proxy_log" |
+        grep -q '"url":"https://clips.video.example/intro.mp4","status":403,.*"outcome":"rejected",.*"source":"transparent"'; then
+        pass "the app's HTTPS request was refused inside TLS (tls 403 reason=constrained, the proxy's CA); access log: \"source\":\"transparent\""
+    else
+        fail "no transparent HTTPS refusal in the proxy's access log: $(printf '%s' "$proxy_log" | tail -n 3)"
     fi
     transparent_up=false
     if out=$(compose_transparent down -v 2>&1) &&
-        [ -z "$(podman ps -a -q --filter "label=io.podman.compose.project=$project")" ]; then
-        pass "podman-compose down -v (transparent): no container of the project is left"
+        [ -z "$(podman ps -a -q --filter "label=io.podman.compose.project=$project")" ] &&
+        [ -z "$(podman volume ls -q --filter "label=io.podman.compose.project=$project")" ]; then
+        pass "podman-compose down -v (transparent): no container and no volume of the project is left"
     else
-        fail "podman-compose down -v (transparent) left: $(podman ps -a -q --filter "label=io.podman.compose.project=$project") ($(printf '%s' "$out" | one_line))"
+        fail "podman-compose down -v (transparent) left: $(podman ps -a -q --filter "label=io.podman.compose.project=$project") $(podman volume ls -q --filter "label=io.podman.compose.project=$project") ($(printf '%s' "$out" | one_line))"
     fi
+    ip netns del "$transparent_netns" && transparent_netns=''
 }
 
 # The host's own network namespace: its iptables and ip6tables rules (without their counters), interfaces, routes
