@@ -536,6 +536,41 @@ struct DockerLiveProxyTests {
         }
     }
 
+    /// docker/transparent/datamode.yaml, with the built proxy. Its app reaches video hosts over HTTPS, and the
+    /// transparent listener takes a TLS connection as an implicit CONNECT, decided exactly as one (SPEC §16), so a
+    /// CONNECT through the proxy port shows what that app gets. The host-level decision comes before interception
+    /// (SPEC §9): a rule on the video host alone refused the tunnel, which on the transparent listener can only be
+    /// a closed connection (the app saw a TLS error, curl's 000, not a refusal). The example's rule is decided per
+    /// request: the tunnel opens, is intercepted, and the request inside is refused with its reason.
+    @Test("the transparent example's config: HTTPS to a video host is refused inside TLS (403 constrained), not at the tunnel")
+    func transparentExampleRefusesInsideTLS() throws {
+        let config = try readRepoFile("docker/transparent/datamode.yaml")
+            .replacingOccurrences(of: "/etc/datamode-proxy/variants/", with: repoPath("docker/example/variants") + "/")
+            .replacingOccurrences(of: "127.0.0.1:15001", with: "127.0.0.1:0")
+        let proxy = try ProxyProcess(config: config, arguments: ["--mode", "constrained", "--threads", "1"])
+        defer { proxy.stop() }
+
+        let tls = try ExternalCommand.run("/usr/bin/curl", [
+            "-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_connect} %{http_code} %header{network-unavailable-reason}",
+            "-x", "http://127.0.0.1:\(proxy.port)", "--cacert", proxy.stateDirectory + "/ca.pem",
+            "https://clips.video.example/intro.mp4",
+        ], environment: ["PATH": "/usr/bin:/bin"], timeout: 40)
+        #expect(tls.stdout == "200 403 constrained", "CONNECT status, status inside TLS, reason: \(tls.output)")
+
+        let clip = try RawHTTPClient.exchange(
+            "GET http://clips.video.example/intro.mp4 HTTP/1.1\r\nHost: clips.video.example\r\nConnection: close\r\n\r\n",
+            to: proxy.port)
+        #expect(clip.status == 403, "\(clip.headText)")
+        #expect(clip.value(of: "Network-Unavailable-Reason") == "constrained")
+
+        // The promo video's variant, served from its file (the app sends no Allow-Constrained: the variant's
+        // `when: constrained` is enough).
+        let variant = try RawHTTPClient.exchange(
+            "GET http://cdn.example/promo.mp4 HTTP/1.1\r\nHost: cdn.example\r\nConnection: close\r\n\r\n", to: proxy.port)
+        #expect(variant.status == 200, "\(variant.headText)")
+        #expect(variant.value(of: "Data-Mode-Variant") == "promo-poster")
+    }
+
     /// The proxy's own parser checks
     /// the image's config and the example's, through the entrypoint as `docker run IMAGE check` would.
     @Test("datamode-proxy check accepts the image's config and the example's")
