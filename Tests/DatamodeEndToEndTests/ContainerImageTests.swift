@@ -28,6 +28,14 @@ private let expectedChecks = [
     "the app got a constrained rejection",
     "the app's page request reached the loopback origin through the proxy",
     "podman-compose down -v: no container and no volume of the project is left",
+    // docker/transparent/compose.yaml (SPEC §16): an app with no proxy variable gets a variant and refusals.
+    "the init container (NET_ADMIN, in the proxy's network namespace) applied the rules and exited 0",
+    "the app's environment has no proxy variable",
+    "the app with no proxy setting got the variant (video 200 variant=promo-poster); access log: \"variant\":\"promo-poster\",\"source\":\"transparent\"",
+    "the app with no proxy setting got a constrained refusal (clip 403 reason=constrained); access log: \"outcome\":\"rejected\", \"source\":\"transparent\"",
+    "the app's HTTPS request was refused inside TLS (tls 403 reason=constrained",
+    "podman-compose down -v (transparent): no container and no volume of the project is left",
+    "the host's own network namespace is as at the start",
 ]
 
 @Suite("docker/test-image.sh: the image built and run with podman (opt-in)")
