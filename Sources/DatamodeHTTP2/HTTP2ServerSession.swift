@@ -55,7 +55,9 @@ public final class HTTP2ServerSession {
     }
 
     /// One stream the client opened.
-    struct StreamState {
+    /// A class, not a struct: the callbacks look a stream up once and change it in place, rather than copying it
+    /// (its request builder included) out of and back into the dictionary for every field of every request.
+    final class StreamState {
         enum Phase {
             /// Reading the request head: `head` collects it.
             case head

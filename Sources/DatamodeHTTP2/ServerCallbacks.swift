@@ -122,7 +122,7 @@ extension HTTP2ServerSession {
         switch frame.headers.cat {
         case NGHTTP2_HCAT_REQUEST:
             openStreams += 1
-            var stream = StreamState()
+            let stream = StreamState()
             stream.head = HTTP2RequestBuilder(part: .head, limits: configuration.headerLimits, scheme: configuration.scheme)
             streams[id] = stream
         case NGHTTP2_HCAT_HEADERS:
@@ -137,14 +137,14 @@ extension HTTP2ServerSession {
 
     func header(_ frame: nghttp2_frame, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Int32 {
         let id = frame.hd.stream_id
-        guard streams[id] != nil else { return 0 }
+        guard let stream = streams[id] else { return 0 }
         let decoded: Int
-        if frame.headers.cat == NGHTTP2_HCAT_REQUEST, streams[id]!.head != nil {
-            streams[id]!.head!.add(name: name, value: value)
-            decoded = streams[id]!.head!.decodedSize
-        } else if streams[id]!.trailers != nil {
-            streams[id]!.trailers!.add(name: name, value: value)
-            decoded = streams[id]!.trailers!.decodedSize
+        if frame.headers.cat == NGHTTP2_HCAT_REQUEST, stream.head != nil {
+            stream.head!.add(name: name, value: value)
+            decoded = stream.head!.decodedSize
+        } else if stream.trailers != nil {
+            stream.trailers!.add(name: name, value: value)
+            decoded = stream.trailers!.decodedSize
         } else {
             return 0
         }
