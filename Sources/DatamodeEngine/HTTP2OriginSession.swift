@@ -177,9 +177,8 @@ final class HTTP2OriginSession {
         var rounds = 0
         while codec.wantsWrite, evbuffer_get_length(output) < Flow.highWater, rounds < 64 {
             rounds += 1
-            let events = codec.writeOutput(limit: Flow.highWater - evbuffer_get_length(output)) { bytes in
-                _ = evbuffer_add(output, bytes.baseAddress, bytes.count)
-            }
+            let limit = Flow.highWater - evbuffer_get_length(output)
+            let events = GatheredWrite.into(output) { sink in codec.writeOutput(limit: limit, sink) }
             handle(events)
             if released { return }
         }

@@ -193,8 +193,8 @@ final class HTTP2Session: ClientSession {
             rounds += 1
             let output = transport.output
             let before = transport.outputLength
-            let events = codec.writeOutput(limit: Flow.highWater - before) { bytes in
-                _ = evbuffer_add(output, bytes.baseAddress, bytes.count)
+            let events = GatheredWrite.into(output) { sink in
+                codec.writeOutput(limit: Flow.highWater - before, sink)
             }
             if transport.outputLength > before { lastProgress = worker.clock.nowNanoseconds() }
             handle(events)
