@@ -10,7 +10,7 @@ browser that trusts the CA would. Three runs per target, interleaved over the ro
   one 1 KiB GET + close;
 - https_h2_1k: HTTP/2 inside the tunnel (SPEC §17): --connections clients, each one h2 connection with 10 streams
   in flight (GET 1 KiB); Squid ssl_bump does not speak h2 to clients and has no row; mitmproxy speaks h2 on both
-  sides (the nginx origin offers h2), datamode-proxy to the client (HTTP/1.1 to the origin for now).
+  sides (the nginx origin offers h2), and so does datamode-proxy (h2 to TLS origins, SPEC §17, for every row).
 
 CPU is read from the proxy's processes only (/proc/PID/stat, helpers included: Squid's certificate generator),
 as in the other measurements; the client and the origin are pinned to the other core.

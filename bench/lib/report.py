@@ -493,8 +493,8 @@ def markdown(res, png):
             https_table(res, "https_newconn", True),
             f"### HTTP/2 inside the tunnel, 1 KiB, {p.get('connections')} connections × 10 streams (SPEC §17)", "",
             "Each client connection speaks h2 (ALPN) and keeps 10 GETs in flight. mitmproxy speaks h2 on both sides "
-            "(the origin offers it); datamode-proxy speaks h2 to the client and HTTP/1.1 to the origin; Squid "
-            "ssl_bump has no HTTP/2 and no row.", "",
+            "(the origin offers it), and so does datamode-proxy (SPEC §17: it offers h2 to TLS origins, so its HTTP/1.1 "
+            "rows above reach this nginx in h2 too); Squid ssl_bump has no HTTP/2 and no row.", "",
             https_table(res, "https_h2_1k", False),
             "### Targets (issues 13, 26)", "", https_targets(res),
             ]
