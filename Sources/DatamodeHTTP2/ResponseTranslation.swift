@@ -52,7 +52,9 @@ public enum HTTP2ResponseTranslation {
     }
 
     private static func isLowercaseToken(_ name: String) -> Bool {
-        !name.utf8.isEmpty && name.utf8.allSatisfy(HTTP2RequestBuilder.isLowercaseTchar)
+        // Over the contiguous bytes: iterating a String's UTF8View byte by byte costs several times as much.
+        var name = name
+        return name.withUTF8 { !$0.isEmpty && $0.allSatisfy(HTTP2RequestBuilder.isLowercaseTchar) }
     }
 
     /// The fields RFC 9113 §8.2.2 forbids in HTTP/2 (`te` is allowed only as `te: trailers`, which no response
