@@ -49,6 +49,16 @@ public final class AdminAPI: @unchecked Sendable {
     /// What the shared store last held for each followed file, as applied or refused (`applyShared`): the same
     /// value seen again by the next sync is neither applied nor refused again.
     var sharedSeen: [String: [UInt8]?] = [:]
+    /// The sessions and schedules held as the shared store's (SPEC §19): what an empty Redis is seeded with.
+    public let sharedScopes = SharedScopeCache()
+    /// Wall-clock milliseconds since the Unix epoch (the injected clock): where a shared schedule starts.
+    public var wallMilliseconds: () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
+    /// With a shared store, per session: when its key expires as last read or refreshed (monotonic nanoseconds;
+    /// what expires it here while Redis is down), the last use here already refreshed in Redis, and its
+    /// incarnation (`SharedSession.Value`).
+    var sessionFleetExpiry: [String: UInt64] = [:]
+    var sessionRefreshed: [String: UInt64] = [:]
+    var sessionIncarnation: [String: String] = [:]
 
     /// Data budgets (SPEC §11), counted by the workers.
     let budgets: BudgetLedger

@@ -95,7 +95,9 @@ public struct ModeEndpoint {
     }
 
     /// SPEC §12: `PUT` or `DELETE /mode` on a scope cancels that scope's schedule.
+    /// With a shared store the write of the mode cancelled it in Redis too, for every proxy (`SharedStateWriter.share`).
     private func cancelSchedule() {
+        api.sharedScopes.setSchedule(SharedSchedule.field(nil), nil)
         if api.schedules.cancel(scope: nil) { api.logger.info("global schedule cancelled by a mode change") }
     }
 

@@ -46,6 +46,17 @@ public struct ModeSchedule: Sendable, Equatable {
         return due
     }
 
+    /// Moves past every step due at `now` without applying them one by one, and returns the last (nil: none was
+    /// due): where a proxy that learns of a running timeline late stands in it (SPEC §19). Whole cycles of a
+    /// repeated timeline are skipped at once.
+    public mutating func skip(to now: UInt64) -> Step? {
+        let cycle = steps.reduce(UInt64(0)) { $0 + Self.nanoseconds($1.after) }
+        if repeats, cycle > 0, next == 0, now > previousNominal + 2 * cycle {
+            previousNominal += ((now - previousNominal) / cycle - 1) * cycle
+        }
+        return take(dueAt: now).last
+    }
+
     static func nanoseconds(_ duration: Duration) -> UInt64 {
         let (seconds, attoseconds) = duration.components
         return UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
@@ -125,7 +136,7 @@ extension AdminAPI {
         return applied
     }
 
-    private func applyScheduled(_ mode: DataMode, scope: String?) {
+    func applyScheduled(_ mode: DataMode, scope: String?) {
         let since = now()
         if let scope {
             guard let updated = runtime.update({ state -> SessionScope? in
@@ -166,9 +177,19 @@ struct ScheduleEndpoint {
         case "PUT": return put(request)
         case "DELETE":
             let scope = Self.sessionQuery(request.query)
-            guard api.schedules.cancel(scope: scope) else {
+            guard api.schedules.schedule(scope: scope) != nil else {
                 return AdminProblem.response(404, "not-found", "no schedule for \(scope.map { "session " + $0 } ?? "the global mode")")
             }
+            if let shared = api.store.shared {
+                // SPEC §19: cancelled for the whole fleet, or not at all.
+                do {
+                    try shared.shareSchedule(SharedSchedule.field(scope), nil)
+                } catch {
+                    return api.stateWriteFailure(error)
+                }
+                api.sharedScopes.setSchedule(SharedSchedule.field(scope), nil)
+            }
+            api.schedules.cancel(scope: scope)
             return AdminResponse(status: 204)
         default: return AdminAPI.methodNotAllowed(request)
         }
@@ -188,46 +209,77 @@ struct ScheduleEndpoint {
         case .success(let o): object = o
         case .failure(let failure): return failure.response
         }
-        if let key = Set(object.keys).subtracting(["steps", "repeat", "session"]).sorted().first {
-            return AdminProblem.response(400, "bad-request", "unknown key \"\(key)\"; use {\"steps\": [...], \"repeat\": BOOL, \"session\": ID}")
+        let parsed: ParsedSchedule
+        switch Self.parse(object, sessions: api.runtime.load().snapshot.sessions) {
+        case .success(let p): parsed = p
+        case .failure(let failure): return failure.response
+        }
+        let schedule = ModeSchedule(scope: parsed.scope, steps: parsed.steps, repeats: parsed.repeats, start: api.monotonic())
+        if let shared = api.store.shared {
+            // SPEC §19: in Redis first, with the wall-clock time its first `after` counts from, so that every proxy
+            // runs the same timeline from the same start; nowhere if Redis cannot take it.
+            let value = SharedSchedule.encode(schedule, startMilliseconds: api.wallMilliseconds())
+            do {
+                try shared.shareSchedule(SharedSchedule.field(parsed.scope), value)
+            } catch {
+                return api.stateWriteFailure(error)
+            }
+            api.sharedSeen["schedule:" + SharedSchedule.field(parsed.scope)] = .some(value)
+            api.sharedScopes.setSchedule(SharedSchedule.field(parsed.scope), value)
+        }
+        api.schedules.set(schedule)
+        api.logger.info("schedule set", metadata: ["scope": "\(parsed.scope ?? "global")", "steps": "\(parsed.steps.count)"])
+        return AdminJSON.ok(document(schedule))
+    }
+
+    /// A schedule as `PUT /schedule` gives it: its scope (nil: global), steps and whether it repeats.
+    struct ParsedSchedule {
+        var scope: String?
+        var steps: [ModeSchedule.Step]
+        var repeats: Bool
+    }
+
+    /// Parses and checks a `PUT /schedule` body (or a schedule read from the shared store, whose `extraKeys` are
+    /// the caller's); a session scope must be one of `sessions`.
+    static func parse(_ object: [String: Any], sessions: [String: SessionScope],
+                      extraKeys: Set<String> = []) -> Result<ParsedSchedule, AdminFailure> {
+        if let key = Set(object.keys).subtracting(["steps", "repeat", "session"]).subtracting(extraKeys).sorted().first {
+            return .failure(AdminFailure(400, "bad-request", "unknown key \"\(key)\"; use {\"steps\": [...], \"repeat\": BOOL, \"session\": ID}"))
         }
         var scope: String?
         if let value = object["session"], !(value is NSNull) {
-            guard let id = value as? String else { return AdminProblem.response(400, "bad-request", "\"session\" must be a session id or null") }
-            guard api.runtime.load().snapshot.sessions[id] != nil else {
-                return AdminProblem.response(400, "unknown-session", "no session \(id); create it with PUT /sessions/\(id)")
+            guard let id = value as? String else { return .failure(AdminFailure(400, "bad-request", "\"session\" must be a session id or null")) }
+            guard sessions[id] != nil else {
+                return .failure(AdminFailure(400, "unknown-session", "no session \(id); create it with PUT /sessions/\(id)"))
             }
             scope = id
         }
         var repeats = false
         if let value = object["repeat"] {
-            guard let flag = AdminJSON.bool(value) else { return AdminProblem.response(400, "bad-request", "\"repeat\" must be true or false") }
+            guard let flag = AdminJSON.bool(value) else { return .failure(AdminFailure(400, "bad-request", "\"repeat\" must be true or false")) }
             repeats = flag
         }
         guard let list = object["steps"] as? [Any], !list.isEmpty, list.count <= Self.maximumSteps else {
-            return AdminProblem.response(400, "bad-request", "\"steps\" must be a list of 1 to \(Self.maximumSteps) steps {\"after\": \"30s\", \"mode\": NAME}")
+            return .failure(AdminFailure(400, "bad-request", "\"steps\" must be a list of 1 to \(Self.maximumSteps) steps {\"after\": \"30s\", \"mode\": NAME}"))
         }
         var steps: [ModeSchedule.Step] = []
         for (index, item) in list.enumerated() {
             guard let step = item as? [String: Any] else {
-                return AdminProblem.response(400, "bad-request", "steps[\(index)] must be an object {\"after\": \"30s\", \"mode\": NAME}")
+                return .failure(AdminFailure(400, "bad-request", "steps[\(index)] must be an object {\"after\": \"30s\", \"mode\": NAME}"))
             }
             guard let text = step["after"] as? String, let after = Self.duration(text) else {
-                return AdminProblem.response(400, "bad-request", "steps[\(index)].after must be a duration such as \"30s\" or \"500ms\" (0 to 24h)")
+                return .failure(AdminFailure(400, "bad-request", "steps[\(index)].after must be a duration such as \"30s\" or \"500ms\" (0 to 24h)"))
             }
             switch ModeEndpoint.parseMode(step, extraKeys: ["after"]) {
             case .success(let mode): steps.append(ModeSchedule.Step(after: after, mode: mode))
             case .failure(let failure):
-                return AdminProblem.response(failure.status, failure.code, "steps[\(index)]: " + failure.detail)
+                return .failure(AdminFailure(failure.status, failure.code, "steps[\(index)]: " + failure.detail))
             }
         }
         if repeats && steps.allSatisfy({ $0.after == .zero }) {
-            return AdminProblem.response(400, "bad-request", "a repeated schedule needs at least one step with a positive \"after\"")
+            return .failure(AdminFailure(400, "bad-request", "a repeated schedule needs at least one step with a positive \"after\""))
         }
-        let schedule = ModeSchedule(scope: scope, steps: steps, repeats: repeats, start: api.monotonic())
-        api.schedules.set(schedule)
-        api.logger.info("schedule set", metadata: ["scope": "\(scope ?? "global")", "steps": "\(steps.count)"])
-        return AdminJSON.ok(document(schedule))
+        return .success(ParsedSchedule(scope: scope, steps: steps, repeats: repeats))
     }
 
     static func duration(_ text: String) -> Duration? {

@@ -86,6 +86,23 @@ struct SessionsEndpoint {
             mode = existing?.mode ?? .normal
         }
         let now = api.now()
+        if let shared = api.store.shared {
+            // SPEC §19: in Redis first (living idle-expiry unless used), so every proxy honours it; nowhere if Redis
+            // cannot take it.
+            let incarnation = existing.flatMap { _ in api.sessionIncarnation[id] } ?? SharedSession.newIncarnation()
+            let since = existing.map { $0.mode != mode || $0.modeSource != .api ? now : $0.since } ?? now
+            let value = SharedSession.encode(.init(mode: mode, profile: profile, since: since, incarnation: incarnation))
+            let lifetime = api.runtime.load().snapshot.configuration.sessions.idleExpiry
+            do {
+                try shared.shareSession(id, value, lifetime: lifetime)
+            } catch {
+                return api.stateWriteFailure(error)
+            }
+            api.sessionIncarnation[id] = incarnation
+            api.sharedSeen["session:" + id] = .some(value)
+            api.sharedScopes.setSession(id, value)
+            api.sessionFleetExpiry[id] = api.monotonic() + ModeSchedule.nanoseconds(lifetime)
+        }
         let scope = api.runtime.update { state -> SessionScope in
             var scope: SessionScope
             if let current = state.sessions[id] {
@@ -105,6 +122,7 @@ struct SessionsEndpoint {
         api.sessionTouched[id] = api.monotonic()
         // SPEC §12: setting the scope's mode cancels its schedule.
         _ = api.schedules.cancel(scope: id)
+        api.sharedScopes.setSchedule(id, nil)
         api.events.emit(.mode, scope: id, data: EventHub.modeData(scope: id, mode: Self.modeDocument(scope)))
         api.logger.info("session set", metadata: ["session": "\(id)", "mode": "\(mode)"])
         return AdminJSON.ok(Self.document(id: id, scope, existing == nil ? nil : api.tally(id, serial: scope.serial)),
@@ -114,6 +132,16 @@ struct SessionsEndpoint {
     private func delete(_ id: String) -> AdminResponse {
         guard let scope = api.runtime.load().snapshot.sessions[id] else { return unknown(id) }
         let tally = api.tally(id, serial: scope.serial)
+        if let shared = api.store.shared {
+            // SPEC §19: gone from every proxy, or from none.
+            do {
+                try shared.shareSession(id, nil, lifetime: .zero)
+            } catch {
+                return api.stateWriteFailure(error)
+            }
+            api.sharedSeen["session:" + id] = .some(nil)
+            api.sharedScopes.setSession(id, nil)
+        }
         api.removeSession(id)
         api.logger.info("session deleted", metadata: ["session": "\(id)"])
         // The final counters, so a rig can assert on them in the same call that cleans up.
@@ -164,7 +192,11 @@ extension AdminAPI {
     func removeSession(_ id: String) {
         runtime.update { state in state.sessions[id] = nil }
         sessionTouched[id] = nil
+        sessionFleetExpiry[id] = nil
+        sessionRefreshed[id] = nil
+        sessionIncarnation[id] = nil
         _ = schedules.cancel(scope: id)
+        sharedScopes.setSchedule(id, nil)
     }
 
     /// Forgets every session idle for `expiry` or longer (no request finished in it and no API call on it), and

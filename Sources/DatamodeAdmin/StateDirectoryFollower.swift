@@ -89,7 +89,8 @@ extension AdminAPI {
     /// force changes nothing, so this process's own writes, seen again, are not changes.
     private func followMode(_ saved: (mode: DataMode, since: Int64)?) -> Bool {
         let current = runtime.load().snapshot
-        guard saved?.mode != current.apiMode else { return false }
+        // A mode a schedule set is no API mode: a file (or key) without one then still ends it (`DELETE /mode`).
+        guard saved?.mode != current.apiMode || (saved == nil && current.modeSource == .schedule) else { return false }
         let now = self.now()
         let since = saved.map { $0.since > 0 ? $0.since : now } ?? now
         let snapshot = runtime.update { state -> RuntimeSnapshot in
@@ -97,6 +98,7 @@ extension AdminAPI {
             return state
         }
         logger.info("mode changed in the state directory", metadata: ["mode": "\(snapshot.mode)", "source": "\(snapshot.modeSource.rawValue)"])
+        sharedScopes.setSchedule(SharedSchedule.field(nil), nil)
         if schedules.cancel(scope: nil) { logger.info("global schedule cancelled by a mode change") }
         emitGlobalMode(snapshot)
         return true

@@ -329,4 +329,17 @@ public protocol SharedStateWriter: AnyObject, Sendable {
     /// Stores `value` for the followed file `name` (nil: removes it) where every proxy reads it, and tells them.
     /// Throws a `StateError` with `unavailable` when the store cannot take it in time: then nothing changed.
     func share(_ name: String, _ value: [UInt8]?) throws(StateStore.StateError)
+
+    /// Stores session `id`'s value (SPEC §12; nil: deletes the session, and its schedule) where every proxy reads
+    /// it, living `lifetime` unless a proxy refreshes it, and tells them. Setting a session cancels its schedule.
+    /// Throws `unavailable` as `share` does.
+    func shareSession(_ id: String, _ value: [UInt8]?, lifetime: Duration) throws(StateStore.StateError)
+
+    /// Stores the schedule of `scope` (`global` or a session id; nil: cancels it) where every proxy reads it,
+    /// and tells them. Throws `unavailable` as `share` does.
+    func shareSchedule(_ scope: String, _ value: [UInt8]?) throws(StateStore.StateError)
+
+    /// Gives the sessions `ids` their whole `lifetime` again (they were used here): a session used on any proxy
+    /// does not expire. Sent without waiting; a Redis that cannot take it loses nothing the next refresh cannot.
+    func refreshSessions(_ ids: [String], lifetime: Duration)
 }

@@ -158,6 +158,7 @@ public final class ProxyInstance: @unchecked Sendable {
                                  monotonic: { clock.nowNanoseconds() },
                                  knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) },
                                  caCertificate: { authority?.certificatePEM }, refusals: { server.refusals() })
+        adminAPI.wallMilliseconds = { clock.wallNanoseconds() / 1_000_000 }
     }
 
     /// The password in `store.redis.password-file`, without its trailing line break; nil without a file or with the
@@ -196,6 +197,27 @@ public final class ProxyInstance: @unchecked Sendable {
             }
         })
         let clock = self.clock
+        // Sessions and schedules (SPEC §12 with §19): a read older than this proxy's latest write is dropped.
+        let api = adminAPI
+        fleet.deliverSessions = { [unowned self, unowned fleet] reads, complete, generation in
+            control.post { [unowned self] in
+                self.controlPlane.withLock { _ in
+                    guard generation == fleet.writeGeneration else { return }
+                    api.applySharedSessions(reads, complete: complete, keyPrefix: settings.keyPrefix)
+                }
+            }
+        }
+        fleet.deliverSchedules = { [unowned self, unowned fleet] fields, generation in
+            control.post { [unowned self] in
+                self.controlPlane.withLock { _ in
+                    guard generation == fleet.writeGeneration else { return }
+                    api.applySharedSchedules(fields, key: fleet.schedulesKey)
+                }
+            }
+        }
+        fleet.seedScopes = { [runtime] in
+            (api.sharedScopes.sessions, api.sharedScopes.schedules, runtime.load().snapshot.configuration.sessions.idleExpiry)
+        }
         let shared = FleetBudgets(ledger: budgets, link: fleet.link, prefix: settings.keyPrefix)
         fleet.onUpCommands = { shared.raiseCommands(now: Self.seconds(clock)) }
         controlPlane.withLock { _ in
@@ -401,7 +423,14 @@ public final class ProxyInstance: @unchecked Sendable {
         adminAPI.schedules.onChange { [unowned self] in self.armScheduleTimer() }
         let expiry = control.timer { [unowned self] in
             let idle = self.runtime.load().snapshot.configuration.sessions.idleExpiry
-            self.controlPlane.withLock { _ in _ = self.adminAPI.expireIdleSessions(after: idle) }
+            self.controlPlane.withLock { _ in
+                if let fleet = self.fleet {
+                    // Shared sessions expire with their keys; those used here get their whole lifetime again.
+                    fleet.refreshSessions(self.adminAPI.sharedSessionTick(storeUp: fleet.isUp, expiry: idle), lifetime: idle)
+                } else {
+                    _ = self.adminAPI.expireIdleSessions(after: idle)
+                }
+            }
             self.armExpiryTimer()
         }
         expiryTimer = expiry

@@ -56,6 +56,7 @@ final class AdminFixture: Sendable {
                        now: { clock.value }, monotonic: { monotonic.value }, caCertificate: { caCertificate },
                        refusals: { refusals.value })
         api.events.connect { scope, bytes in emitted.value.append((scope, String(decoding: bytes, as: UTF8.self))) }
+        api.wallMilliseconds = { clock.value * 1000 }
     }
 
     deinit { try? FileManager.default.removeItem(atPath: directory) }
