@@ -304,7 +304,7 @@ struct ScheduleEndpoint {
         ]
         if let due = schedule.nextDue {
             let now = api.monotonic()
-            let wall = Int64(api.now()) * 1_000_000_000 + Int64(due >= now ? due - now : 0)
+            let wall = api.wallMilliseconds() * 1_000_000 + Int64(due >= now ? due - now : 0)
             json["nextAt"] = Timestamp.rfc3339(wallNanoseconds: wall)
         }
         return json

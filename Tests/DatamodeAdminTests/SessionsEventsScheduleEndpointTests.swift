@@ -200,6 +200,15 @@ struct ScheduleEndpointTests {
         #expect(fixture.handle("DELETE", "/schedule").status == 404)
     }
 
+    @Test("nextAt is the next step's wall-clock time to the millisecond, not counted from the start of the second")
+    func nextAtMilliseconds() throws {
+        let fixture = try AdminFixture()
+        fixture.api.wallMilliseconds = { fixture.now * 1000 + 250 }
+        #expect(fixture.handle("PUT", "/schedule", #"{"steps": [{"after": "30s", "mode": "constrained"}]}"#).status == 200)
+        let listed = fixture.handle("GET", "/schedule").object["schedules"] as? [[String: Any]] ?? []
+        #expect(listed.first?["nextAt"] as? String == "2026-01-01T00:00:30.250Z", "\(listed)")
+    }
+
     @Test("a session's timeline changes that session only; deleting the session ends it")
     func sessionTimeline() throws {
         let fixture = try AdminFixture("sessions: {enabled: true}\n")

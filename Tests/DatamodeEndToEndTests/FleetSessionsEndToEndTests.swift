@@ -159,6 +159,9 @@ struct FleetSessionsEndToEndTests {
         let long = #"{"steps": [{"after": "30s", "mode": "constrained"}, {"after": "30s", "mode": "normal"}], "repeat": true}"#
         #expect(try fleet.admins[0].put("/schedule", long).status == 200)
         #expect(AdminPolling.until(timeout: .seconds(1)) { fleet.admins.allSatisfy { Self.schedules($0).count == 1 } })
+        let nextAt = fleet.admins.compactMap { rfc3339(Self.schedules($0).first?["nextAt"]) }
+        #expect(nextAt.count == 3 && nextAt.max()!.timeIntervalSince(nextAt.min()!) <= 0.005,
+                "one timeline, one next step (to the millisecond the shared start is written in): \(nextAt)")
         #expect(try fleet.admins[2].delete("/schedule").status == 204)
         #expect(AdminPolling.until(timeout: .seconds(1)) { fleet.admins.allSatisfy { Self.schedules($0).isEmpty } },
                 "\(fleet.admins.map(Self.schedules))")
