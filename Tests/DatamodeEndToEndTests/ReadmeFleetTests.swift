@@ -4,7 +4,7 @@ import Testing
 
 /// The README's "A fleet of sidecars" block, run as it is written with bash, the built binary and Debian's
 /// redis-server: three proxies on one Redis, a mode change through one in force on all three, traffic through one
-/// counted by another, Redis killed. Only the ports change (free ones) and `$ORIGIN` (a recording origin). The
+/// counted by another, a session set through one honoured by another, Redis killed. Only the ports change (free ones) and `$ORIGIN` (a recording origin). The
 /// block's numbers are the compose file's (`docker/compose.fleet.yaml`, `docker/fleet/datamode.yaml`).
 @Suite struct ReadmeFleetTests {
     @Test func fleetWalkthrough() throws {
@@ -51,6 +51,7 @@ import Testing
         let budgets = try #require(lines.first { $0.contains("fleet-daily") }, "\(result.stdout)")
         let used = (try JSONSerialization.jsonObject(with: Data(budgets.utf8)) as? [[String: Any]])?.first?["used"] as? Int ?? 0
         #expect(used > 0, "traffic through the second proxy counted by the third: \(budgets)")
+        #expect(lines.contains("403"), "the session set through the first proxy judges requests through the third: \(result.stdout)")
         #expect(lines.contains { $0.contains("\"store\":\"down\"") }, "\(result.stdout)")
         #expect(lines.contains("503"), "\(result.stdout)")
         #expect(origin.requests.count == 1)
