@@ -58,10 +58,12 @@ extension AdminAPI {
     /// value), parsed as strictly as the file; `origin` names it in a refusal (the Redis key). A valid value is
     /// put in force as the matching admin write would be, and written to the local file as the last state known;
     /// a bad one is refused with a log line naming the key, and the running state kept. The same value seen again
-    /// is skipped. Returns whether it was applied, unchanged (`false`), or refused (`nil`).
+    /// is skipped, unless its write was `announced` on the channel: a `PUT /mode` that repeats the API mode in the
+    /// same second writes the same bytes, and must still end the mode a schedule set on every proxy, as it does on
+    /// the one written to. Returns whether it was applied, unchanged (`false`), or refused (`nil`).
     @discardableResult
-    public func applyShared(_ name: String, _ bytes: [UInt8]?, origin: String) -> Bool? {
-        guard StateStore.followedFiles.contains(name), sharedSeen[name] != .some(bytes) else { return false }
+    public func applyShared(_ name: String, _ bytes: [UInt8]?, origin: String, announced: Bool = false) -> Bool? {
+        guard StateStore.followedFiles.contains(name), announced || sharedSeen[name] != .some(bytes) else { return false }
         sharedSeen[name] = .some(bytes)
         let given = StateStore.Given(bytes: bytes, origin: origin)
         do throws(StateStore.StateError) {

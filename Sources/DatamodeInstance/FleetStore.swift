@@ -33,8 +33,9 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
     static let writeDeadline: DispatchTimeInterval = .seconds(1)
     /// What the proxy knew last, by followed file name (the local files): what an empty Redis is seeded with.
     private let lastKnown: @Sendable (String) -> [UInt8]?
-    /// Hands a value read from Redis to the control plane: (file name, bytes or nil, key).
-    private let deliver: @Sendable (String, [UInt8]?, String) -> Void
+    /// Hands a value read from Redis to the control plane: (file name, bytes or nil, key, whether a change of it
+    /// was announced on the channel: then it is applied even if this proxy read the same bytes before).
+    private let deliver: @Sendable (String, [UInt8]?, String, Bool) -> Void
 
     static let names = ["mode.json", "conditions.json", "variants.json"]
 
@@ -57,7 +58,7 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
 
     init(settings: RedisStoreSettings, password: String?, logger: Logger,
          lastKnown: @escaping @Sendable (String) -> [UInt8]?,
-         deliver: @escaping @Sendable (String, [UInt8]?, String) -> Void) throws(EngineError) {
+         deliver: @escaping @Sendable (String, [UInt8]?, String, Bool) -> Void) throws(EngineError) {
         prefix = settings.keyPrefix
         self.logger = logger
         self.lastKnown = lastKnown
@@ -158,7 +159,7 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
     /// A proxy named a changed file on the channel: read it now.
     private func changed(_ name: String) {
         if Self.names.contains(name) {
-            read([name])
+            read([name], announced: true)
         } else if name == "schedule" {
             readSchedules()
         } else if name.hasPrefix("session:") {
@@ -174,7 +175,7 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
     }
 
     private func readAll() {
-        read(Self.names)
+        read(Self.names, announced: false)
         readSessions()
         readSchedules()
     }
@@ -263,13 +264,13 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
         }
     }
 
-    private func read(_ names: [String]) {
+    private func read(_ names: [String], announced: Bool) {
         let keys = names.map(key)
         link.pipeline(keys.map { [Array("GET".utf8), Array($0.utf8)] }) { [deliver] replies in
             for (index, reply) in replies.enumerated() {
                 switch reply {
-                case .string(let bytes)?: deliver(names[index], bytes, keys[index])
-                case .null?: deliver(names[index], nil, keys[index])
+                case .string(let bytes)?: deliver(names[index], bytes, keys[index], announced)
+                case .null?: deliver(names[index], nil, keys[index], announced)
                 default: continue
                 }
             }

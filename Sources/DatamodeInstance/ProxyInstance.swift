@@ -191,9 +191,9 @@ public final class ProxyInstance: @unchecked Sendable {
         let store = self.store
         let fleet = try FleetStore(settings: settings, password: redisPassword, logger: logger,
                                    lastKnown: { name in store.localBytes(name) },
-                                   deliver: { [unowned self] name, bytes, key in
+                                   deliver: { [unowned self] name, bytes, key, announced in
             control.post { [unowned self] in
-                self.controlPlane.withLock { _ in _ = self.adminAPI.applyShared(name, bytes, origin: key) }
+                self.controlPlane.withLock { _ in _ = self.adminAPI.applyShared(name, bytes, origin: key, announced: announced) }
             }
         })
         let clock = self.clock

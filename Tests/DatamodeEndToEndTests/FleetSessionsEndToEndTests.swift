@@ -176,6 +176,22 @@ struct FleetSessionsEndToEndTests {
         for admin in fleet.admins { #expect(try modeFacts(admin)?.source == "api") }
     }
 
+    @Test("PUT /mode repeating the API mode (same mode, same second) while a schedule runs: the API mode again on every proxy, not only the one written to")
+    func repeatedModeEndsSchedule() throws {
+        let fleet = try Fleet()
+        // Everything below within one wall-clock second, so that the second PUT /mode writes the same bytes as the first.
+        let fraction = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 1)
+        if fraction > 0.2 { Thread.sleep(forTimeInterval: 1.02 - fraction) }
+        let second = Int(Date().timeIntervalSince1970)
+        #expect(try fleet.admins[0].put("/mode", #"{"mode": "constrained"}"#).status == 200)
+        #expect(try fleet.admins[0].put("/schedule", #"{"steps": [{"after": "0ms", "mode": "expensive"}, {"after": "60s", "mode": "normal"}]}"#).status == 200)
+        #expect(fleet.waitForMode("expensive", timeout: .milliseconds(500)) != nil, "\(fleet.modes())")
+        #expect(try fleet.admins[1].put("/mode", #"{"mode": "constrained"}"#).status == 200)
+        try #require(Int(Date().timeIntervalSince1970) == second, "the machine was too slow to stay within one second; nothing shown")
+        #expect(fleet.waitForMode("constrained") != nil, "\(fleet.modes())")
+        for admin in fleet.admins { #expect(try modeFacts(admin)?.source == "api") }
+    }
+
     @Test("A proxy that joins while a schedule runs takes the fleet's place in the timeline; a session's schedule runs on all")
     func lateJoinerAndSessionSchedule() throws {
         let origin = try RecordingOrigin { _ in .ok("hello") }
