@@ -163,6 +163,7 @@ let package = Package(
             name: "DatamodeInstanceTests",
             dependencies: [
                 "DatamodeInstance", "DatamodeAdmin", "DatamodeEngine", "DatamodeState", "DatamodeConfig", "DatamodePolicy",
+                "DatamodeTestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -170,6 +170,40 @@ public final class StateStore: @unchecked Sendable {
         try writeAtomically(budgetsPath, ["budgets": entries])
     }
 
+    /// A fleet's budget hashes (SPEC §19, `store.kind: redis`) as this proxy last saw them: per budget, the period's
+    /// start and every field's value (each proxy's share, `reset`, `legacy`). What a restarted proxy seeds a Redis
+    /// that came back empty with, so no budget starts over even when every proxy of the fleet restarted too.
+    public var budgetSharesPath: String { directory + "/budget-shares.json" }
+
+    public func loadBudgetShares() throws(StateError) -> [String: (start: Int64, fields: [String: UInt64])] {
+        guard let object = try readObject(budgetSharesPath) else { return [:] }
+        guard let entries = object["budgets"] as? [String: Any] else {
+            throw StateError(description: "\(budgetSharesPath): \"budgets\" is missing or not an object; fix or delete the file")
+        }
+        var shares: [String: (start: Int64, fields: [String: UInt64])] = [:]
+        for (name, value) in entries {
+            guard let entry = value as? [String: Any], let start = (entry["periodStart"] as? NSNumber)?.int64Value,
+                  let fields = entry["shares"] as? [String: Any] else {
+                throw StateError(description: "\(budgetSharesPath): budget \"\(name)\" needs periodStart and shares; fix or delete the file")
+            }
+            var values: [String: UInt64] = [:]
+            for (field, number) in fields {
+                guard let number = (number as? NSNumber)?.uint64Value else {
+                    throw StateError(description: "\(budgetSharesPath): budget \"\(name)\": share \"\(field)\" is not a number; fix or delete the file")
+                }
+                values[field] = number
+            }
+            shares[name] = (start, values)
+        }
+        return shares
+    }
+
+    public func saveBudgetShares(_ shares: [(name: String, start: Int64, fields: [String: UInt64])]) throws(StateError) {
+        var entries: [String: Any] = [:]
+        for entry in shares { entries[entry.name] = ["periodStart": entry.start, "shares": entry.fields] }
+        try writeAtomically(budgetSharesPath, ["budgets": entries])
+    }
+
     // MARK: variants
 
     /// The persisted API variants. Each is checked as a new `PUT` would be, `file`s against `files`: a variant

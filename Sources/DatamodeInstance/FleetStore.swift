@@ -15,8 +15,8 @@ import Synchronization
 /// milliseconds), every second a read of all three keys (what a lost message or a write made with redis-cli
 /// would otherwise miss), and a read when the link comes up. A Redis that comes up without `<prefix>seeded` is
 /// new or came back empty: the proxy seeds it with the state it last knew (`SET … NX`: the first proxy's wins),
-/// so nothing an operator set is lost with Redis's memory. Budget counters are raised to at least what each proxy
-/// knew every time it connects (`FleetBudgets.raiseCommands`).
+/// so nothing an operator set is lost with Redis's memory. Every field of the budgets' hashes is raised to at least what
+/// each proxy saw in it every time it connects (`FleetBudgets.raiseCommands`).
 ///
 /// Sessions (SPEC §12) are one key each, `<prefix>session:<id>` (`SharedSession`'s JSON), expiring after
 /// `sessions.idle-expiry` unless a proxy that saw the session used refreshes it (`refreshSessions`, once per expiry
@@ -39,8 +39,8 @@ final class FleetStore: SharedStateWriter, @unchecked Sendable {
 
     static let names = ["mode.json", "conditions.json", "variants.json"]
 
-    /// Commands sent each time the link comes up, before the state is read (the budgets' counters raised to at
-    /// least what this proxy knew). Set before `start()`.
+    /// Commands sent each time the link comes up, before the state is read (the budgets' hashes raised to at
+    /// least what this proxy saw in them). Set before `start()`.
     var onUpCommands: (@Sendable () -> [[[UInt8]]])?
 
     /// Sessions read: (the sessions, whether they are all the store holds, the write generation the read was sent

@@ -73,6 +73,8 @@ public final class ProxyInstance: @unchecked Sendable {
     private let clock: any EngineClock
     private var budgetTicks = 0
     private var savedUsage: [UInt64] = []
+    /// A fleet's budget hashes as the last run saw them (`store.kind: redis`), for the shared store when it starts.
+    private var savedShares: [String: (start: Int64, fields: [String: UInt64])] = [:]
     private let reloads: ReloadTally
     /// Serialises the control plane's changes (admin requests, reloads): they run on the control loop's thread,
     /// except a reload a test asks for from its own.
@@ -101,6 +103,7 @@ public final class ProxyInstance: @unchecked Sendable {
         let apiVariants: [Variant]
         let savedProfile: String?
         let savedUsage: [String: (start: Int64, used: UInt64)]
+        let savedShares: [String: (start: Int64, fields: [String: UInt64])]
         do throws(StateStore.StateError) {
             store = try StateStore(directory: configuration.stateDirectory)
             saved = try store.loadMode()
@@ -111,6 +114,7 @@ public final class ProxyInstance: @unchecked Sendable {
             }
             apiVariants = try store.loadVariants(files: configuration.variantFiles)
             savedUsage = try store.loadBudgetUsage()
+            savedShares = configuration.store.kind == .redis ? try store.loadBudgetShares() : [:]
         } catch {
             throw .state(error)
         }
@@ -159,6 +163,7 @@ public final class ProxyInstance: @unchecked Sendable {
                                  knownProfiles: { [runtime] in Set(runtime.load().snapshot.configuration.link.profiles.keys) },
                                  caCertificate: { authority?.certificatePEM }, refusals: { server.refusals() })
         adminAPI.wallMilliseconds = { clock.wallNanoseconds() / 1_000_000 }
+        self.savedShares = savedShares
     }
 
     /// The password in `store.redis.password-file`, without its trailing line break; nil without a file or with the
@@ -219,6 +224,7 @@ public final class ProxyInstance: @unchecked Sendable {
             (api.sharedScopes.sessions, api.sharedScopes.schedules, runtime.load().snapshot.configuration.sessions.idleExpiry)
         }
         let shared = FleetBudgets(ledger: budgets, link: fleet.link, prefix: settings.keyPrefix)
+        shared.restore(savedShares)
         fleet.onUpCommands = { shared.raiseCommands(now: Self.seconds(clock)) }
         controlPlane.withLock { _ in
             store.shared = fleet
@@ -395,6 +401,7 @@ public final class ProxyInstance: @unchecked Sendable {
             let values = usage.flatMap { [UInt64(bitPattern: $0.start), $0.used] }
             guard values != savedUsage else { return }
             do {
+                if let fleetBudgets { try store.saveBudgetShares(fleetBudgets.knownShares()) }
                 try store.saveBudgetUsage(usage)
                 savedUsage = values
             } catch {

@@ -134,12 +134,6 @@ public final class BudgetLedger: Sendable {
         periods[index].base.store(Int64(bitPattern: total) &- Int64(bitPattern: flushed), ordering: .releasing)
     }
 
-    /// The fleet's counter as this process last knew it, without what it counted and did not send yet: what an
-    /// empty store is seeded with.
-    public func lastSharedTotal(_ index: Int, flushed: UInt64) -> UInt64 {
-        UInt64(max(0, periods[index].base.load(ordering: .acquiring) &+ Int64(bitPattern: flushed)))
-    }
-
     /// What is persisted: per budget, its period start and its usage.
     public func usage() -> [(name: String, start: Int64, used: UInt64)] {
         budgets.indices.map { (budgets[$0].name, periods[$0].start.load(ordering: .acquiring), used($0)) }

@@ -48,4 +48,32 @@ struct LinkAndBudgetStartupTests {
             #expect("\(error)".contains("budgets.json"))
         }
     }
+
+    @Test("a fleet's budget shares (store: redis) are kept in the state directory and read at start-up; a corrupt file stops it")
+    func persistedShares() throws {
+        let fixture = try Fixture()
+        defer { fixture.remove() }
+        let store = try StateStore(directory: fixture.stateDirectory)
+        try store.saveBudgetShares([("daily", 86_400, ["proxy:00000000000000a1": 700, "reset": 5])])
+        let loaded = try store.loadBudgetShares()
+        #expect(loaded["daily"]?.start == 86_400)
+        #expect(loaded["daily"]?.fields == ["proxy:00000000000000a1": 700, "reset": 5])
+
+        let yaml = """
+            store: {kind: redis, redis: {url: "redis://127.0.0.1:1/0"}}
+            budgets:
+              - {name: daily, bytes: 1MB, period: day, then: constrained}
+            """
+        _ = try fixture.instance(yaml)
+        try "{\"budgets\": {\"daily\": {\"shares\": {}}}}".write(toFile: store.budgetSharesPath, atomically: true, encoding: .utf8)
+        do {
+            _ = try fixture.instance(yaml)
+            Issue.record("started with a budget-shares.json without periodStart")
+        } catch {
+            guard case ProxyInstance.StartupError.state = error else { Issue.record("not a state error: \(error)"); return }
+            #expect("\(error)".contains("budget-shares.json"))
+        }
+        // Not read at all with the state directory as the store.
+        _ = try fixture.instance("budgets:\n  - {name: daily, bytes: 1MB, period: day, then: constrained}\n")
+    }
 }
