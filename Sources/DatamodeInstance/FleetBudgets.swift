@@ -12,8 +12,9 @@ import Glibc
 /// `<prefix>budget-shares:<name>:<period start>`, expiring an hour after its period ends (`EXPIRE`). Each proxy
 /// process owns one field, `proxy:<its instance id>`: everything it counted against the budget in that period. The
 /// field `reset` holds what `POST /budgets/{name}/reset` took back, and `legacy` the counter of proxies that still
-/// `INCRBY` the string key `<prefix>budget:<name>:<period start>` of earlier versions (a rolling upgrade). The
-/// fleet's usage is the sum of the fields other than `reset`, minus `reset`.
+/// `INCRBY` the string key `<prefix>budget:<name>:<period start>` of earlier versions (a rolling upgrade). `added` is
+/// the sum of the shares and `legacy`, kept by the same script that raises them, so that a flush reads two fields
+/// however many proxy processes (restarts included) counted in the period. The fleet's usage is `added - reset`.
 ///
 /// Every value in the hash only grows, and every write raises one field to at least a value (`raise` in
 /// `shareScript`, atomic): a proxy raises its own field to what it counted (an absolute, not an increment), and
@@ -29,9 +30,10 @@ import Glibc
 ///   and a reset as well: a proxy that re-seeds with what it knew before a reset raises `reset` with it.
 ///
 /// The workers count exactly as without a store (their own slots of the `BudgetLedger`, lock-free); every 100 ms
-/// the control loop sends each budget's share and adopts the fleet's total from the hash Redis answers, merged with
-/// what this process saw before (`BudgetLedger.adoptShared`), so a budget is spent on every proxy once the fleet's
-/// total reaches it. Overshoot is bounded by what the fleet moves in one flush interval and a round trip, plus §11's
+/// the control loop sends each budget's share and adopts the fleet's total from `added` and `reset` as Redis
+/// answers them, merged with what this process saw before (`BudgetLedger.adoptShared`), so a budget is spent on
+/// every proxy once the fleet's total reaches it. Every tenth flush reads the whole hash: what this process raises
+/// again when its link comes up. Overshoot is bounded by what the fleet moves in one flush interval and a round trip, plus §11's
 /// allowance (heads read less than 100 ms after the spending byte, transfers already running).
 ///
 /// Redis down: nothing is sent, the workers go on counting, and used is the last total known plus this process's
@@ -55,7 +57,7 @@ final class FleetBudgets: @unchecked Sendable {
 
         /// The fleet's usage in the period: the shares, minus what resets took back.
         var total: UInt64 {
-            let added = fields.reduce(UInt64(0)) { $1.key == FleetBudgets.resetField ? $0 : $0 &+ $1.value }
+            let added = fields[FleetBudgets.addedField] ?? 0
             let taken = fields[FleetBudgets.resetField] ?? 0
             return added > taken ? added - taken : 0
         }
@@ -73,10 +75,13 @@ final class FleetBudgets: @unchecked Sendable {
         var shares: [Shares]
         /// A flush is on its way (one at a time).
         var inFlight = false
+        /// Flushes sent: every tenth reads the whole hash.
+        var flushes = 0
     }
     private let state: Mutex<State>
 
     static let resetField = "reset"
+    static let addedField = "added"
 
     init(ledger: BudgetLedger, link: RedisLink, prefix: String) {
         self.ledger = ledger
@@ -129,17 +134,19 @@ final class FleetBudgets: @unchecked Sendable {
     func flush(now: Int64, completion: (@Sendable () -> Void)? = nil) {
         guard !ledger.isEmpty, link.isUp else { completion?(); return }
         typealias Item = (index: Int, start: Int64, sending: UInt64, value: UInt64)
-        let items: [Item]? = state.withLock { state in
+        let sent: (items: [Item], whole: Bool)? = state.withLock { state in
             guard !state.inFlight else { return nil }
             state.inFlight = true
-            return ledger.budgets.indices.map { index in
+            state.flushes += 1
+            let items = ledger.budgets.indices.map { index in
                 let current = share(index, &state)
                 return (index, current.start, current.sending, current.value)
             }
+            return (items, state.flushes % 10 == 1)
         }
-        guard let items else { completion?(); return }
+        guard let (items, whole) = sent else { completion?(); return }
         let batch = items.map {
-            shareCommand($0.index, start: $0.start, now: now, fields: [(instance, $0.value)])
+            shareCommand($0.index, start: $0.start, now: now, whole: whole, fields: [(instance, $0.value)])
         }
         link.pipeline(batch) { [self] replies in
             state.withLock { state in
@@ -165,12 +172,12 @@ final class FleetBudgets: @unchecked Sendable {
     }
 
     /// Raises each of `fields` in budget `index`'s hash of the period `start` to at least its value, gives the hash
-    /// its lifetime, and answers the hash (`shareScript`).
-    private func shareCommand(_ index: Int, start: Int64, now: Int64, reset: Bool = false,
+    /// its lifetime, and answers `added` and `reset`, or the `whole` hash (`shareScript`).
+    private func shareCommand(_ index: Int, start: Int64, now: Int64, reset: Bool = false, whole: Bool = false,
                               fields: [(String, UInt64)]) -> [[UInt8]] {
         var command = [Array("EVAL".utf8), Array(Self.shareScript.utf8), Array("2".utf8),
                        Array(key(index, start: start).utf8), Array(legacyKey(index, start: start).utf8),
-                       Array(String(lifetime(index, now: now)).utf8), Array((reset ? "1" : "0").utf8)]
+                       Array(String(lifetime(index, now: now)).utf8), Array(((reset ? "r" : "") + (whole ? "w" : "") + "-").utf8)]
         for (field, value) in fields {
             command.append(Array(field.utf8))
             command.append(Array(String(value).utf8))
@@ -179,27 +186,27 @@ final class FleetBudgets: @unchecked Sendable {
     }
 
     /// KEYS[1]: a budget's hash for one period; KEYS[2]: the string counter of earlier versions for the same
-    /// period. ARGV[1]: the hash's lifetime (seconds); ARGV[2]: "1" to reset; then pairs of a field and a value.
-    /// Raises each field given to at least its value, `legacy` to the old counter, and with a reset `reset` to the
-    /// sum of all the other fields (the usage so far, taken back); answers the whole hash. Never lowers a field:
-    /// values are written as given (decimal strings), sums with `%d` (Lua numbers are doubles: exact to 2^53 bytes).
+    /// period. ARGV[1]: the hash's lifetime (seconds); ARGV[2]: flags, `r` to reset, `w` to answer the whole hash;
+    /// then pairs of a field and a value. Raises each field given to at least its value and `legacy` to the old
+    /// counter, adding what each rose by to `added` (never raised directly: it is derived), and with a reset raises
+    /// `reset` to `added` (the usage so far, taken back). Answers `added` and `reset`, or the whole hash. Never
+    /// lowers a field. Values are written as given (decimal strings), differences with `%d` (Lua numbers are
+    /// doubles: exact to 2^53 bytes).
     static let shareScript = """
         local function raise(field, value)
+          if field == 'added' then return end
           local current = tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0
-          if (tonumber(value) or 0) > current then redis.call('HSET', KEYS[1], field, value) end
+          local wanted = tonumber(value) or 0
+          if wanted <= current then return end
+          redis.call('HSET', KEYS[1], field, value)
+          if field ~= 'reset' then redis.call('HINCRBY', KEYS[1], 'added', string.format('%d', wanted - current)) end
         end
         for i = 3, #ARGV - 1, 2 do raise(ARGV[i], ARGV[i + 1]) end
         if redis.call('TYPE', KEYS[2]).ok == 'string' then raise('legacy', redis.call('GET', KEYS[2])) end
-        if ARGV[2] == '1' then
-          local used = 0
-          local fields = redis.call('HGETALL', KEYS[1])
-          for i = 1, #fields, 2 do
-            if fields[i] ~= 'reset' then used = used + (tonumber(fields[i + 1]) or 0) end
-          end
-          raise('reset', string.format('%d', used))
-        end
+        if string.find(ARGV[2], 'r', 1, true) then raise('reset', redis.call('HGET', KEYS[1], 'added') or '0') end
         redis.call('EXPIRE', KEYS[1], ARGV[1])
-        return redis.call('HGETALL', KEYS[1])
+        if string.find(ARGV[2], 'w', 1, true) then return redis.call('HGETALL', KEYS[1]) end
+        return {'added', redis.call('HGET', KEYS[1], 'added') or '0', 'reset', redis.call('HGET', KEYS[1], 'reset') or '0'}
         """
 
     /// A hash as `HGETALL` answers it (nil: not answered, or not a hash).
@@ -226,7 +233,7 @@ final class FleetBudgets: @unchecked Sendable {
                 let current = share(index, &state)
                 var fields = state.shares[index].fields
                 fields[instance] = max(fields[instance] ?? 0, state.flushed[index] &- state.shares[index].offset)
-                let known = fields.filter { $0.value > 0 }.sorted { $0.key < $1.key }
+                let known = fields.filter { $0.key != Self.addedField && $0.value > 0 }.sorted { $0.key < $1.key }
                 guard !known.isEmpty else { return nil }
                 return shareCommand(index, start: current.start, now: now, fields: known)
             }

@@ -193,7 +193,8 @@ struct FleetStoreEndToEndTests {
         #expect(try fleet.redis.get(fleet.prefix + "state:mode")?.contains("expensive") == true)
     }
 
-    /// The shared budget's usage in Redis now (0: none yet): the proxies' shares in its hash, minus `reset`.
+    /// The shared budget's usage in Redis now (0: none yet): the proxies' shares in its hash, minus `reset` (summed
+    /// here, not read from the script's own sum `added`, which must agree).
     static func counter(_ fleet: Fleet, _ name: String) throws -> UInt64 {
         let keys = try fleet.redis.command(["KEYS", fleet.prefix + "budget-shares:\(name):*"]).split(separator: "\n")
         guard let key = keys.first else { return 0 }
@@ -202,7 +203,11 @@ struct FleetStoreEndToEndTests {
         var taken: UInt64 = 0
         for position in stride(from: 0, to: lines.count - 1, by: 2) {
             let value = UInt64(lines[position + 1]) ?? 0
-            if lines[position] == "reset" { taken = value } else { added += value }
+            switch lines[position] {
+            case "reset": taken = value
+            case "added": continue
+            default: added += value
+            }
         }
         return added > taken ? added - taken : 0
     }

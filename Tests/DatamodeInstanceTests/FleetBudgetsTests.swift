@@ -72,6 +72,18 @@ struct FleetBudgetsTests {
         #expect(total == expected, "\(comment) the fleet's total: \(total), expected \(expected)", sourceLocation: sourceLocation)
     }
 
+    /// Redis's hash agrees with itself: `added` is the sum of the shares (and `legacy`), as the script keeps it.
+    static func expectConsistent(_ redis: RedisServer, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let keys = try redis.command(["KEYS", "test:budget-shares:*"]).split(separator: "\n").map(String.init)
+        for key in keys {
+            let lines = try redis.command(["HGETALL", key]).split(separator: "\n").map(String.init)
+            var fields: [String: UInt64] = [:]
+            for position in stride(from: 0, to: lines.count - 1, by: 2) { fields[lines[position]] = UInt64(lines[position + 1]) }
+            let shares = fields.filter { $0.key != "added" && $0.key != "reset" }.values.reduce(0, +)
+            #expect(fields["added"] == shares, "\(key): \(fields)", sourceLocation: sourceLocation)
+        }
+    }
+
     @Test("Redis back empty: a proxy that re-seeds late does not wipe out what another sent after re-seeding first")
     func lateReseedKeepsOthersIncrements() throws {
         let redis = try RedisServer()
@@ -102,6 +114,7 @@ struct FleetBudgetsTests {
         b.count(10)
         try b.flush()
         try Self.expectTotal(a, 3110)
+        try Self.expectConsistent(redis)
     }
 
     @Test("Redis back empty: a proxy whose first flush lands before its own re-seeding loses none of it")
@@ -169,6 +182,7 @@ struct FleetBudgetsTests {
         b.count(5)
         try Self.expectTotal(b, 5)
         try Self.expectTotal(a, 5)
+        try Self.expectConsistent(redis)
     }
 
     @Test("Every proxy restarted and Redis empty: a proxy seeds it from its state directory, counts it could not send included")
@@ -180,21 +194,24 @@ struct FleetBudgetsTests {
         try a.flush()
         b.count(500)
         try b.flush()
+        // A second of flushes: one of them reads the whole hash (B's share with it), the others its sum.
+        for _ in 0..<10 { try a.flush() }
         try Self.expectTotal(a, 1500)
         redis.kill()
         // Redis down: A goes on counting, then stops without being able to send it; what it keeps for a restart:
         a.count(200)
         let saved = a.shared.knownShares()
-        #expect(saved.count == 1 && saved.first?.fields.values.reduce(0, +) == 1700, "\(saved)")
+        #expect(saved.count == 1 && saved.first?.fields[a.shared.instance] == 1200, "\(saved)")
         try redis.start()
         a = try Proxy(redis, saved: saved)
         try a.reseed()
-        try Self.expectTotal(a, 1700, "A restarted, B not yet seeding:")
+        try Self.expectTotal(a, 1700, "A restarted, B not yet seeding (A seeds B's share too):")
         try b.waitUp()
         try b.reseed()
         a.count(1)
         try Self.expectTotal(a, 1701, "and after B's seeding, nothing twice:")
         try Self.expectTotal(b, 1701)
+        try Self.expectConsistent(redis)
     }
 
     @Test("The string counter of earlier versions (INCRBY) is read into the hash: a rolling upgrade starts no budget over")
@@ -208,5 +225,6 @@ struct FleetBudgetsTests {
         // An older proxy goes on adding to its counter.
         #expect(try redis.command(["INCRBY", "test:budget:big:\(start)", "50"]) == "750")
         try Self.expectTotal(a, 850)
+        try Self.expectConsistent(redis)
     }
 }
