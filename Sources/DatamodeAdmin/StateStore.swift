@@ -172,11 +172,13 @@ public final class StateStore: @unchecked Sendable {
 
     /// A fleet's budget hashes (SPEC §19, `store.kind: redis`) as this proxy last saw them: per budget, the period's
     /// start and every field's value (each proxy's share, `reset`, `legacy`). What a restarted proxy seeds a Redis
-    /// that came back empty with, so no budget starts over even when every proxy of the fleet restarted too.
+    /// that came back empty with, so no budget starts over even when every proxy of the fleet restarted too. Kept
+    /// with the fleet's key prefix: shares saved for another prefix (another fleet) are not read.
     public var budgetSharesPath: String { directory + "/budget-shares.json" }
 
-    public func loadBudgetShares() throws(StateError) -> [String: (start: Int64, fields: [String: UInt64])] {
+    public func loadBudgetShares(keyPrefix: String) throws(StateError) -> [String: (start: Int64, fields: [String: UInt64])] {
         guard let object = try readObject(budgetSharesPath) else { return [:] }
+        guard object["keyPrefix"] as? String == keyPrefix else { return [:] }
         guard let entries = object["budgets"] as? [String: Any] else {
             throw StateError(description: "\(budgetSharesPath): \"budgets\" is missing or not an object; fix or delete the file")
         }
@@ -198,10 +200,11 @@ public final class StateStore: @unchecked Sendable {
         return shares
     }
 
-    public func saveBudgetShares(_ shares: [(name: String, start: Int64, fields: [String: UInt64])]) throws(StateError) {
+    public func saveBudgetShares(_ shares: [(name: String, start: Int64, fields: [String: UInt64])],
+                                 keyPrefix: String) throws(StateError) {
         var entries: [String: Any] = [:]
         for entry in shares { entries[entry.name] = ["periodStart": entry.start, "shares": entry.fields] }
-        try writeAtomically(budgetSharesPath, ["budgets": entries])
+        try writeAtomically(budgetSharesPath, ["keyPrefix": keyPrefix, "budgets": entries])
     }
 
     // MARK: variants

@@ -109,13 +109,14 @@ final class FleetBudgets: @unchecked Sendable {
     }
 
     /// At a clean stop: a last flush, waited for up to `timeout`, so what the workers counted in the last 100 ms
-    /// reaches the fleet's counter (SPEC §11: a clean stop loses nothing).
+    /// reaches the fleet's counter (SPEC §11: a clean stop loses nothing). It reads the whole hash: what the state
+    /// directory keeps for a restart is every share as it is now, not as it was at the last whole read.
     func flushBeforeStopping(now: Int64, timeout: DispatchTimeInterval = .milliseconds(500)) {
         let done = DispatchSemaphore(value: 0)
         let deadline = DispatchTime.now() + timeout
         // One flush may be on its way already: wait for it, then send what is left.
         while state.withLock({ $0.inFlight }) && DispatchTime.now() < deadline { usleep(5_000) }
-        flush(now: now) { done.signal() }
+        flush(now: now, whole: true) { done.signal() }
         _ = done.wait(timeout: deadline)
     }
 
@@ -130,8 +131,9 @@ final class FleetBudgets: @unchecked Sendable {
         return (start, sending, sending &- state.shares[index].offset)
     }
 
-    /// Every 100 ms on the control loop: sends each budget's share and adopts the fleet's totals.
-    func flush(now: Int64, completion: (@Sendable () -> Void)? = nil) {
+    /// Every 100 ms on the control loop: sends each budget's share and adopts the fleet's totals; reads the `whole`
+    /// hash when asked, and every tenth time.
+    func flush(now: Int64, whole: Bool = false, completion: (@Sendable () -> Void)? = nil) {
         guard !ledger.isEmpty, link.isUp else { completion?(); return }
         typealias Item = (index: Int, start: Int64, sending: UInt64, value: UInt64)
         let sent: (items: [Item], whole: Bool)? = state.withLock { state in
@@ -142,7 +144,7 @@ final class FleetBudgets: @unchecked Sendable {
                 let current = share(index, &state)
                 return (index, current.start, current.sending, current.value)
             }
-            return (items, state.flushes % 10 == 1)
+            return (items, whole || state.flushes % 10 == 1)
         }
         guard let (items, whole) = sent else { completion?(); return }
         let batch = items.map {

@@ -75,6 +75,8 @@ public final class ProxyInstance: @unchecked Sendable {
     private var savedUsage: [UInt64] = []
     /// A fleet's budget hashes as the last run saw them (`store.kind: redis`), for the shared store when it starts.
     private var savedShares: [String: (start: Int64, fields: [String: UInt64])] = [:]
+    /// What `budget-shares.json` holds now, as text to compare (written when it changed).
+    private var persistedShares: [String] = []
     private let reloads: ReloadTally
     /// Serialises the control plane's changes (admin requests, reloads): they run on the control loop's thread,
     /// except a reload a test asks for from its own.
@@ -114,7 +116,8 @@ public final class ProxyInstance: @unchecked Sendable {
             }
             apiVariants = try store.loadVariants(files: configuration.variantFiles)
             savedUsage = try store.loadBudgetUsage()
-            savedShares = configuration.store.kind == .redis ? try store.loadBudgetShares() : [:]
+            savedShares = configuration.store.kind == .redis
+                ? try store.loadBudgetShares(keyPrefix: configuration.store.redis.keyPrefix) : [:]
         } catch {
             throw .state(error)
         }
@@ -392,16 +395,30 @@ public final class ProxyInstance: @unchecked Sendable {
         if budgetTicks % 10 == 0 { persistBudgets() }
     }
 
-    /// Writes budget usage to the state directory if it changed since the last write. Called every second and at
-    /// shutdown; a failure is logged and retried at the next call.
+    /// Writes budget usage to the state directory if it changed since the last write, and a fleet's shares as this
+    /// proxy knows them if they did. Called every second and at shutdown; a failure is logged and retried at the
+    /// next call.
     public func persistBudgets() {
         guard !budgets.isEmpty else { return }
         controlPlane.withLock { _ in
+            if let fleetBudgets {
+                let shares = fleetBudgets.knownShares()
+                let text = shares.map { share in
+                    "\(share.name) \(share.start) " + share.fields.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+                }
+                if text != persistedShares {
+                    do {
+                        try store.saveBudgetShares(shares, keyPrefix: fleetBudgets.prefix)
+                        persistedShares = text
+                    } catch {
+                        logger.error("cannot persist the fleet's budget shares", metadata: ["error": "\(error)"])
+                    }
+                }
+            }
             let usage = budgets.usage()
             let values = usage.flatMap { [UInt64(bitPattern: $0.start), $0.used] }
             guard values != savedUsage else { return }
             do {
-                if let fleetBudgets { try store.saveBudgetShares(fleetBudgets.knownShares()) }
                 try store.saveBudgetUsage(usage)
                 savedUsage = values
             } catch {

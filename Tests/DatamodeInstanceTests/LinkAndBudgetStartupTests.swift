@@ -54,10 +54,11 @@ struct LinkAndBudgetStartupTests {
         let fixture = try Fixture()
         defer { fixture.remove() }
         let store = try StateStore(directory: fixture.stateDirectory)
-        try store.saveBudgetShares([("daily", 86_400, ["proxy:00000000000000a1": 700, "reset": 5])])
-        let loaded = try store.loadBudgetShares()
+        try store.saveBudgetShares([("daily", 86_400, ["proxy:00000000000000a1": 700, "reset": 5])], keyPrefix: "datamode:")
+        let loaded = try store.loadBudgetShares(keyPrefix: "datamode:")
         #expect(loaded["daily"]?.start == 86_400)
         #expect(loaded["daily"]?.fields == ["proxy:00000000000000a1": 700, "reset": 5])
+        #expect(try store.loadBudgetShares(keyPrefix: "other-fleet:").isEmpty, "another fleet's shares are not seeded")
 
         let yaml = """
             store: {kind: redis, redis: {url: "redis://127.0.0.1:1/0"}}
@@ -65,7 +66,7 @@ struct LinkAndBudgetStartupTests {
               - {name: daily, bytes: 1MB, period: day, then: constrained}
             """
         _ = try fixture.instance(yaml)
-        try "{\"budgets\": {\"daily\": {\"shares\": {}}}}".write(toFile: store.budgetSharesPath, atomically: true, encoding: .utf8)
+        try "{\"keyPrefix\": \"datamode:\", \"budgets\": {\"daily\": {\"shares\": {}}}}".write(toFile: store.budgetSharesPath, atomically: true, encoding: .utf8)
         do {
             _ = try fixture.instance(yaml)
             Issue.record("started with a budget-shares.json without periodStart")
