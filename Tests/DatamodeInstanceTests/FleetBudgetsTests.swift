@@ -84,6 +84,13 @@ struct FleetBudgetsTests {
         }
     }
 
+    /// Redis dies and comes back empty; every proxy's link reconnects, none has re-seeded yet.
+    static func restartEmpty(_ redis: RedisServer, _ proxies: Proxy...) throws {
+        redis.kill()
+        try redis.start()
+        for proxy in proxies { try proxy.waitUp() }
+    }
+
     @Test("Redis back empty: a proxy that re-seeds late does not wipe out what another sent after re-seeding first")
     func lateReseedKeepsOthersIncrements() throws {
         let redis = try RedisServer()
@@ -96,10 +103,7 @@ struct FleetBudgetsTests {
         try Self.expectTotal(b, 3000)
 
         // Redis dies and comes back empty; both links reconnect, neither has re-seeded yet.
-        redis.kill()
-        try redis.start()
-        try a.waitUp()
-        try b.waitUp()
+        try Self.restartEmpty(redis, a, b)
 
         // A re-seeds with what it knew (1000), counts 100 more and sends them; only then does B re-seed (it knew 3000).
         try a.reseed()
@@ -128,10 +132,7 @@ struct FleetBudgetsTests {
         try b.flush()
         try Self.expectTotal(a, 1500)
 
-        redis.kill()
-        try redis.start()
-        try a.waitUp()
-        try b.waitUp()
+        try Self.restartEmpty(redis, a, b)
         // The link's thread may run a flush posted by the control loop before the commands `onUp` sends.
         a.count(40)
         try a.flush()
@@ -154,10 +155,7 @@ struct FleetBudgetsTests {
         try b.reseed()
         try a.reseed()
         try Self.expectTotal(a, 1000)
-        redis.kill()
-        try redis.start()
-        try a.waitUp()
-        try b.waitUp()
+        try Self.restartEmpty(redis, a, b)
         try b.reseed()
         try a.reseed()
         try b.reseed()
