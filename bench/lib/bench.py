@@ -770,8 +770,6 @@ class Bench:
         argv = [sys.executable, os.path.join(BENCH, name),
                 "--proxy-bin" if name == "transparent" else "--binary", a.proxy_bin,
                 "--rounds", str(a.rounds), "--duration", str(a.duration), "--out", a.out, "--stamp", a.stamp]
-        if name == "transparent":
-            argv += ["--downloads", str(a.downloads)]
         res["command"] = " ".join(["bench/" + name] + argv[2:])
         path = os.path.join(a.out, f"{a.stamp}-{name}.md")
         if os.path.exists(path):
