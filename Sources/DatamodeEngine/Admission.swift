@@ -340,12 +340,10 @@ struct Admission {
                 return .failure(InsideRefusal(code: .badRequest,
                                               detail: "a request without Host: the transparent listener needs it to name the origin (RFC 9112 §3.2)"))
             }
-            switch RequestTarget.parse("http://" + host + target.path, method: method) {
-            case .success(let absolute) where absolute.form == .absolute && absolute.path == target.path:
-                return .success(absolute)
-            default:
+            guard let absolute = RequestTarget.httpOnHost(host, origin: target) else {
                 return .failure(InsideRefusal(code: .badRequest, detail: "Host \(host) is not a valid authority"))
             }
+            return .success(absolute)
         }
     }
 

@@ -8,6 +8,7 @@
 ///   and a prefix never completes differently from the whole;
 /// - round trip: a parsed head, serialised and re-parsed, is the same head (what we forward means what we checked);
 /// - request targets normalise idempotently;
+/// - the transparent listener's `Host` fast path (`RequestTarget.httpOnHost`) agrees with parsing the joined URL;
 /// - chunked framing gives the same outcome whether the bytes arrive at once or in two reads;
 /// - the engine's in-place paths agree with the reference parsers: the input, arriving in pieces (derived from
 ///   the input, so a finding reproduces) in an evbuffer's chains, through `FrontParse` (request and response
@@ -53,6 +54,24 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     case .invalid:
         if case .complete = HTTP1Parser.parseRequestHead(UnsafeRawBufferPointer(rebasing: bytes[0..<split]), limits: small) {
             fatalError("prefix of an invalid request parsed complete")
+        }
+    }
+
+    // MARK: the transparent listener's Host fast path against parsing the joined URL
+    // The input up to its first newline is a Host value, the rest a path.
+    if let newline = bytes.firstIndex(of: 0x0A) {
+        let host = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<newline]), as: UTF8.self)
+        let path = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[(newline + 1)...]), as: UTF8.self)
+        if case .success(let origin) = RequestTarget.parse(path, method: "GET"), origin.form == .origin {
+            var reference: RequestTarget?
+            if case .success(let absolute) = RequestTarget.parse("http://" + host + origin.path, method: "GET"),
+               absolute.form == .absolute, absolute.path == origin.path {
+                reference = absolute
+            }
+            let fast = RequestTarget.httpOnHost(host, origin: origin)
+            guard fast == reference else {
+                fatalError("httpOnHost \(host.debugDescription) \(path.debugDescription): \(String(describing: fast)) vs \(String(describing: reference))")
+            }
         }
     }
 

@@ -131,6 +131,28 @@ public struct RequestTarget: Hashable, Sendable {
         ))
     }
 
+    /// An origin-form target (`/path?query`) made absolute for `http://`, with `host` (a `Host` field value) as its
+    /// authority: what `parse("http://" + host + origin.path)` gives when that parse keeps the path as it was, and
+    /// nil when it would not (a `Host` that is no authority, or that would move the path, such as `a/b`). Only the
+    /// host is read, once: the path was checked when `origin` was parsed. `host` is read as `parse` reads an
+    /// authority (no userinfo, reg-name characters or an IPv6 literal, a port of 1–65535 or none).
+    public static func httpOnHost(_ host: String, origin: RequestTarget) -> RequestTarget? {
+        guard origin.form == .origin else { return nil }
+        var host = host
+        let parsed: Result<Authority, HTTPWireError> = host.withUTF8 { u in
+            // The authority ends at the first "/" or "?" in `parse`; such a Host would move the path.
+            for b in u where b == 0x2F || b == 0x3F || b == 0x23 || !ByteClass.isVisible(b) {
+                return .failure(.malformed("invalid character in host"))
+            }
+            return parseAuthority(u, 0, u.count, requirePort: false)
+        }
+        guard case .success(let authority) = parsed else { return nil }
+        let port = authority.port ?? 80
+        let hostHeader = port == 80 ? authority.bracketedHost : joined(authority.bracketedHost, ":", String(port))
+        return RequestTarget(form: .absolute, scheme: "http", host: authority.host, port: port, path: origin.path,
+                             hostHeaderValue: hostHeader, absoluteURL: joined("http://", hostHeader, origin.path))
+    }
+
     struct Authority {
         var host: String
         var bracketedHost: String

@@ -1,0 +1,81 @@
+import DatamodeHTTP
+import DatamodeTestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `RequestTarget.httpOnHost` is the transparent listener's fast path for `GET /path` + `Host` (SPEC §16): it reads
+/// the Host value as an authority and keeps the path it was given. The reference is what the listener did before,
+/// `parse("http://" + host + path)` kept only when its path is the request's. Both run on random and mutated Host
+/// values and paths; a disagreement is a Host that could steer a request's URL differently from what was checked.
+///
+/// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
+@Suite struct HostTargetDifferentialTests {
+    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
+        ?? UInt64.random(in: 0...UInt64.max)
+
+    static func reference(_ host: String, _ origin: RequestTarget) -> RequestTarget? {
+        guard case .success(let absolute) = RequestTarget.parse("http://" + host + origin.path, method: "GET"),
+              absolute.form == .absolute, absolute.path == origin.path else { return nil }
+        return absolute
+    }
+
+    /// Hosts built from the pieces an authority is made of (a host, maybe a port), with the bytes that end or break
+    /// one mixed in at random places.
+    static func host(using rng: inout SeededGenerator) -> String {
+        let hosts = ["example.com", "a", "A-b_c~d", "192.0.2.1", "[::1]", "[2001:DB8::a]", "[::ffff:192.0.2.1]",
+                     "[1:2:3:4:5:6:7:8]", "%41b", "!$&'()*+,;=", "x.Y.z"]
+        let ports = [":", ":80", ":8080", ":0", ":65535", ":65536", ":123456", ":8a"]
+        let junk = ["%4", "%zz", "@", "user@", "/", "?", "#", " ", "\t", "[", "]", ":", ".", "\u{7f}", "é", "\r", ""]
+        var s = hosts.randomElement(using: &rng)!
+        if Bool.random(using: &rng) { s += ports.randomElement(using: &rng)! }
+        if Int.random(in: 0..<3, using: &rng) == 0 {
+            let cut = s.index(s.startIndex, offsetBy: Int.random(in: 0...s.count, using: &rng))
+            s.insert(contentsOf: junk.randomElement(using: &rng)!, at: cut)
+        }
+        return s
+    }
+
+    static func path(using rng: inout SeededGenerator) -> String {
+        ["/", "/a/b?c=d&e", "/?q", "/%7Euser/a%20b", "/1k.bin", "/x?y=/z", "//double", "/a:b@c"].randomElement(using: &rng)!
+    }
+
+    @Test func httpOnHostAgreesWithParsingTheJoinedURL() {
+        print("HostTargetDifferentialTests seed \(Self.seed) (DATAMODE_PARSER_SEED=\(Self.seed) replays it)")
+        var rng = SeededGenerator(seed: Self.seed)
+        var failures: [String] = []
+        var accepted = 0
+        let cases = 20_000
+        for _ in 0..<cases {
+            var host = Self.host(using: &rng)
+            if Int.random(in: 0..<4, using: &rng) == 0, !host.isEmpty {
+                // Mutation: one byte replaced by any byte.
+                var bytes = Array(host.utf8)
+                bytes[Int.random(in: 0..<bytes.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+                host = String(decoding: bytes, as: UTF8.self)
+            }
+            guard case .success(let origin) = RequestTarget.parse(Self.path(using: &rng), method: "GET") else {
+                Issue.record("the test's paths must parse"); return
+            }
+            let fast = RequestTarget.httpOnHost(host, origin: origin)
+            let reference = Self.reference(host, origin)
+            if fast != reference {
+                failures.append("Host \(host.debugDescription) path \(origin.path): fast \(String(describing: fast)), "
+                                + "reference \(String(describing: reference))")
+            }
+            if fast != nil { accepted += 1 }
+            if failures.count >= 5 { break }
+        }
+        #expect(failures.isEmpty, "seed \(Self.seed):\n\(failures.joined(separator: "\n"))")
+        // Both verdicts must be common, or agreeing proves little.
+        #expect(accepted > cases / 10 && accepted < cases * 9 / 10, "accepted \(accepted) of \(cases)")
+    }
+
+    @Test func onlyAnOriginFormTargetIsMadeAbsolute() {
+        guard case .success(let absolute) = RequestTarget.parse("http://example.com/x", method: "GET") else {
+            Issue.record("parse"); return
+        }
+        #expect(RequestTarget.httpOnHost("example.com", origin: absolute) == nil)
+    }
+}
