@@ -15,11 +15,11 @@ import Glibc
 /// (`HTTP1Session`), through the context pointer given at `configure`.
 final class ClientTransport {
     unowned let worker: Worker
-    /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it. Freed while parked.
+    /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it.
     private(set) var bev: OpaquePointer
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
-    /// The socket, for the read event that wakes a parked connection.
+    /// The socket (-1 for a stream's end).
     let fd: Int32
     /// Writes are speculative on plain TCP (`SpeculativeWriter`); TLS keeps libevent's own write path.
     private(set) var writer = SpeculativeWriter()
@@ -29,11 +29,8 @@ final class ClientTransport {
     private var socketOutput: OpaquePointer?
     /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
     private var watchingSocketOutput = false
-    /// While parked, the only event of the connection: its socket's next byte or EOF, with the rest of
-    /// `client-idle` as its timeout (monotonic nanoseconds: `parkedUntil`).
-    private var parkedRead: OpaquePointer?
-    private(set) var parkedUntil: UInt64 = 0
-    /// The bufferevent was freed by `park` and not yet replaced.
+    /// The bufferevent was freed by `releaseKeepingSocket`: the connection parked (`ParkedConnection` has the
+    /// socket now), and nothing of this transport is used again.
     private(set) var isParked = false
     /// The owner's context pointer, for the callbacks, and which callbacks.
     private var owner: UnsafeMutableRawPointer?
@@ -159,43 +156,22 @@ final class ClientTransport {
 
     // MARK: parking (an idle connection gives its buffers back)
 
-    /// Frees the bufferevent and its buffers while the connection waits idle; one read event on the socket, which
-    /// also carries `milliseconds` as its timeout, brings them back (`unpark`). Only on plain TCP with nothing
-    /// buffered either way (the TLS filter holds the session, which a socket bufferevent cannot bring back).
-    func park(idleFor milliseconds: Int64) -> Bool {
-        guard isPlain, !isParked, !writer.waiting, fd >= 0,
-              evbuffer_get_length(input) == 0, evbuffer_get_length(output) == 0,
-              let parkedRead = event_new(worker.base, fd, Int16(EV_READ), clientParkedReadCallback, owner)
-        else { return false }
-        self.parkedRead = parkedRead
-        // The socket stays open: the bufferevent forgets it before it is freed (BEV_OPT_CLOSE_ON_FREE).
+    /// Whether the connection can park now: plain TCP (the TLS filter holds the session, which a socket bufferevent
+    /// cannot bring back), with nothing buffered either way and no write waiting.
+    var canPark: Bool {
+        isPlain && !isParked && !writer.waiting && fd >= 0
+            && evbuffer_get_length(input) == 0 && evbuffer_get_length(output) == 0
+    }
+
+    /// Frees the bufferevent and its buffers and leaves the socket open, for the `ParkedConnection` that takes
+    /// the connection's place.
+    func releaseKeepingSocket() {
+        guard !isParked else { return }
+        // The bufferevent forgets the socket before it is freed (BEV_OPT_CLOSE_ON_FREE).
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         bufferevent_setfd(bev, -1)
         bufferevent_free(bev)
         isParked = true
-        dm_event_add_ms(parkedRead, milliseconds)
-        parkedUntil = worker.clock.nowNanoseconds() + UInt64(max(0, milliseconds)) * 1_000_000
-        worker.metrics.connectionParked()
-        return true
-    }
-
-    /// The parked read event fired: it is gone.
-    func parkedReadFired() {
-        if let parkedRead { event_free(parkedRead) }
-        parkedRead = nil
-    }
-
-    /// A new bufferevent reads the socket. False when none could be made (the connection is to be closed).
-    func unpark() -> Bool {
-        guard let new = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return false }
-        bev = new
-        isParked = false
-        input = bufferevent_get_input(new)
-        output = bufferevent_get_output(new)
-        writer = SpeculativeWriter()
-        worker.metrics.connectionUnparked()
-        if let owner { configure(owner: owner, callbacks: callbacks) }
-        return true
     }
 
     // MARK: TLS
@@ -298,15 +274,8 @@ final class ClientTransport {
             evbuffer_remove_cb(socketOutput, callbacks.socketDrained, owner)
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
-        if let parkedRead { event_free(parkedRead) }
-        parkedRead = nil
-        if isParked {
-            // The bufferevent is gone already; the socket is still ours.
-            Glibc.close(fd)
-            worker.metrics.connectionUnparked()
-        } else {
-            bufferevent_free(bev)
-        }
+        // A parked connection's socket and bufferevent are not this transport's any more.
+        if !isParked { bufferevent_free(bev) }
         // A stream's end says how it ended: a close-delimited response ends cleanly, a cut one does not.
         if isStream { stream?.exchangeSessionEnded(clean: cleanTLSEnd) }
     }

@@ -47,14 +47,19 @@ final class HTTP1Session: ClientSession {
     /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
     var shapingDeadline: UInt64?
 
-    init(worker: Worker, bev: OpaquePointer, peer: SocketAddress, transparent: TransparentConnection? = nil) {
+    convenience init(worker: Worker, bev: OpaquePointer, peer: SocketAddress, transparent: TransparentConnection? = nil) {
+        self.init(worker: worker, bev: bev, peerAddress: peer.ipAddress, peerText: peer.hostText, transparent: transparent)
+    }
+
+    /// A connection accepted, or woken from parking (`ParkedConnection`, which kept its peer).
+    init(worker: Worker, bev: OpaquePointer, peerAddress: IPAddress?, peerText: String,
+         transparent: TransparentConnection? = nil) {
         self.worker = worker
         self.transparent = transparent
         transport = ClientTransport(worker: worker, bev: bev)
-        self.peerAddress = peer.ipAddress
-        self.peerText = peer.hostText
-        let settings = worker.settings
-        machine = StateMachine(timeouts: settings.clientTimeouts)
+        self.peerAddress = peerAddress
+        self.peerText = peerText
+        machine = StateMachine(timeouts: worker.settings.clientTimeouts)
     }
 
     /// The exchange of one HTTP/2 stream (SPEC §17): its HTTP/1.1 translation arrives on `end`, the session's end
@@ -82,35 +87,32 @@ final class HTTP1Session: ClientSession {
 
     // MARK: parking (an idle connection gives its buffers back)
 
-    /// Gives the buffers and the timer back while the connection waits idle between requests (the transport
-    /// parks when it can: plain TCP, nothing buffered); its socket's next byte or the end of `client-idle` brings
-    /// the connection back. Returns whether it parked.
+    /// Waiting idle between requests, the connection keeps only its socket and a read event: it becomes a
+    /// `ParkedConnection` in this session's place (when the transport can: plain TCP, nothing buffered), and this
+    /// session, its transport, bufferevent and timers are freed. The socket's next byte or EOF makes a new session
+    /// (`resume`), and `client-idle` still runs. Returns whether it parked.
     private func park(idleLeft milliseconds: Int64) -> Bool {
-        guard machine.isReadingHead, transport.park(idleFor: milliseconds) else { return false }
+        guard machine.isReadingHead, transport.canPark,
+              let parked = ParkedConnection.make(worker: worker, fd: transport.socket, peerAddress: peerAddress,
+                                                 peerText: peerText, transparent: transparent, idleFor: milliseconds)
+        else { return false }
+        transport.releaseKeepingSocket()
+        released = true
         if let timer { event_free(timer) }
         timer = nil
+        releaseShapingTimer()
         machine.parked()
+        worker.clientChangedHands(from: self, to: parked)
+        worker.metrics.connectionParked()
         return true
     }
 
-    /// The parked socket is readable (a request's first byte, or EOF), or `client-idle` ran out (`timedOut`).
-    func parkedReadFired(timedOut: Bool) {
-        guard machine.isParked else { return }
-        transport.parkedReadFired()
+    /// A parked connection's next bytes (or EOF) arrived: this new session reads them, with `milliseconds` of
+    /// `client-idle` left (the idle clock keeps running until a head's first byte arms `client-header`).
+    func resume(idleLeftMilliseconds milliseconds: Int64) {
+        transport.configure(owner: context(self))
         timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
-        if timedOut {
-            clientTimerFired()
-        } else {
-            // The idle clock keeps running until a head's first byte arrives (which arms client-header).
-            let now = worker.clock.nowNanoseconds()
-            let until = transport.parkedUntil
-            armTimer(Int64((until > now ? until - now : 0) / 1_000_000))
-            guard transport.unpark() else {
-                close()
-                return
-            }
-            machine.unparked()
-        }
+        armTimer(milliseconds)
     }
 
     /// Carries out a connection-level action.
@@ -399,9 +401,7 @@ final class HTTP1Session: ClientSession {
 
     /// Drain: close now if idle between requests; otherwise close after the current response.
     func drain() {
-        if machine.isParked {
-            close()
-        } else if machine.isReadingHead && evbuffer_get_length(input) == 0 {
+        if machine.isReadingHead && evbuffer_get_length(input) == 0 {
             // Idle between requests: an intercepted client is told with close_notify that nothing was cut.
             machine.closed()
             release(graceful: unsentOutput == 0)

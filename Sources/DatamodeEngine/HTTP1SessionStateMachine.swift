@@ -32,10 +32,10 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// Writing what is queued for the client, then closing. `backlog`: what the output held when the timer
         /// was last armed (a reader that still reads gets another period).
         case closing(backlog: Int)
-        /// Idle between requests with its buffers given back: the bufferevent and its buffers are freed, only a
-        /// read event and the timer are left (nginx frees an idle keep-alive connection's buffers the same way;
-        /// they were ~1 KiB of the ~1.5 KiB an idle connection held, issue 12). The first byte, or the client's
-        /// EOF, brings them back; `client-idle` still runs.
+        /// Idle between requests, handed to a `ParkedConnection`: this session, its bufferevent, buffers and timers
+        /// are freed (nginx frees an idle keep-alive connection's buffers the same way; they were ~1 KiB of the
+        /// ~1.5 KiB an idle connection held, issue 12), and the first byte or the client's EOF makes a new session.
+        /// Nothing changes a parked machine any more.
         case parked
         /// Freed: no event changes anything any more.
         case closed
@@ -222,13 +222,6 @@ struct HTTP1SessionStateMachine<Exchange> {
     mutating func parked() {
         guard case .readingHead(nil) = state else { return }
         state = .parked
-    }
-
-    /// The parked connection's socket became readable (a byte, or EOF): its buffers are back, the next head is
-    /// read. The timer keeps running for what is left of `client-idle`.
-    mutating func unparked() {
-        guard case .parked = state else { return }
-        state = .readingHead(since: nil)
     }
 
     /// The output was written out.

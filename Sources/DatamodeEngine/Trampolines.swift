@@ -97,9 +97,7 @@ let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
 let clientParkedReadCallback: event_callback_fn = { _, what, ctx in
     CallbackNesting.enter("clientParkedReadCallback")
     defer { CallbackNesting.leave() }
-    let client = owner(ctx, as: HTTP1Session.self)
-    client.parkedReadFired(timedOut: what & Int16(EV_TIMEOUT) != 0)
-    client.flushPendingWrites()
+    owner(ctx, as: ParkedConnection.self).wake(timedOut: what & Int16(EV_TIMEOUT) != 0)
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("clientTimerCallback")

@@ -64,21 +64,14 @@ import Testing
         #expect(machine.isClosed)
     }
 
+    /// A parked connection wakes as a new session (`ParkedConnection.wake`), whose machine waits for a head with the
+    /// rest of `client-idle` armed (`resume`): that timer closes, it does not park again.
     @Test func aParkedConnectionWakesForItsNextHeadWithTheIdleClockRunning() {
         var machine = Machine(timeouts: Self.timeouts)
-        _ = machine.inputEmpty(outputBacklog: 0)
-        _ = machine.timerFired(outputBacklog: 0)
-        machine.parked()
-        machine.unparked()
         #expect(machine.isReadingHead && !machine.parkDue)
-        // The timer still armed is the rest of client-idle: firing now closes, it does not park again.
         #expect(machine.timerFired(outputBacklog: 0) == .close)
 
         var woken = Machine(timeouts: Self.timeouts)
-        _ = woken.inputEmpty(outputBacklog: 0)
-        _ = woken.timerFired(outputBacklog: 0)
-        woken.parked()
-        woken.unparked()
         #expect(woken.headBytesBuffered(now: 7) == .armTimer(milliseconds: 15_000))
     }
 
