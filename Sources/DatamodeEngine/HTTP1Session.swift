@@ -87,14 +87,14 @@ final class HTTP1Session: ClientSession {
 
     // MARK: parking (an idle connection gives its buffers back)
 
-    /// Waiting idle between requests, the connection keeps only its socket and a read event: it becomes a
-    /// `ParkedConnection` in this session's place (when the transport can: plain TCP, nothing buffered), and this
-    /// session, its transport, bufferevent and timers are freed. The socket's next byte or EOF makes a new session
-    /// (`resume`), and `client-idle` still runs. Returns whether it parked.
+    /// Waiting idle between requests, the connection keeps only its socket and a read event: it goes to the
+    /// worker's `ParkedConnections` (when the transport can: plain TCP, nothing buffered), and this session, its
+    /// transport, bufferevent and timers are freed. The socket's next byte or EOF makes a new session (`resume`),
+    /// and `client-idle` still runs. Returns whether it parked.
     private func park(idleLeft milliseconds: Int64) -> Bool {
         guard machine.isReadingHead, transport.canPark,
-              let parked = ParkedConnection.make(worker: worker, fd: transport.socket, peerAddress: peerAddress,
-                                                 peerText: peerText, transparent: transparent, idleFor: milliseconds)
+              worker.parked.park(fd: transport.socket, peerAddress: peerAddress, peerText: peerText,
+                                 transparent: transparent, idleFor: milliseconds)
         else { return false }
         transport.releaseKeepingSocket()
         released = true
@@ -102,8 +102,7 @@ final class HTTP1Session: ClientSession {
         timer = nil
         releaseShapingTimer()
         machine.parked()
-        worker.clientChangedHands(from: self, to: parked)
-        worker.metrics.connectionParked()
+        worker.clientParked(self)
         return true
     }
 

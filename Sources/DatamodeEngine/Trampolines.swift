@@ -94,10 +94,10 @@ let clientEventCallback: bufferevent_event_cb = { _, what, ctx in
     client.clientEvent(what)
     client.flushPendingWrites()
 }
-let clientParkedReadCallback: event_callback_fn = { _, what, ctx in
-    CallbackNesting.enter("clientParkedReadCallback")
+let parkedConnectionCallback: event_callback_fn = { fd, what, ctx in
+    CallbackNesting.enter("parkedConnectionCallback")
     defer { CallbackNesting.leave() }
-    owner(ctx, as: ParkedConnection.self).wake(timedOut: what & Int16(EV_TIMEOUT) != 0)
+    owner(ctx, as: ParkedConnections.self).fired(fd: fd, timedOut: what & Int16(EV_TIMEOUT) != 0)
 }
 let clientTimerCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("clientTimerCallback")

@@ -68,6 +68,8 @@ final class Worker {
     private var pausedListeners: [OpaquePointer] = []
     /// Every client connection, HTTP/1 or HTTP/2 (a stream's own session is its connection's, not listed here).
     private var clients: [ObjectIdentifier: any ClientSession] = [:]
+    /// Idle keep-alive connections with nothing of their session left (not in `clients` meanwhile).
+    private(set) var parked: ParkedConnections!
     private var upstreams: [ObjectIdentifier: UpstreamConnection] = [:]
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
@@ -132,6 +134,7 @@ final class Worker {
         self.settings = WorkerSettings(snapshot)
         self.upstreamVerify = snapshot.configuration.tls.upstreamVerify
         held = HeldRequests(worker: self, count: heldCount)
+        parked = ParkedConnections(worker: self)
     }
 
     deinit {
@@ -184,6 +187,7 @@ final class Worker {
         event_base_dispatch(base)
         // Whatever is left after a quit: close it so every descriptor is released.
         for client in Array(clients.values) { client.close() }
+        parked.closeAll()
         pool.closeAll()
         for upstream in Array(upstreams.values) { upstream.close() }
         originSessions.closeAll()
@@ -270,11 +274,12 @@ final class Worker {
         pool.closeAll()
         held.releaseAll()
         for client in Array(clients.values) { client.drain() }
+        parked.closeAll()
         exitIfDrained()
     }
 
     private func exitIfDrained() {
-        if isDraining && clients.isEmpty {
+        if isDraining && clients.isEmpty && parked.count == 0 {
             for upstream in Array(upstreams.values) { upstream.close() }
             event_base_loopexit(base, nil)
         }
@@ -400,7 +405,7 @@ final class Worker {
                 evconnlistener_disable(listener)
                 logger.warning("accept failed, pausing new connections for 1s", metadata: [
                     "worker": "\(index)", "error": "\(String(cString: strerror(error)))",
-                    "open_connections": "\(clients.count)",
+                    "open_connections": "\(clients.count + parked.count)",
                 ])
             }
         } else {
@@ -421,6 +426,22 @@ final class Worker {
 
     func clientClosed(_ client: AnyObject) {
         if clients.removeValue(forKey: ObjectIdentifier(client)) != nil { metrics.connectionClosed() }
+        exitIfDrained()
+    }
+
+    /// `session` parked its connection (`ParkedConnections`): it is let go, and the connection stays open.
+    func clientParked(_ session: HTTP1Session) {
+        clients.removeValue(forKey: ObjectIdentifier(session))
+    }
+
+    /// A parked connection woke with its next request: `session` is its session from now on.
+    func adopt(_ session: HTTP1Session) {
+        clients[ObjectIdentifier(session)] = session
+    }
+
+    /// A parked connection was closed (its idle time ran out, or a drain or shutdown).
+    func parkedConnectionClosed() {
+        metrics.connectionClosed()
         exitIfDrained()
     }
 

@@ -65,6 +65,35 @@ import Testing
         #expect(waitUntil { proxy.server.metrics().connectionsActive == 0 && proxy.server.metrics().connectionsParked == 0 })
     }
 
+    /// More parked connections than one slab of `ParkedConnections` holds, woken in an order that frees records
+    /// in every slab and takes them again: each connection gets its own answers, and when they all end, none is
+    /// left parked or open.
+    @Test func manyParkedConnectionsAcrossSlabsWakeToTheirOwnAnswers() throws {
+        let origin = try RecordingOrigin { request in .ok("answer to \(request.target)") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: "timeouts: {client-idle: 30s}\n", threads: 1)
+        defer { proxy.stop() }
+        let count = 300
+        var clients: [RawHTTPClient] = []
+        for n in 0..<count {
+            let client = try proxy.connect()
+            try client.send(RequestText.make("GET", origin.url("/first/\(n)")))
+            #expect(try client.readResponse().bodyText == "answer to /first/\(n)")
+            clients.append(client)
+        }
+        #expect(waitUntil { proxy.server.metrics().connectionsParked == count }, "all parked")
+        // Odd ones first, then even ones backwards: records are given back and taken again all over the slabs.
+        let order = Array(stride(from: 1, to: count, by: 2)) + Array(stride(from: count - 2, through: 0, by: -2))
+        for n in order {
+            try clients[n].send(RequestText.make("GET", origin.url("/second/\(n)")))
+            #expect(try clients[n].readResponse().bodyText == "answer to /second/\(n)")
+        }
+        #expect(waitUntil { proxy.server.metrics().connectionsParked == count }, "all parked again")
+        for n in order { clients[n].shutdownWrite() }
+        for client in clients { #expect(client.isClosedByPeer(within: .seconds(5))) }
+        #expect(waitUntil { proxy.server.metrics().connectionsActive == 0 && proxy.server.metrics().connectionsParked == 0 })
+    }
+
     @Test func aGracefulStopClosesParkedConnections() throws {
         let origin = try RecordingOrigin { _ in .ok("x") }
         defer { origin.stop() }
