@@ -43,10 +43,13 @@ public struct HeadWriter {
     /// `field-name ":" SP field-value CRLF`
     public mutating func field(_ name: String, _ value: String) {
         assert(Self.isValidFieldName(name) && Self.isValidFieldValue(value), "invalid field line")
-        bytes.append(contentsOf: name.utf8)
+        // Through the strings' contiguous UTF-8: appending a `String.UTF8View` copies through its generic path.
+        var name = name
+        var value = value
+        name.withUTF8 { bytes.append(contentsOf: $0) }
         bytes.append(ByteClass.colon)
         bytes.append(ByteClass.sp)
-        bytes.append(contentsOf: value.utf8)
+        value.withUTF8 { bytes.append(contentsOf: $0) }
         appendCRLF()
     }
 
