@@ -175,6 +175,27 @@ struct TransparentSidecarEndToEndTests {
         #expect(!alternatives.stdout.contains("h3"))
     }
 
+    @Test("a transparent connection idle long enough to park wakes still pinned to its original destination")
+    func parkedStaysPinned() throws {
+        let sidecar = try Sidecar()
+        defer { sidecar.stop() }
+        let base = "http://\(NetworkNamespace.remoteV4):\(sidecar.origin.port)"
+        let decoyHost = "\(NetworkNamespace.decoyV4):\(sidecar.decoy.port)"
+        let before = try sidecar.metrics().counter("datamode_transparent_connections_total", ["kind": "http"])
+        // Three requests on one connection, 400 ms apart (curl --rate): the connection parks after 100 ms idle
+        // between them, and each wakes as a new session on the same socket.
+        let paced = try sidecar.curl(["--rate", "150/m", "-H", "Host: \(decoyHost)", base + "/echo-headers",
+                                      base + "/page.html", base + "/video.mp4"])
+        #expect(paced.stdout.components(separatedBy: "HTTP/1.1 200").count - 1 == 2, "\(paced.output)")
+        #expect(paced.stdout.contains("HTTP/1.1 403"), "the mode still applies after parking")
+        #expect(try sidecar.metrics().counter("datamode_transparent_connections_total", ["kind": "http"]) == before + 1,
+                "one connection")
+        #expect(!sidecar.decoy.log.contains("REQUEST"), "never to the address the Host named")
+        #expect(sidecar.origin.log.contains("REQUEST GET /page.html"))
+        let lines = sidecar.logLines { ($0["url"] as? String) == "http://\(decoyHost)/video.mp4" }
+        #expect(lines.first?["source"] as? String == "transparent")
+    }
+
     @Test("TLS to an intercepted host: a leaf for the SNI name, the refusal inside TLS, verification by the SNI name",
           arguments: [NetworkNamespace.remoteV4, NetworkNamespace.remoteV6])
     func tlsIntercepted(_ address: String) throws {
