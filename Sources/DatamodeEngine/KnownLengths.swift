@@ -14,7 +14,8 @@ struct KnownLengths {
 
     /// A `200` to a `GET` of `url`, not a variant, framed with `Content-Length: length`.
     mutating func record(_ url: String, length: UInt64) {
-        if lengths[url] == nil && lengths.count >= capacity { lengths.removeAll(keepingCapacity: true) }
+        // The count first: the URL is hashed twice only when the table is full.
+        if lengths.count >= capacity && lengths[url] == nil { lengths.removeAll(keepingCapacity: true) }
         lengths[url] = length
     }
 
