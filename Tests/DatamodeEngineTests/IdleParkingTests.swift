@@ -65,6 +65,26 @@ import Testing
         #expect(waitUntil { proxy.server.metrics().connectionsActive == 0 && proxy.server.metrics().connectionsParked == 0 })
     }
 
+    /// A parked connection woken by a request and the client's EOF in one go (the new session's first read sees
+    /// both): the request is answered whole, then the connection closes.
+    @Test func aParkedConnectionWokenByARequestAndEOFAnswersItWhole() throws {
+        let body = String(repeating: "z", count: 300_000)
+        let origin = try RecordingOrigin { request in .ok(request.target == "/big" ? body : "small") }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml, threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+        try client.send(RequestText.make("GET", origin.url("/first")))
+        #expect(try client.readResponse().bodyText == "small")
+        #expect(waitUntil { proxy.server.metrics().connectionsParked == 1 })
+        try client.send(RequestText.make("GET", origin.url("/big")))
+        client.shutdownWrite()
+        let response = try client.readResponse()
+        #expect(response.bodyText.count == body.count && response.bodyText == body)
+        #expect(client.isClosedByPeer(within: .seconds(5)))
+        #expect(origin.requests.map(\.target) == ["/first", "/big"])
+    }
+
     /// More parked connections than one slab of `ParkedConnections` holds, woken in an order that frees records
     /// in every slab and takes them again: each connection gets its own answers, and when they all end, none is
     /// left parked or open.
