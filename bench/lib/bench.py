@@ -347,7 +347,8 @@ class Bench:
 
     def start_all(self):
         self.start_origin()
-        if not any(m in PLAIN for m in self.a.only):
+        plain = any(m in PLAIN for m in self.a.only)
+        if not plain and not any(m in ("shaping", "pageweight") for m in self.a.only):
             return   # --only https: its proxies are started by https.py
         if DM in self.a.targets:
             if self.a.datamode_unavailable or not self.a.proxy_bin:
@@ -359,7 +360,8 @@ class Bench:
                 self.start_datamode(DM, "datamode-proxy")
                 if self.a.baseline_bin:
                     self.start_datamode(BASE, "datamode-proxy (baseline)", binary=self.a.baseline_bin)
-        self.start_peers()
+        if plain:
+            self.start_peers()   # --only shaping / pageweight measure datamode-proxy alone
 
     def order(self, names=None):
         """Targets in the fixed interleaving order."""
