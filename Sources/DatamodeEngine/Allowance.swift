@@ -28,8 +28,9 @@ enum LinkDirection {
 /// Shaping never buffers: a relay that may not move bytes leaves them where they are (the source's input buffer),
 /// whose read watermark then stops reading from that socket, exactly as a slow peer would. While a bucket or a
 /// latency is what holds bytes back, the session's one shaping timer is armed for when something may pass
-/// (`HTTP1Session.armShapingTimer`); an idle shaped connection has no timer at all. A shaped exchange, or one
-/// with a hard budget, is never handed to splice(2), which would move bytes past the buckets.
+/// (`HTTP1Session.armShapingTimer`); an idle shaped connection has no timer at all. A shaped tunnel, or an exchange
+/// with a hard budget, is never handed to splice(2), which would move bytes past the buckets; a shaped large body
+/// is, with each of its relay's reads capped by the bucket (`BodySplice`).
 struct Allowance {
     /// The link profile's buckets (SPEC §10); nil: unshaped.
     var link: LinkBuckets?
@@ -57,9 +58,15 @@ struct Allowance {
         if microseconds > 0 { latency = .pending(microseconds: microseconds) }
     }
 
-    /// Whether the bytes may be handed to splice(2): nothing to shape, no hard budget to cap.
+    /// Whether a tunnel's bytes may be handed to splice(2): nothing to shape, no hard budget to cap.
     func allowsSplice(_ ledger: BudgetLedger) -> Bool {
         link == nil && !hasHardBudget(ledger)
+    }
+
+    /// Whether a large body may be handed to splice(2): no hard budget to cap. A link bucket may apply: the body's
+    /// relay asks it before each read (`BodySplice`).
+    func allowsBodySplice(_ ledger: BudgetLedger) -> Bool {
+        !hasHardBudget(ledger)
     }
 
     /// Whether a `hard` budget applies: then each move is capped by what is left of it.

@@ -10,7 +10,15 @@ import Glibc
 ///
 /// An origin faster than the client never leaves those buffers empty by itself (the first 100 MiB download of
 /// bench/run on a fresh connection was never spliced). So once the body qualifies, the origin is no longer read
-/// while the client is being written to: what was read drains (`draining`), then the rest is spliced.
+/// while the client is being written to, or while a link bucket holds the bytes back: what was read drains
+/// (`draining`), then the rest is spliced.
+///
+/// A shaped body (SPEC §10) is spliced too: before each read into the pipe the relay asks the link bucket how much
+/// may pass (`SpliceRelay.quota`), after what it moved so far was counted, so each read is capped by the bucket's
+/// tokens; when the bucket is empty the relay stops reading and the session's shaping timer wakes it (`resume`).
+/// At 1 Gbit/s this moves 256 KiB per wake-up kernel to kernel instead of relaying through the buffers, where a
+/// body held back at the origin's read watermark cost most of a core (bench/results, section 8). An exchange with
+/// a `hard` budget is not spliced: each of its moves is capped by what is left of the budget.
 final class BodySplice {
     /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
     /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
@@ -35,7 +43,7 @@ final class BodySplice {
 
     /// What is left of the driver's response body when it may be spliced now or after a drain, else nil.
     static func remaining(_ driver: ExchangeDriver) -> UInt64? {
-        guard enabled, driver.transport.isPlain, driver.allowance.allowsSplice(driver.worker.budgets),
+        guard enabled, driver.transport.isPlain, driver.allowance.allowsBodySplice(driver.worker.budgets),
               let response = driver.response, response.capture == nil,
               case .relaying(untilClose: false) = driver.machine.phase, driver.machine.requestComplete,
               !driver.machine.originEnded,
@@ -50,9 +58,10 @@ final class BodySplice {
     func startWhenIdle(remaining: UInt64) -> Bool {
         guard relay == nil, let upstream = driver.upstream else { return true }
         guard evbuffer_get_length(upstream.input) == 0, driver.outputLength == 0 else {
-            // Only while a write event is armed: it comes when the client takes bytes, and the relay then moves
-            // what was read. Without one, nothing would wake the exchange once the origin is no longer read.
-            if !draining && driver.transport.isWaitingToWrite {
+            // Only while a write event or the shaping timer is armed: it comes when the client takes bytes or the
+            // bucket refills, and the relay then moves what was read. Without one, nothing would wake the exchange
+            // once the origin is no longer read.
+            if !draining && (driver.transport.isWaitingToWrite || driver.session.shapingDeadline != nil) {
                 draining = true
                 upstream.suspendIO()
             }
@@ -67,6 +76,9 @@ final class BodySplice {
         driver.transport.suspendForSplice()
         upstream.suspendIO()
         relay.onProgress = { [unowned self] relay in self.progressed(relay) }
+        if driver.allowance.link != nil {
+            relay.quota = { [unowned self] wanted in self.quota(wanted) }
+        }
         self.relay = relay
         driver.worker.metrics.bodySpliced()
         relay.start()
@@ -80,13 +92,31 @@ final class BodySplice {
         driver.upstream?.resumeIO()
     }
 
-    private func progressed(_ relay: SpliceRelay) {
+    /// The bucket refilled (the session's shaping timer): a relay waiting for it reads again.
+    func resume() {
+        relay?.resume()
+    }
+
+    /// How many of `wanted` bytes the link bucket lets the relay read now. What the relay moved so far is counted
+    /// first (charged to the bucket), so the answer accounts for it; 0 arms the shaping timer (`Allowance.room`).
+    private func quota(_ wanted: Int) -> Int {
+        guard let relay else { return 0 }
+        countMoved(relay)
+        return driver.allowance.room(.down, room: wanted, available: wanted, session: driver.session)
+    }
+
+    /// What the relay moved since its last report is relayed body, counted once (`ExchangeDriver.counted`).
+    private func countMoved(_ relay: SpliceRelay) {
         let delta = relay.moved - moved
         moved = relay.moved
         if delta > 0 {
             driver.response?.body.movedElsewhere(delta)
             driver.counted(.down, Int(delta))
         }
+    }
+
+    private func progressed(_ relay: SpliceRelay) {
+        countMoved(relay)
         if relay.failed {
             driver.session.abort(relay.failedWriting ? .clientAborted : .upstreamAborted, detail: "body splice failed")
             return

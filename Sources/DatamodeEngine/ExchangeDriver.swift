@@ -305,6 +305,8 @@ final class ExchangeDriver {
                 originClosedWhileHeld = false
                 upstreamClosed(upstream)
             }
+        } else if let splice = response?.splice, splice.relay != nil {
+            splice.resume()
         } else {
             pumpResponseBody()
         }

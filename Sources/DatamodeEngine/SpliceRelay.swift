@@ -42,6 +42,12 @@ final class SpliceRelay {
     private var taken: UInt64 = 0
     /// A limited relay moved all its bytes.
     var complete: Bool { limit.map { moved == $0 } ?? false }
+    /// For a shaped body (SPEC §10): how many of the bytes wanted may be read from the source now, asked before
+    /// each read, when the pipe is empty (everything moved so far has reached the sink). 0: none now; the one who
+    /// answered wakes the relay (`resume`) when some may. nil: unshaped.
+    var quota: ((Int) -> Int)?
+    /// The quota was 0: reading waits for `resume`.
+    private(set) var waitingForQuota = false
 
     init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil) {
         self.source = source
@@ -73,10 +79,18 @@ final class SpliceRelay {
     func sourceReadable() {
         while !ended && !failed {
             if inPipe > 0 && !drain() { break }
-            let want = limit.map { Int(min(UInt64(Self.chunk), $0 - taken)) } ?? Self.chunk
+            var want = limit.map { Int(min(UInt64(Self.chunk), $0 - taken)) } ?? Self.chunk
             guard want > 0 else {
                 event_del(readEvent)  // the whole body is in: nothing more is read
                 break
+            }
+            if let quota {
+                want = min(want, quota(want))
+                guard want > 0 else {
+                    waitingForQuota = true
+                    event_del(readEvent)
+                    break
+                }
             }
             let n = dm_splice(source, pipe[1], want)
             if n > 0 {
@@ -94,6 +108,15 @@ final class SpliceRelay {
             break
         }
         onProgress?(self)
+    }
+
+    /// The quota may allow bytes again (the shaping timer fired): reading resumes, unless the relay waits for the
+    /// sink, whose write event resumes it.
+    func resume() {
+        guard waitingForQuota, readEvent != nil else { return }
+        waitingForQuota = false
+        event_add(readEvent, nil)
+        sourceReadable()
     }
 
     func sinkWritable() {

@@ -41,7 +41,7 @@ import Testing
         return (response, seconds(ContinuousClock.now - started), received)
     }
 
-    @Test("1.5 MB through an 8 Mbit/s profile takes about 1.5 s, arrives whole, and is not spliced")
+    @Test("1.5 MB through an 8 Mbit/s profile takes about 1.5 s and arrives whole")
     func downloadIsShaped() throws {
         let pattern = PatternBody(length: 1_500_000, seed: 3)
         let origin = try RecordingOrigin { _ in .stream(status: 200, body: BodyGenerator(pattern)) }
@@ -57,8 +57,51 @@ import Testing
         // 1.5 s at the rate, less at most the 50 ms burst; generous above.
         #expect(elapsed >= 1.35, "took \(elapsed) s")
         #expect(elapsed < 6, "took \(elapsed) s")
-        // Splicing would move the body past the buckets: a shaped body stays in user space.
-        #expect(proxy.server.metrics().bodySplices == 0)
+    }
+
+    @Test("A large shaped body goes to splice(2) with each read capped by the bucket: 3 MB at 16 Mbit/s takes about 1.5 s")
+    func largeShapedBodyIsSplicedAndStillShaped() throws {
+        let pattern = PatternBody(length: 3_000_000, seed: 4)
+        let origin = try RecordingOrigin { _ in .stream(status: 200, body: BodyGenerator(pattern), framing: .contentLength) }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml(down: "16Mbit"))
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30))
+
+        let (response, elapsed, received) = try Self.download(client, origin.url("/big.bin"))
+        #expect(response.status == 200)
+        #expect(received.length == pattern.length)
+        #expect(received.value == pattern.checksum)
+        // The body left user space once what was read drained through the bucket...
+        #expect(proxy.server.metrics().bodySplices == 1)
+        // ...and the splice kept the rate: 1.5 s at 2 MB/s, less at most the 50 ms burst.
+        #expect(elapsed >= 1.35, "took \(elapsed) s")
+        #expect(elapsed < 8, "took \(elapsed) s")
+    }
+
+    @Test("At 1 Gbit/s a large body moves kernel to kernel, arrives whole, and each byte counts once against a budget")
+    func gigabitBodyIsSplicedAndCountedOnce() throws {
+        let pattern = PatternBody(length: 16 << 20, seed: 6)
+        let origin = try RecordingOrigin { _ in .stream(status: 200, body: BodyGenerator(pattern), framing: .contentLength) }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml(down: "1Gbit", up: "1Gbit", extra: """
+            budgets:
+              - {name: all, bytes: 1GB, period: month, then: constrained}
+            """))
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(60))
+
+        let (response, _, received) = try Self.download(client, origin.url("/big.bin"))
+        #expect(response.status == 200)
+        #expect(received.length == pattern.length)
+        #expect(received.value == pattern.checksum)
+        #expect(proxy.server.metrics().bodySplices == 1)
+        // The request as the origin got it, the body, and the response head: the spliced bytes were counted once
+        // each (a lost or doubled report of the relay would be 256 KiB off).
+        let used = proxy.instance.budgets.used(0)
+        let sentToOrigin = UInt64(origin.bytesReceived)
+        #expect(used >= sentToOrigin + pattern.length + 17, "used \(used)")
+        #expect(used <= sentToOrigin + pattern.length + 300, "used \(used)")
     }
 
     @Test("The same download is not shaped in a mode without a profile")
@@ -255,6 +298,31 @@ import Testing
         let (wall, _) = try Self.twoClients(scope: "link", connections: 4)
         #expect(wall >= 1.85, "took \(wall) s")
         #expect(wall < 8)
+    }
+
+    @Test("Link scope: spliced bodies on several connections and workers share the one bucket")
+    func splicedBodiesShareTheLinkBucket() throws {
+        // 3 × 2 MB at 24 Mbit/s (3 MB/s) for the whole link: about two seconds, each body spliced.
+        let pattern = PatternBody(length: 2_000_000, seed: 10)
+        let origin = try RecordingOrigin { _ in .stream(status: 200, body: BodyGenerator(pattern), framing: .contentLength) }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml(down: "24Mbit", scope: "link"), threads: 2)
+        defer { proxy.stop() }
+        let url = origin.url("/part")
+        let intact = Mutex(0)
+        let started = ContinuousClock.now
+        DispatchQueue.concurrentPerform(iterations: 3) { _ in
+            if let client = try? proxy.connect(timeout: .seconds(30)),
+               let (response, _, received) = try? Self.download(client, url),
+               response.status == 200, received.value == pattern.checksum {
+                intact.withLock { $0 += 1 }
+            }
+        }
+        let wall = Self.seconds(ContinuousClock.now - started)
+        #expect(intact.withLock { $0 } == 3, "every download completes intact")
+        #expect(proxy.server.metrics().bodySplices == 3)
+        #expect(wall >= 1.85, "took \(wall) s")
+        #expect(wall < 10, "took \(wall) s")
     }
 
     @Test("Client scope: each client address has its own pair of buckets")
