@@ -40,6 +40,10 @@ final class ClientTransport {
     let isStream: Bool
     /// The stream told when the session lets go of its end (`release`): whether the end was clean.
     private weak var stream: HTTP2Stream?
+    /// EV_READ is off because the input was left at its high watermark (`holdReadingIfFull`), until it drains.
+    private var readHeld = false
+    /// A splice relay has the socket (`suspendForSplice`): only `resumeAfterSplice` turns reading back on.
+    private var splicing = false
 
     init(worker: Worker, bev: OpaquePointer) {
         self.worker = worker
@@ -145,13 +149,42 @@ final class ClientTransport {
     /// A splice relay takes the socket: libevent stops reading and writing it (until `resumeAfterSplice`), and the
     /// speculative writer must not stay parked on a write event it will not get (the output is empty).
     func suspendForSplice() {
+        splicing = true
         writer.drained(bev, output: output)
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
     }
 
     /// libevent takes the socket back after a body splice.
     func resumeAfterSplice() {
+        splicing = false
+        if readHeld && evbuffer_get_length(input) >= Flow.highWater { return }  // `inputDrained` resumes it
+        releaseReadHold()
         bufferevent_enable(bev, Int16(EV_READ))
+    }
+
+    /// After an HTTP/1 read callback on plain TCP: an input left at its high watermark (a request body or a tunnel
+    /// waiting on a slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) turns EV_READ off
+    /// until the input drains below it, as `UpstreamConnection.holdReadingIfFull` does for the same libevent 2.1
+    /// busy loop (`bufferevent_inbuf_wm_check` re-running the read callback without a syscall).
+    func holdReadingIfFull() {
+        guard isPlain, !isParked, !readHeld, evbuffer_get_length(input) >= Flow.highWater else { return }
+        readHeld = true
+        bufferevent_disable(bev, Int16(EV_READ))
+        evbuffer_add_cb(input, clientInputDrainedCallback, context(self))
+    }
+
+    /// Bytes left the held input (`clientInputDrainedCallback`): below the watermark, reading goes on (unless a
+    /// splice has the socket meanwhile).
+    func inputDrained() {
+        guard readHeld, evbuffer_get_length(input) < Flow.highWater else { return }
+        releaseReadHold()
+        if !splicing && !isParked { bufferevent_enable(bev, Int16(EV_READ)) }
+    }
+
+    private func releaseReadHold() {
+        guard readHeld else { return }
+        readHeld = false
+        evbuffer_remove_cb(input, clientInputDrainedCallback, context(self))
     }
 
     // MARK: parking (an idle connection gives its buffers back)

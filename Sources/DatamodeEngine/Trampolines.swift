@@ -77,8 +77,10 @@ let clientReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("clientReadCallback")
     defer { CallbackNesting.leave() }
     let client = owner(ctx, as: HTTP1Session.self)
+    client.worker.metrics.clientReadCallback()
     client.clientReadable()
     client.flushPendingWrites()
+    if !client.released { client.transport.holdReadingIfFull() }
 }
 let clientWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("clientWriteCallback")
@@ -254,8 +256,10 @@ let upstreamReadCallback: bufferevent_data_cb = { _, ctx in
     defer { CallbackNesting.leave() }
     let upstream = owner(ctx, as: UpstreamConnection.self)
     let client = upstream.attachedClient
+    upstream.worker.metrics.upstreamReadCallback()
     upstream.upstreamReadable()
     flushAfterUpstreamCallback(upstream, client)
+    upstream.holdReadingIfFull()
 }
 let upstreamWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("upstreamWriteCallback")
@@ -388,6 +392,18 @@ let spliceWritableCallback: event_callback_fn = { _, _, ctx in
 }
 
 // MARK: TLS interception (OpenSSL calls these during a client's handshake, on the worker's thread)
+
+/// An origin connection's input shrank while its reading is held at the high watermark.
+let upstreamInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
+    guard let info, info.pointee.n_deleted > 0 else { return }
+    owner(ctx, as: UpstreamConnection.self).inputDrained()
+}
+
+/// A plain client connection's input shrank while its reading is held at the high watermark.
+let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
+    guard let info, info.pointee.n_deleted > 0 else { return }
+    owner(ctx, as: ClientTransport.self).inputDrained()
+}
 
 let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
     guard let buffer, evbuffer_get_length(buffer) == 0 else { return }

@@ -26,6 +26,8 @@ public final class WorkerMetrics: @unchecked Sendable {
     @usableFromInline let parked = Atomic<Int>(0)
     @usableFromInline let splices = Atomic<Int>(0)
     @usableFromInline let bodySplices = Atomic<Int>(0)
+    @usableFromInline let upstreamReadCallbacks = Atomic<Int>(0)
+    @usableFromInline let clientReadCallbacks = Atomic<Int>(0)
     @usableFromInline let intercepted = Atomic<Int>(0)
     /// HTTP/2 on the client side (SPEC §17): connections open now, streams ever opened, errors by reason
     /// (one counter per `http2ErrorReasons` entry).
@@ -135,6 +137,8 @@ public final class WorkerMetrics: @unchecked Sendable {
     @inlinable package func connectionUnparked() { parked.subtract(1, ordering: .relaxed) }
     @inlinable package func tunnelSpliced() { splices.add(1, ordering: .relaxed) }
     @inlinable package func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
+    @inlinable package func upstreamReadCallback() { upstreamReadCallbacks.add(1, ordering: .relaxed) }
+    @inlinable package func clientReadCallback() { clientReadCallbacks.add(1, ordering: .relaxed) }
     @inlinable package func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
     @inlinable package func http2ConnectionOpened() { http2Connections.add(1, ordering: .relaxed) }
     @inlinable package func http2ConnectionClosed() { http2Connections.subtract(1, ordering: .relaxed) }
@@ -216,6 +220,8 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.connectionsParked += parked.load(ordering: .relaxed)
         total.tunnelSplices += splices.load(ordering: .relaxed)
         total.bodySplices += bodySplices.load(ordering: .relaxed)
+        total.upstreamReadCallbacks += upstreamReadCallbacks.load(ordering: .relaxed)
+        total.clientReadCallbacks += clientReadCallbacks.load(ordering: .relaxed)
         total.tlsIntercepted += intercepted.load(ordering: .relaxed)
         total.http2ConnectionsActive += http2Connections.load(ordering: .relaxed)
         total.http2Streams += http2Streams.load(ordering: .relaxed)
@@ -270,6 +276,11 @@ public struct MetricsSnapshot: Sendable {
     public var tunnelSplices = 0
     /// Content-Length response bodies handed to splice(2).
     public var bodySplices = 0
+    /// Read callbacks of origin connections: how often a worker woke for origin bytes (not on /metrics; tests count
+    /// wake-ups with it, where a busy loop shows as hundreds of thousands a second).
+    public var upstreamReadCallbacks = 0
+    /// The same for HTTP/1 client connections.
+    public var clientReadCallbacks = 0
     /// SPEC §13 `datamode_bytes_saved_total{kind}`: bytes the clients did not receive, by mechanism.
     public var bytesSaved: [String: Int] = [:]
     /// Manifests under a cap passed through untouched, by reason (`too-large`, `malformed`).

@@ -1,0 +1,99 @@
+import DatamodeHTTP
+import DatamodeTestSupport
+import Foundation
+import Testing
+
+/// An origin connection whose input sits at the high watermark (the client is slower than the origin, or a link
+/// bucket holds the bytes back) is not read, nor woken, again until the input drains: libevent 2.1 would otherwise
+/// re-run the read callback without a syscall for as long as it waits, a busy loop worth most of a core. Counted in
+/// read callbacks (`MetricsSnapshot.upstreamReadCallbacks`), not time: a body a few MB long needs a few hundred at
+/// most, the busy loop ran tens of thousands a second.
+@Suite(.serialized) struct ReadHoldTests {
+    static func download(_ client: RawHTTPClient, _ url: String, pause: UInt32 = 0) throws -> (ParsedResponse, StreamChecksum) {
+        var received = StreamChecksum()
+        try client.send(RequestText.make("GET", url))
+        let response = try client.readResponse(bodySink: {
+            received.update($0)
+            if pause > 0 { usleep(pause) }
+        })
+        return (response, received)
+    }
+
+    @Test("A chunked body waiting on a link bucket does not wake the worker over and over")
+    func bodyHeldByTheBucket() throws {
+        // Chunked: not spliced, so the body waits in the origin connection's input for the bucket (1.5 s at 2 MB/s).
+        let pattern = PatternBody(length: 3_000_000, seed: 21)
+        let origin = try RecordingOrigin { _ in
+            .stream(status: 200, body: BodyGenerator(pattern), framing: .chunked(chunkSize: 64 * 1024))
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: """
+            mode: constrained
+            profiles:
+              test-link: {down: 16Mbit, up: 16Mbit, latency: 0}
+            conditions:
+              constrained: {profile: test-link}
+            """)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30))
+
+        let (response, received) = try Self.download(client, origin.url("/big.bin"))
+        #expect(response.status == 200)
+        #expect(received.length == pattern.length)
+        #expect(received.value == pattern.checksum)
+        let callbacks = proxy.server.metrics().upstreamReadCallbacks
+        #expect(callbacks < 3_000, "\(callbacks) read callbacks for a 3 MB body")
+        #expect(proxy.server.metrics().bodySplices == 0)
+    }
+
+    @Test("An upload waiting on the up bucket does not wake the worker over and over")
+    func uploadHeldByTheBucket() throws {
+        let origin = try RecordingOrigin(maxRecordedBodyBytes: 1 << 20) { request in
+            .ok("\(request.payloadLength) \(request.payloadChecksum)")
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: """
+            mode: constrained
+            profiles:
+              test-link: {down: 1Gbit, up: 16Mbit, latency: 0}
+            conditions:
+              constrained: {profile: test-link}
+            """)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30))
+        // 3 MB at 2 MB/s: the body waits in the client connection's input for about 1.5 s.
+        let pattern = PatternBody(length: 3_000_000, seed: 23)
+        try client.send("PUT \(origin.url("/up.bin")) HTTP/1.1\r\nHost: \(origin.authority)\r\nContent-Length: \(pattern.length)\r\n\r\n")
+        let sent = try client.send(pattern)
+        let response = try client.readResponse()
+        #expect(response.status == 200)
+        #expect(response.bodyText == "\(pattern.length) \(sent)")
+        let callbacks = proxy.server.metrics().clientReadCallbacks
+        #expect(callbacks < 3_000, "\(callbacks) read callbacks for a 3 MB upload")
+    }
+
+    @Test("A chunked body waiting on a slow client does not wake the worker over and over, and arrives whole")
+    func bodyHeldByASlowClient() throws {
+        let pattern = PatternBody(length: 12_000_000, seed: 22)
+        let origin = try RecordingOrigin { _ in
+            .stream(status: 200, body: BodyGenerator(pattern), framing: .chunked(chunkSize: 64 * 1024))
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30), receiveBuffer: 32 * 1024)
+
+        // The client takes its bytes slowly: the proxy's buffers fill and the origin's bytes wait in its input.
+        let (response, received) = try Self.download(client, origin.url("/big.bin"), pause: 4_000)
+        #expect(response.status == 200)
+        #expect(received.length == pattern.length)
+        #expect(received.value == pattern.checksum)
+        let callbacks = proxy.server.metrics().upstreamReadCallbacks
+        #expect(callbacks < 3_000, "\(callbacks) read callbacks for a 12 MB body")
+
+        // The connection is still in step: the next response comes through the same origin connection.
+        origin.setHandler { _ in .ok("small") }
+        try client.send(RequestText.make("GET", origin.url("/small")))
+        #expect(try client.readResponse().bodyText == "small")
+    }
+}
