@@ -425,6 +425,7 @@ final class HTTP1Session: ClientSession {
 
     func shapingTimerFired() {
         shapingDeadline = nil
+        worker.metrics.shapingTimerFired()
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
             driver.shapingTimerFired()

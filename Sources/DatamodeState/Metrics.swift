@@ -28,6 +28,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     @usableFromInline let bodySplices = Atomic<Int>(0)
     @usableFromInline let upstreamReadCallbacks = Atomic<Int>(0)
     @usableFromInline let clientReadCallbacks = Atomic<Int>(0)
+    @usableFromInline let shapingWakeups = Atomic<Int>(0)
     @usableFromInline let intercepted = Atomic<Int>(0)
     /// HTTP/2 on the client side (SPEC §17): connections open now, streams ever opened, errors by reason
     /// (one counter per `http2ErrorReasons` entry).
@@ -139,6 +140,7 @@ public final class WorkerMetrics: @unchecked Sendable {
     @inlinable package func bodySpliced() { bodySplices.add(1, ordering: .relaxed) }
     @inlinable package func upstreamReadCallback() { upstreamReadCallbacks.add(1, ordering: .relaxed) }
     @inlinable package func clientReadCallback() { clientReadCallbacks.add(1, ordering: .relaxed) }
+    @inlinable package func shapingTimerFired() { shapingWakeups.add(1, ordering: .relaxed) }
     @inlinable package func tlsIntercepted() { intercepted.add(1, ordering: .relaxed) }
     @inlinable package func http2ConnectionOpened() { http2Connections.add(1, ordering: .relaxed) }
     @inlinable package func http2ConnectionClosed() { http2Connections.subtract(1, ordering: .relaxed) }
@@ -222,6 +224,7 @@ public final class WorkerMetrics: @unchecked Sendable {
         total.bodySplices += bodySplices.load(ordering: .relaxed)
         total.upstreamReadCallbacks += upstreamReadCallbacks.load(ordering: .relaxed)
         total.clientReadCallbacks += clientReadCallbacks.load(ordering: .relaxed)
+        total.shapingWakeups += shapingWakeups.load(ordering: .relaxed)
         total.tlsIntercepted += intercepted.load(ordering: .relaxed)
         total.http2ConnectionsActive += http2Connections.load(ordering: .relaxed)
         total.http2Streams += http2Streams.load(ordering: .relaxed)
@@ -281,6 +284,9 @@ public struct MetricsSnapshot: Sendable {
     public var upstreamReadCallbacks = 0
     /// The same for HTTP/1 client connections.
     public var clientReadCallbacks = 0
+    /// Shaping timers fired (a bucket refilled, a latency passed, SPEC §10): how often shaped traffic woke a worker
+    /// (not on /metrics; tests count wake-ups with it).
+    public var shapingWakeups = 0
     /// SPEC §13 `datamode_bytes_saved_total{kind}`: bytes the clients did not receive, by mechanism.
     public var bytesSaved: [String: Int] = [:]
     /// Manifests under a cap passed through untouched, by reason (`too-large`, `malformed`).

@@ -292,6 +292,26 @@ import Testing
         return (wall, all.min() ?? 0)
     }
 
+    @Test("At high rates a spliced body waits for a quarter of the burst at a time, not for every 256 KiB")
+    func fastLinkWakesPerQuantum() throws {
+        // 400 Mbit/s: a 2.5 MB burst, so a 625 KB quantum. The 16 MiB less the burst is ~23 wake-ups of the shaping
+        // timer (a few while what was read drained before the splice); with the quantum capped at 256 KiB, 54.
+        // Upper bound only: a slow machine wakes less often, finding more in the bucket each time.
+        let pattern = PatternBody(length: 16 << 20, seed: 7)
+        let origin = try RecordingOrigin { _ in .stream(status: 200, body: BodyGenerator(pattern), framing: .contentLength) }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(yaml: Self.yaml(down: "400Mbit", up: "1Gbit"))
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(60))
+
+        let (response, _, received) = try Self.download(client, origin.url("/big.bin"))
+        #expect(response.status == 200)
+        #expect(received.value == pattern.checksum)
+        #expect(proxy.server.metrics().bodySplices == 1)
+        let wakeups = proxy.server.metrics().shapingWakeups
+        #expect(wakeups <= 35, "\(wakeups) shaping wake-ups")
+    }
+
     @Test("Link scope: all traffic shares one pair of buckets, across workers")
     func linkScopeSharesOneBucket() throws {
         // 1 MB in all at 500 kB/s: about two seconds whoever asks and whichever worker serves them.
