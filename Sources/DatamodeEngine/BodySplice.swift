@@ -67,8 +67,13 @@ final class BodySplice {
             }
             return true
         }
+        // A shaped body moves a bucket's quantum per wake-up: up to 1 MiB through one pipe that size at high rates
+        // (at 1 Gbit/s, 0.37 against 0.76 CPU s/GB with 256 KiB pipes, which woke the relay four times as often
+        // and each time read and wrote a quarter as much); other relays keep 256 KiB pipes (pipe pages count
+        // against a user's limit, and tunnels are many).
+        let pipeSize = driver.allowance.link.map { max(SpliceRelay.chunk, $0.down.quantum) } ?? SpliceRelay.chunk
         guard let relay = SpliceRelay(base: driver.worker.base, source: upstream.socket, sink: driver.transport.socket,
-                                      limit: remaining) else {
+                                      limit: remaining, pipeSize: pipeSize) else {
             stopDraining()
             return false
         }

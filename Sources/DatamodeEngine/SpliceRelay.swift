@@ -14,6 +14,7 @@ import Glibc
 /// read while anything is in flight). EOF is relayed as a half-close once the pipe is empty.
 final class SpliceRelay {
     static let enabled: Bool = getenv("DATAMODE_TUNNEL_SPLICE").map { String(cString: $0) != "0" } ?? true
+    /// The pipe's size, and the most one read moves, unless a relay asks for more (`init(pipeSize:)`).
     static let chunk = 256 * 1024
 
     let source: Int32
@@ -22,6 +23,10 @@ final class SpliceRelay {
     private var inPipe = 0
     private var readEvent: OpaquePointer?
     private var writeEvent: OpaquePointer?
+    /// `readEvent` is added. It is added only when a read would block (EAGAIN): a relay that stopped reading (a
+    /// full sink, an empty quota) and resumes reads at once, and registers nothing when the source has bytes, as a
+    /// shaped body's always has (one epoll_ctl less per wake-up each way).
+    private var readArmed = false
     /// The source reached EOF (what it sent may still be in the pipe).
     private(set) var ended = false
     /// EOF was read and everything before it was written to the sink: this direction is over.
@@ -49,12 +54,16 @@ final class SpliceRelay {
     /// The quota was 0: reading waits for `resume`.
     private(set) var waitingForQuota = false
 
-    init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil) {
+    /// The pipe's size as asked (the kernel may give less: then each read moves less), and the most one read moves.
+    let pipeSize: Int
+
+    init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil, pipeSize: Int = SpliceRelay.chunk) {
         self.source = source
         self.sink = sink
         self.limit = limit
         self.passesEOF = limit == nil
-        guard dm_splice_pipe(&pipe, Int32(Self.chunk)) == 0 else { return nil }
+        self.pipeSize = pipeSize
+        guard dm_splice_pipe(&pipe, Int32(pipeSize)) == 0 else { return nil }
         readEvent = event_new(base, source, Int16(EV_READ | EV_PERSIST), spliceReadableCallback, context(self))
         writeEvent = event_new(base, sink, Int16(EV_WRITE | EV_PERSIST), spliceWritableCallback, context(self))
     }
@@ -66,7 +75,19 @@ final class SpliceRelay {
     }
 
     func start() {
+        armRead()
+    }
+
+    private func armRead() {
+        guard !readArmed else { return }
+        readArmed = true
         event_add(readEvent, nil)
+    }
+
+    private func disarmRead() {
+        guard readArmed else { return }
+        readArmed = false
+        event_del(readEvent)
     }
 
     func stop() {
@@ -79,16 +100,16 @@ final class SpliceRelay {
     func sourceReadable() {
         while !ended && !failed {
             if inPipe > 0 && !drain() { break }
-            var want = limit.map { Int(min(UInt64(Self.chunk), $0 - taken)) } ?? Self.chunk
+            var want = limit.map { Int(min(UInt64(pipeSize), $0 - taken)) } ?? pipeSize
             guard want > 0 else {
-                event_del(readEvent)  // the whole body is in: nothing more is read
+                disarmRead()  // the whole body is in: nothing more is read
                 break
             }
             if let quota {
                 want = min(want, quota(want))
                 guard want > 0 else {
                     waitingForQuota = true
-                    event_del(readEvent)
+                    disarmRead()
                     break
                 }
             }
@@ -100,9 +121,11 @@ final class SpliceRelay {
             }
             if n == 0 {
                 ended = true
-                event_del(readEvent)
+                disarmRead()
                 if inPipe == 0 && passesEOF { shutdown(sink, Int32(SHUT_WR)) }
-            } else if errno != EAGAIN {
+            } else if errno == EAGAIN {
+                armRead()
+            } else {
                 failed = true
             }
             break
@@ -115,7 +138,6 @@ final class SpliceRelay {
     func resume() {
         guard waitingForQuota, readEvent != nil else { return }
         waitingForQuota = false
-        event_add(readEvent, nil)
         sourceReadable()
     }
 
@@ -125,7 +147,6 @@ final class SpliceRelay {
             if ended {
                 if passesEOF { shutdown(sink, Int32(SHUT_WR)) }
             } else if limit.map({ taken < $0 }) ?? true {
-                event_add(readEvent, nil)
                 sourceReadable()
                 return
             }
@@ -143,7 +164,7 @@ final class SpliceRelay {
                 continue
             }
             if n < 0 && errno == EAGAIN {
-                event_del(readEvent)
+                disarmRead()
                 event_add(writeEvent, nil)
                 return false
             }
