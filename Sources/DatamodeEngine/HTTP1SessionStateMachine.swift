@@ -51,12 +51,14 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// is shorter (so that a parked connection always has some idle time left).
         var park: Int64 { min(Self.parkAfter, clientIdle / 2) }
 
-        /// Parking costs a bufferevent set-up (and two epoll_ctl) when the next request comes; a client that
-        /// sends its next request within this many milliseconds never pays it. Short, as nginx frees a kept-alive
-        /// connection's buffers at once: connections opened in a burst would otherwise all hold their buffers
-        /// together, and the heap keeps that peak (bench/run's idle row: 1.6 KiB per connection after 1 s,
-        /// 1.0 after 100 ms, before the timer was also freed while parked).
-        static var parkAfter: Int64 { 100 }
+        /// Parking costs a session, a bufferevent set-up and two epoll_ctl when the next request comes; a client
+        /// that sends its next request within this many milliseconds never pays it. Short, as nginx frees a
+        /// kept-alive connection's buffers at once: connections opened in a burst all hold their sessions and
+        /// buffers until they park, and the heap keeps that peak. bench/run's idle row (5,000 connections opened 50
+        /// at a time): 1.6 KiB per connection after 1 s, 1.0 after 100 ms before the timer was also freed while
+        /// parked; with `ParkedConnections`, 0.62–0.69 after 100 ms and 0.40–0.44 after 20 ms on a quiet machine
+        /// (a faster client has more connections inside the window at once).
+        static var parkAfter: Int64 { 20 }
     }
 
     enum Action: Equatable {

@@ -37,7 +37,7 @@ import Testing
         #expect(kept.timerFired(outputBacklog: 0) == .none, "no client timer while an exchange runs")
         #expect(kept.exchangeFinished(keepAlive: true, draining: false, outputBacklog: 100) == .none)
         #expect(kept.isReadingHead)
-        #expect(kept.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 100), "the park timer first")
+        #expect(kept.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 20), "the park timer first")
 
         var closing = Machine(timeouts: Self.timeouts)
         closing.forward(2)
@@ -49,14 +49,14 @@ import Testing
         #expect(empty.exchangeFinished(keepAlive: true, draining: true, outputBacklog: 0) == .close)
     }
 
-    /// An idle keep-alive connection gives its buffers back after 100 ms (issue 12) and still closes when
+    /// An idle keep-alive connection gives its buffers back after 20 ms (issue 12) and still closes when
     /// `client-idle` ends, counted from when it went idle, not from when it was parked.
     @Test func anIdleConnectionIsParkedThenClosedAtClientIdle() {
         var machine = Machine(timeouts: Self.timeouts)
         machine.forward(1)
         _ = machine.exchangeFinished(keepAlive: true, draining: false, outputBacklog: 0)
-        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 100))
-        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 59_900))
+        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 20))
+        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 59_980))
         #expect(machine.isReadingHead, "parked only once the executor has freed the buffers")
         machine.parked()
         #expect(machine.isParked && machine.exchange == nil)
@@ -76,9 +76,9 @@ import Testing
     }
 
     @Test func aShortClientIdleParksAtHalfOfIt() {
-        var machine = Machine(timeouts: .init(clientIdle: 150, clientHeader: 15_000, drain: 10_000))
-        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 75))
-        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 75))
+        var machine = Machine(timeouts: .init(clientIdle: 30, clientHeader: 15_000, drain: 10_000))
+        #expect(machine.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 15))
+        #expect(machine.timerFired(outputBacklog: 0) == .park(thenArmMilliseconds: 15))
         var tiny = Machine(timeouts: .init(clientIdle: 1, clientHeader: 15_000, drain: 10_000))
         #expect(tiny.inputEmpty(outputBacklog: 0) == .armTimer(milliseconds: 1), "too short to park")
         #expect(tiny.timerFired(outputBacklog: 0) == .close)
