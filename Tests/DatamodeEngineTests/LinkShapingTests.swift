@@ -41,6 +41,16 @@ import Testing
         return (response, seconds(ContinuousClock.now - started), received)
     }
 
+    /// `download`, and the response must be a `200` with the pattern's body, whole. Returns the seconds it took.
+    static func downloadWhole(_ client: RawHTTPClient, _ url: String, _ pattern: PatternBody,
+                              sourceLocation: SourceLocation = #_sourceLocation) throws -> Double {
+        let (response, elapsed, received) = try download(client, url)
+        #expect(response.status == 200, sourceLocation: sourceLocation)
+        #expect(received.length == pattern.length, sourceLocation: sourceLocation)
+        #expect(received.value == pattern.checksum, sourceLocation: sourceLocation)
+        return elapsed
+    }
+
     @Test("1.5 MB through an 8 Mbit/s profile takes about 1.5 s and arrives whole")
     func downloadIsShaped() throws {
         let pattern = PatternBody(length: 1_500_000, seed: 3)
@@ -50,10 +60,7 @@ import Testing
         defer { proxy.stop() }
         let client = try proxy.connect(timeout: .seconds(30))
 
-        let (response, elapsed, received) = try Self.download(client, origin.url("/big.bin"))
-        #expect(response.status == 200)
-        #expect(received.length == pattern.length)
-        #expect(received.value == pattern.checksum)
+        let elapsed = try Self.downloadWhole(client, origin.url("/big.bin"), pattern)
         // 1.5 s at the rate, less at most the 50 ms burst; generous above.
         #expect(elapsed >= 1.35, "took \(elapsed) s")
         #expect(elapsed < 6, "took \(elapsed) s")
@@ -68,10 +75,7 @@ import Testing
         defer { proxy.stop() }
         let client = try proxy.connect(timeout: .seconds(30))
 
-        let (response, elapsed, received) = try Self.download(client, origin.url("/big.bin"))
-        #expect(response.status == 200)
-        #expect(received.length == pattern.length)
-        #expect(received.value == pattern.checksum)
+        let elapsed = try Self.downloadWhole(client, origin.url("/big.bin"), pattern)
         // The body left user space once what was read drained through the bucket...
         #expect(proxy.server.metrics().bodySplices == 1)
         // ...and the splice kept the rate: 1.5 s at 2 MB/s, less at most the 50 ms burst.
@@ -91,10 +95,7 @@ import Testing
         defer { proxy.stop() }
         let client = try proxy.connect(timeout: .seconds(60))
 
-        let (response, _, received) = try Self.download(client, origin.url("/big.bin"))
-        #expect(response.status == 200)
-        #expect(received.length == pattern.length)
-        #expect(received.value == pattern.checksum)
+        _ = try Self.downloadWhole(client, origin.url("/big.bin"), pattern)
         #expect(proxy.server.metrics().bodySplices == 1)
         // The request as the origin got it, the body, and the response head: the spliced bytes were counted once
         // each (a lost or doubled report of the relay would be 256 KiB off).

@@ -27,13 +27,7 @@ import Testing
             .stream(status: 200, body: BodyGenerator(pattern), framing: .chunked(chunkSize: 64 * 1024))
         }
         defer { origin.stop() }
-        let proxy = try ProxyHarness(yaml: """
-            mode: constrained
-            profiles:
-              test-link: {down: 16Mbit, up: 16Mbit, latency: 0}
-            conditions:
-              constrained: {profile: test-link}
-            """)
+        let proxy = try ProxyHarness(yaml: LinkShapingTests.yaml(down: "16Mbit", up: "16Mbit"))
         defer { proxy.stop() }
         let client = try proxy.connect(timeout: .seconds(30))
 
@@ -52,13 +46,7 @@ import Testing
             .ok("\(request.payloadLength) \(request.payloadChecksum)")
         }
         defer { origin.stop() }
-        let proxy = try ProxyHarness(yaml: """
-            mode: constrained
-            profiles:
-              test-link: {down: 1Gbit, up: 16Mbit, latency: 0}
-            conditions:
-              constrained: {profile: test-link}
-            """)
+        let proxy = try ProxyHarness(yaml: LinkShapingTests.yaml(down: "1Gbit", up: "16Mbit"))
         defer { proxy.stop() }
         let client = try proxy.connect(timeout: .seconds(30))
         // 3 MB at 2 MB/s: the body waits in the client connection's input for about 1.5 s.
