@@ -29,9 +29,9 @@ final class ClientTransport {
     private var socketOutput: OpaquePointer?
     /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
     private var watchingSocketOutput = false
-    /// The bufferevent was freed by `releaseKeepingSocket`: the connection parked (`ParkedConnection` has the
+    /// The bufferevent was freed by `releaseKeepingSocket`: the connection parked (`ParkedConnections` has the
     /// socket now), and nothing of this transport is used again.
-    private(set) var isParked = false
+    private(set) var socketHandedOff = false
     /// The owner's context pointer, for the callbacks, and which callbacks.
     private var owner: UnsafeMutableRawPointer?
     private var callbacks = ClientCallbacks.http1
@@ -101,7 +101,7 @@ final class ClientTransport {
     /// The write callback ran: the speculative writer turns its write event off once the output is empty.
     @inline(__always)
     func writeCallbackRan() {
-        if isPlain && !isParked { writer.drained(bev, output: output) }
+        if isPlain && !socketHandedOff { writer.drained(bev, output: output) }
     }
 
     /// A file segment was queued (`evbuffer_add_file`): its bytes are not in memory.
@@ -116,9 +116,9 @@ final class ClientTransport {
     /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
     /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection
     /// may close is decided on this: closing once the plaintext is encrypted would drop those records (SPEC §6).
-    /// A parked connection has no buffers: nothing is unsent.
+    /// A transport whose socket went to `ParkedConnections` has no buffers: nothing is unsent.
     var unsentOutput: Int {
-        guard !isParked else { return 0 }
+        guard !socketHandedOff else { return 0 }
         return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
     }
 
@@ -167,7 +167,7 @@ final class ClientTransport {
     /// until the input drains below it, as `UpstreamConnection.holdReadingIfFull` does for the same libevent 2.1
     /// busy loop (`bufferevent_inbuf_wm_check` re-running the read callback without a syscall).
     func holdReadingIfFull() {
-        guard isPlain, !isParked, !readHeld, evbuffer_get_length(input) >= Flow.highWater else { return }
+        guard isPlain, !socketHandedOff, !readHeld, evbuffer_get_length(input) >= Flow.highWater else { return }
         readHeld = true
         bufferevent_disable(bev, Int16(EV_READ))
         evbuffer_add_cb(input, clientInputDrainedCallback, context(self))
@@ -178,7 +178,7 @@ final class ClientTransport {
     func inputDrained() {
         guard readHeld, evbuffer_get_length(input) < Flow.highWater else { return }
         releaseReadHold()
-        if !splicing && !isParked { bufferevent_enable(bev, Int16(EV_READ)) }
+        if !splicing && !socketHandedOff { bufferevent_enable(bev, Int16(EV_READ)) }
     }
 
     private func releaseReadHold() {
@@ -192,19 +192,19 @@ final class ClientTransport {
     /// Whether the connection can park now: plain TCP (the TLS filter holds the session, which a socket bufferevent
     /// cannot bring back), with nothing buffered either way and no write waiting.
     var canPark: Bool {
-        isPlain && !isParked && !writer.waiting && fd >= 0
+        isPlain && !socketHandedOff && !writer.waiting && fd >= 0
             && evbuffer_get_length(input) == 0 && evbuffer_get_length(output) == 0
     }
 
     /// Frees the bufferevent and its buffers and leaves the socket open, for the `ParkedConnection` that takes
     /// the connection's place.
     func releaseKeepingSocket() {
-        guard !isParked else { return }
+        guard !socketHandedOff else { return }
         // The bufferevent forgets the socket before it is freed (BEV_OPT_CLOSE_ON_FREE).
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         bufferevent_setfd(bev, -1)
         bufferevent_free(bev)
-        isParked = true
+        socketHandedOff = true
     }
 
     // MARK: TLS
@@ -290,7 +290,7 @@ final class ClientTransport {
     /// not at the low watermark; under TLS the filter's write callback says nothing about the socket, so its buffer
     /// is watched too (`socketOutputDrained`).
     func closeWhenWritten() {
-        guard !isParked else { return }
+        guard !socketHandedOff else { return }
         bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
         if let socketOutput, !watchingSocketOutput {
             watchingSocketOutput = true
@@ -308,7 +308,7 @@ final class ClientTransport {
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
         // A parked connection's socket and bufferevent are not this transport's any more.
-        if !isParked { bufferevent_free(bev) }
+        if !socketHandedOff { bufferevent_free(bev) }
         // A stream's end says how it ended: a close-delimited response ends cleanly, a cut one does not.
         if isStream { stream?.exchangeSessionEnded(clean: cleanTLSEnd) }
     }
