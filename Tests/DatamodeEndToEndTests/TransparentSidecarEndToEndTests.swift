@@ -343,7 +343,9 @@ struct TransparentReadmeWalkthroughTests {
         return String(section[open.upperBound..<close.lowerBound])
     }
 
-    @Test func walkthrough() throws {
+    /// `slowStart`: the proxy and the origin each take 1.5 s to start (a loaded CI machine takes that long), so a
+    /// walk-through that sleeps a fixed time instead of waiting for them fails.
+    @Test(arguments: [false, true]) func walkthrough(slowStart: Bool) throws {
         let block = try Self.readmeBlock()
         #expect(block.contains("transparent-rules --port 15001 --uid 0 --apply"))
         #expect(!block.contains("export http_proxy") && !block.contains("-x http"))
@@ -352,7 +354,19 @@ struct TransparentReadmeWalkthroughTests {
         let script = "set -e\ntrap 'status=$?; set +e; kill -KILL $(jobs -p) 2>/dev/null; ip netns del \(name) 2>/dev/null; "
             + "rm -rf /tmp/\(name); exit $status' EXIT\n" + block.replacingOccurrences(of: "dm-demo", with: name)
         defer { _ = try? ExternalCommand.run(NetworkNamespace.ip, ["netns", "del", name]) }
-        let binaryDirectory = URL(fileURLWithPath: ProxyProcess.binaryPath).deletingLastPathComponent().path
+        var binaryDirectory = URL(fileURLWithPath: ProxyProcess.binaryPath).deletingLastPathComponent().path
+        let wrappers = NSTemporaryDirectory() + "\(name)-slow"
+        defer { try? FileManager.default.removeItem(atPath: wrappers) }
+        if slowStart {
+            try FileManager.default.createDirectory(atPath: wrappers, withIntermediateDirectories: true)
+            let slow = [("datamode-proxy", ProxyProcess.binaryPath, "run"), ("python3", "/usr/bin/python3", "-m")]
+            for (tool, real, slowWhen) in slow {
+                let wrapper = "#!/bin/sh\n[ \"$1\" = \(slowWhen) ] && sleep 1.5\nexec \(real) \"$@\"\n"
+                FileManager.default.createFile(atPath: wrappers + "/" + tool, contents: Data(wrapper.utf8),
+                                               attributes: [.posixPermissions: 0o755])
+            }
+            binaryDirectory = wrappers
+        }
         // The test runner's blocked SIGTERM is inherited by what it starts; the walk-through's `kill` needs it back.
         let unblocked = "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
             + "os.execv('/bin/bash', ['bash', '-c', sys.argv[1]])"
