@@ -129,6 +129,9 @@ final class HTTP1Session: ClientSession {
             release(graceful: true)
         case .park(let milliseconds):
             if !park(idleLeft: milliseconds) { armTimer(milliseconds) }
+        case .linger(let milliseconds):
+            transport.shutdownWrite()
+            armTimer(milliseconds)
         }
     }
 
@@ -159,7 +162,7 @@ final class HTTP1Session: ClientSession {
             driver.tunnel?.pump(fromClient: true)
         case .openingInterception(let driver):
             clientHelloReadable(driver)
-        case .closing:
+        case .closing, .lingering:
             evbuffer_drain(input, evbuffer_get_length(input))
         case .held, .parked, .closed:
             // Held: what follows the head (a body, a pipelined request) waits in the input, below its watermark.
@@ -201,7 +204,7 @@ final class HTTP1Session: ClientSession {
             driver.pumpResponseBody()
         case .tunnel(let driver):
             driver.tunnel?.pump(fromClient: false)
-        case .readingHead, .drainingRefusedBody, .held, .storing, .parked, .openingInterception, .closed:
+        case .readingHead, .drainingRefusedBody, .held, .storing, .parked, .openingInterception, .lingering, .closed:
             break
         }
     }
@@ -243,6 +246,8 @@ final class HTTP1Session: ClientSession {
         case .held:
             // SPEC §18.2: a client that goes away is dropped at once (its place among the held is given back).
             abort(.clientAborted, detail: "client left while its request was held")
+        case .lingering:
+            apply(machine.clientEndedWhileLingering())
         case .closing, .parked, .closed:
             break
         }
@@ -344,7 +349,8 @@ final class HTTP1Session: ClientSession {
     /// when the connection can be kept; otherwise it closes once what is queued has been written.
     func exchangeFinished(_ driver: ExchangeDriver) {
         apply(machine.exchangeFinished(keepAlive: driver.machine.keepAlive, draining: worker.isDraining,
-                                       outputBacklog: unsentOutput))
+                                       outputBacklog: unsentOutput,
+                                       requestUnread: !driver.requestBody.isComplete && !transport.isStream))
         if machine.isReadingHead { processInput() }
     }
 
@@ -429,7 +435,7 @@ final class HTTP1Session: ClientSession {
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
             driver.shapingTimerFired()
-        case .readingHead, .held, .storing, .parked, .closing, .closed:
+        case .readingHead, .held, .storing, .parked, .closing, .lingering, .closed:
             break
         }
     }

@@ -32,6 +32,12 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// Writing what is queued for the client, then closing. `backlog`: what the output held when the timer
         /// was last armed (a reader that still reads gets another period).
         case closing(backlog: Int)
+        /// Everything was written and the write side shut (FIN, or close_notify under TLS), but the client is still
+        /// sending a request body nobody will read (the origin answered before reading it, or the body was
+        /// refused on a connection that cannot be kept). Closing now would answer its next bytes with a RST, and a
+        /// RST can destroy the response the client has not read yet (RFC 9112 §9.6). What it sends is read and
+        /// thrown away until it closes or `Timeouts.lingerAtMost` passes (nginx's lingering close).
+        case lingering
         /// Idle between requests, handed to a `ParkedConnection`: this session, its bufferevent, buffers and timers
         /// are freed (nginx frees an idle keep-alive connection's buffers the same way; they were ~1 KiB of the
         /// ~1.5 KiB an idle connection held, issue 12), and the first byte or the client's EOF makes a new session.
@@ -59,6 +65,11 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// parked; with `ParkedConnections`, 0.62–0.69 after 100 ms and 0.40–0.44 after 20 ms on a quiet machine
         /// (a faster client has more connections inside the window at once).
         static var parkAfter: Int64 { 20 }
+
+        /// The longest a closing connection keeps reading a request body nobody wants (`lingering`): a client
+        /// that watches for an early response (curl, browsers) stops sending at once; one that does not has had
+        /// this long to read the response before the close.
+        static var lingerAtMost: Int64 { 5_000 }
     }
 
     enum Action: Equatable {
@@ -71,6 +82,9 @@ struct HTTP1SessionStateMachine<Exchange> {
         /// Idle long enough: free the buffers if nothing is queued (`parked()`), and arm the timer for the rest of
         /// `client-idle` either way.
         case park(thenArmMilliseconds: Int64)
+        /// Everything was written: shut the write side, keep reading (and throwing away) what the client still
+        /// sends, and arm the timer for the most that may take.
+        case linger(milliseconds: Int64)
     }
 
     private(set) var state: State = .readingHead(since: nil)
@@ -78,6 +92,10 @@ struct HTTP1SessionStateMachine<Exchange> {
     private(set) var clientEnded = false
     /// The timer armed in `readingHead(since: nil)` is the park timer, not yet `client-idle`'s end.
     private(set) var parkDue = false
+    /// The exchange that made the connection close left its request body unread: once the output is written, the
+    /// connection lingers (`lingering`) instead of closing at once. Only a socket of its own lingers (an HTTP/2
+    /// stream's exchange ends with its stream).
+    private(set) var lingerOnClose = false
     var timeouts: Timeouts
 
     init(timeouts: Timeouts) {
@@ -112,7 +130,7 @@ struct HTTP1SessionStateMachine<Exchange> {
         switch state {
         case .forwarding(let exchange), .drainingRefusedBody(let exchange), .tunnel(let exchange),
              .openingInterception(let exchange), .held(let exchange), .storing(let exchange): exchange
-        case .readingHead, .parked, .closing, .closed: nil
+        case .readingHead, .parked, .closing, .lingering, .closed: nil
         }
     }
 
@@ -193,7 +211,9 @@ struct HTTP1SessionStateMachine<Exchange> {
 
     /// The exchange is over. The next head is read when the connection can be kept; otherwise it closes once
     /// what is queued has been written.
-    mutating func exchangeFinished(keepAlive: Bool, draining: Bool, outputBacklog: Int) -> Action {
+    /// `requestUnread`: the client may still be sending the exchange's request body (the connection lingers).
+    mutating func exchangeFinished(keepAlive: Bool, draining: Bool, outputBacklog: Int,
+                                   requestUnread: Bool = false) -> Action {
         guard !isClosed else { return .none }
         if keepAlive && !draining {
             // The next request, pipelined or not, is read; a client that half-closed is closed once nothing
@@ -201,16 +221,14 @@ struct HTTP1SessionStateMachine<Exchange> {
             state = .readingHead(since: nil)
             return .none
         }
+        lingerOnClose = requestUnread
         return closeWhenFlushed(outputBacklog: outputBacklog)
     }
 
     /// Flush, then close, however slowly the client reads (SPEC §6 "No byte is lost").
     mutating func closeWhenFlushed(outputBacklog: Int) -> Action {
         guard !isClosed else { return .none }
-        if outputBacklog == 0 {
-            state = .closed
-            return .close
-        }
+        if outputBacklog == 0 { return closeOrLinger() }
         state = .closing(backlog: outputBacklog)
         return .armTimer(milliseconds: timeouts.drain)
     }
@@ -218,6 +236,23 @@ struct HTTP1SessionStateMachine<Exchange> {
     /// The client half-closed. Its phase decides what that means; the connection only remembers it.
     mutating func clientSentEOF() {
         clientEnded = true
+    }
+
+    /// Everything was written: close, or linger while the client may still be sending a body (`lingering`).
+    private mutating func closeOrLinger() -> Action {
+        if lingerOnClose && !clientEnded {
+            state = .lingering
+            return .linger(milliseconds: Timeouts.lingerAtMost)
+        }
+        state = .closed
+        return .close
+    }
+
+    /// The client ended its side while the connection lingered: nothing more will come, close now.
+    mutating func clientEndedWhileLingering() -> Action {
+        guard case .lingering = state else { return .none }
+        state = .closed
+        return .close
     }
 
     /// The buffers were freed after `.park`.
@@ -232,8 +267,7 @@ struct HTTP1SessionStateMachine<Exchange> {
             impossibleEvent("outputDrained", state)
             return .none
         }
-        state = .closed
-        return .close
+        return closeOrLinger()
     }
 
     /// The timer fired.
@@ -256,6 +290,10 @@ struct HTTP1SessionStateMachine<Exchange> {
                 state = .closing(backlog: outputBacklog)
                 return .armTimer(milliseconds: timeouts.drain)
             }
+            if outputBacklog == 0 { return closeOrLinger() }
+            state = .closed
+            return .close
+        case .lingering:
             state = .closed
             return .close
         case .forwarding, .drainingRefusedBody, .tunnel, .held, .storing, .closed:

@@ -11,7 +11,9 @@ import Glibc
 /// Paths:
 /// - `/echo-headers`: the request head as the origin received it (text), to see what the proxy forwarded;
 /// - `POST` anything: `received N bytes sha256 HEX` of the body (by `Content-Length` or chunked); `POST /slow-read`
-///   reads the body slowly (16 KiB every 2 ms);
+///   reads the body slowly (16 KiB every 2 ms); `POST /answer-early` answers `answered early` before it reads the
+///   body (by `Content-Length`), then reads and discards it, as nginx's `return 200` does; `POST /answer-after/N`
+///   the same after reading N bytes of it;
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
 /// - `/chunked/N`: a `103 Early Hints`, then those N bytes chunked (chunks of 1 to 9,000 bytes) with a trailer
 ///   `x-checksum: <sha256 of the body>`;
@@ -153,6 +155,22 @@ public final class HTTPSOrigin: @unchecked Sendable {
             return bytes(out)
 
         def do_POST(self):
+            if self.path == "/answer-early" or self.path.startswith("/answer-after/"):
+                # As nginx's `return 200`: the whole response first (after N bytes of the body for
+                # /answer-after/N), then the rest of the body read and discarded.
+                left = int(self.headers.get("Content-Length", "0"))
+                if self.path.startswith("/answer-after/"):
+                    first = min(left, int(self.path.rsplit("/", 1)[1]))
+                    self.rfile.read(first)
+                    left -= first
+                self.reply(200, b"answered early\n")
+                self.wfile.flush()
+                while left > 0:
+                    piece = self.rfile.read(min(65536, left))
+                    if not piece:
+                        break
+                    left -= len(piece)
+                return
             digest = hashlib.sha256()
             received = 0
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

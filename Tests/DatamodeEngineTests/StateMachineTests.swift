@@ -7,6 +7,43 @@ import Testing
     typealias Machine = HTTP1SessionStateMachine<Int>
     static let timeouts = Machine.Timeouts(clientIdle: 60_000, clientHeader: 15_000, drain: 10_000)
 
+    /// An exchange that closes the connection with its request body still arriving (an origin answered before
+    /// reading it): once the output is written the connection lingers, reading what comes, until the client ends
+    /// or `lingerAtMost` passes; it never lingers when the body was read whole or the client already ended.
+    @Test func aConnectionClosedWithItsRequestBodyUnreadLingers() {
+        var flushed = Machine(timeouts: Self.timeouts)
+        flushed.forward(1)
+        #expect(flushed.exchangeFinished(keepAlive: false, draining: false, outputBacklog: 0, requestUnread: true)
+                == .linger(milliseconds: Machine.Timeouts.lingerAtMost))
+        guard case .lingering = flushed.state else { Issue.record("\(flushed.state)"); return }
+        #expect(flushed.exchange == nil)
+        #expect(flushed.clientEndedWhileLingering() == .close)
+        #expect(flushed.isClosed)
+
+        var slow = Machine(timeouts: Self.timeouts)
+        slow.forward(2)
+        #expect(slow.exchangeFinished(keepAlive: false, draining: false, outputBacklog: 100, requestUnread: true)
+                == .armTimer(milliseconds: 10_000))
+        #expect(slow.outputDrained() == .linger(milliseconds: Machine.Timeouts.lingerAtMost))
+        #expect(slow.timerFired(outputBacklog: 0) == .close, "lingering ends when its time is up")
+
+        // Under TLS the records are written after the plaintext: the timer sees the output empty.
+        var tls = Machine(timeouts: Self.timeouts)
+        tls.forward(3)
+        _ = tls.exchangeFinished(keepAlive: false, draining: false, outputBacklog: 100, requestUnread: true)
+        #expect(tls.timerFired(outputBacklog: 0) == .linger(milliseconds: Machine.Timeouts.lingerAtMost))
+
+        var whole = Machine(timeouts: Self.timeouts)
+        whole.forward(4)
+        #expect(whole.exchangeFinished(keepAlive: false, draining: false, outputBacklog: 0, requestUnread: false) == .close)
+
+        var ended = Machine(timeouts: Self.timeouts)
+        ended.forward(5)
+        ended.clientSentEOF()
+        #expect(ended.exchangeFinished(keepAlive: false, draining: false, outputBacklog: 0, requestUnread: true) == .close)
+        #expect(ended.clientEndedWhileLingering() == .none)
+    }
+
     @Test func anIdleConnectionWaitsClientIdleThenCloses() {
         var machine = Machine(timeouts: Self.timeouts)
         #expect(machine.started() == .armTimer(milliseconds: 60_000))
