@@ -303,7 +303,21 @@ final class HTTP2Stream {
         return true
     }
 
+    /// The response is over, or nobody reads the pair any more: the request body bytes written to it and not
+    /// taken go back to the client's windows. The exchange is done with the request either way (an origin that
+    /// answered before reading the whole body gets no more of it), and what the client still sends is given back
+    /// as it comes (`requestBody`), so its upload runs to the end instead of waiting on a window that never
+    /// opens. RST_STREAM NO_ERROR would end it sooner (RFC 9113 §8.1), but curl 7.88 (Debian 12) then drops
+    /// the response and fails with "stream not closed cleanly".
+    private func giveBackUnreadRequestBody() {
+        guard unconsumed > 0 else { return }
+        let count = unconsumed
+        unconsumed = 0
+        connection.codec.consumeRequestBody(id, count: count)
+    }
+
     private func finish(trailers: [HTTPField]) {
+        giveBackUnreadRequestBody()
         phase = .over
         do throws(HTTP2SessionError) {
             try connection.codec.finishResponse(id, trailers: HTTP2ResponseTranslation.trailerFields(trailers))
@@ -316,6 +330,7 @@ final class HTTP2Stream {
     private func fail(_ detail: String) {
         if case .over = phase { return }
         phase = .over
+        giveBackUnreadRequestBody()
         connection.worker.logger.debug("http2 stream reset", metadata: ["stream": "\(id)", "detail": "\(detail)"])
         try? connection.codec.resetStream(id, code: .internalError)
         session?.abort(.upstreamAborted, detail: detail)
@@ -329,6 +344,7 @@ final class HTTP2Stream {
     func exchangeSessionEnded(clean: Bool) {
         session = nil
         sessionEnd = clean
+        giveBackUnreadRequestBody()
         // This runs inside the exchange's callbacks, not the connection's: what it queues is written from the loop.
         defer { connection.scheduleFlush() }
         // Relays what is still waiting here, then settles the response (`settleAfterSessionEnd`), now or once the
