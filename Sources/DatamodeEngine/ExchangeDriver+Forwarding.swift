@@ -112,13 +112,17 @@ extension ExchangeDriver {
     @inline(__always)
     func relay(_ direction: LinkDirection, _ body: inout BodyRelay, from source: OpaquePointer, to sink: OpaquePointer,
                room: Int, record: Bool = true) -> RelayStep? {
-        let before = evbuffer_get_length(source)
-        let allowed = allowance.room(direction, room: room, available: before, session: session)
+        let allowed = allowance.room(direction, room: room, available: evbuffer_get_length(source), session: session)
         guard allowed > 0 else { return nil }
+        let taken = body.transferred
         let progress = body.pump(from: source, to: sink, budget: allowed)
+        // What the relay took, not what the source lost: a bufferevent pair (an HTTP/2 stream's end) or a TLS
+        // filter refills the source from inside the move, as soon as it drains below its watermark, and "before
+        // less after" then saw a few bytes where hundreds of KB had moved (uncharged to the bucket and budgets).
+        let moved = Int(body.transferred - taken)
         let left = evbuffer_get_length(source)
-        counted(direction, before - left, record: record)
-        return step(progress, before: before, left: left)
+        counted(direction, moved, record: record)
+        return step(progress, before: left + moved, left: left)
     }
 
     /// `bytes` of a body or a tunnel crossed the link `direction` (moved by `relay` or by splice(2)): the one place
