@@ -61,7 +61,7 @@ final class BodySplice {
             // Only while a write event or the shaping timer is armed: it comes when the client takes bytes or the
             // bucket refills, and the relay then moves what was read. Without one, nothing would wake the exchange
             // once the origin is no longer read.
-            if !draining && (driver.transport.isWaitingToWrite || driver.session.shapingDeadline != nil) {
+            if !draining && (driver.transport.isWaitingToWrite || driver.session.shaping.deadline != nil) {
                 draining = true
                 upstream.suspendIO()
             }

@@ -42,10 +42,8 @@ final class HTTP1Session: ClientSession {
     var transparent: TransparentConnection?
     /// A response was cut short: the TLS session must not end with a close_notify that would present it as whole.
     var truncated = false
-    /// Wakes the connection when a link profile's bucket refills or its added latency passes (created on first use).
-    var shapingTimer: OpaquePointer?
-    /// When `shapingTimer` is due (monotonic nanoseconds); nil when not armed.
-    var shapingDeadline: UInt64?
+    /// Wakes the connection when a link profile's bucket refills or its added latency passes.
+    private(set) var shaping = ShapingTimer()
 
     convenience init(worker: Worker, bev: OpaquePointer, peer: SocketAddress, transparent: TransparentConnection? = nil) {
         self.init(worker: worker, bev: bev, peerAddress: peer.ipAddress, peerText: peer.hostText, transparent: transparent)
@@ -100,7 +98,7 @@ final class HTTP1Session: ClientSession {
         released = true
         if let timer { event_free(timer) }
         timer = nil
-        releaseShapingTimer()
+        shaping.release()
         machine.parked()
         worker.clientParked(self)
         return true
@@ -386,7 +384,7 @@ final class HTTP1Session: ClientSession {
         driver?.released()
         if let timer { event_free(timer) }
         timer = nil
-        releaseShapingTimer()
+        shaping.release()
         stopServerFirstTimer()
         transport.release(cleanTLSEnd: cleanTLSEnd)
         worker.clientClosed(self)
@@ -400,7 +398,7 @@ final class HTTP1Session: ClientSession {
         released = true
         if let timer { event_free(timer) }
         timer = nil
-        releaseShapingTimer()
+        shaping.release()
         worker.clientChangedHands(from: self, to: successor)
     }
 
@@ -421,16 +419,11 @@ final class HTTP1Session: ClientSession {
     /// timer per connection wakes whatever a link profile's bucket or latency, or a spent budget, holds back.
     func armShapingTimer(at deadline: UInt64) {
         guard !released else { return }
-        if let armed = shapingDeadline, armed <= deadline { return }
-        if shapingTimer == nil { shapingTimer = dm_timer_new(worker.base, clientShapingTimerCallback, context(self)) }
-        guard let shapingTimer else { return }
-        shapingDeadline = deadline
-        let now = worker.clock.nowNanoseconds()
-        dm_event_add_us(shapingTimer, Int64(deadline > now ? (deadline - now + 999) / 1000 : 0))
+        shaping.arm(at: deadline, base: worker.base, owner: context(self)) { worker.clock.nowNanoseconds() }
     }
 
     func shapingTimerFired() {
-        shapingDeadline = nil
+        shaping.fired()
         worker.metrics.shapingTimerFired()
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver), .drainingRefusedBody(let driver), .openingInterception(let driver):
@@ -438,12 +431,6 @@ final class HTTP1Session: ClientSession {
         case .readingHead, .held, .storing, .parked, .closing, .lingering, .closed:
             break
         }
-    }
-
-    func releaseShapingTimer() {
-        if let shapingTimer { event_free(shapingTimer) }
-        shapingTimer = nil
-        shapingDeadline = nil
     }
 
     func armTimer(_ milliseconds: Int64) {
