@@ -11,7 +11,8 @@ import Glibc
 ///
 /// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
-/// `/trailers`, `/early-hints` (103 then 200), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
+/// `/trailers`, `/early-hints` (103 then 200), `/answer-early` (answered on the request head, the body acknowledged
+/// and dropped as it comes), `/answer-early-reset` (the same, then RST_STREAM NO_ERROR), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
 /// connection closed), `/close-once` (the first time on the whole server: the connection closed before any answer),
 /// `/refuse-once` (REFUSED_STREAM the first time on
@@ -144,7 +145,8 @@ class Connection:
                 stats["streams"] += 1
                 stats["maxOpen"] = max(stats["maxOpen"], len(self.open))
             self.requests[sid] = (event.headers, bytearray())
-            if event.stream_ended:
+            path = dict((n.decode() if isinstance(n, bytes) else n, v) for n, v in event.headers).get(":path", b"")
+            if event.stream_ended or (path.decode() if isinstance(path, bytes) else path).startswith("/answer-early"):
                 self.respond(sid)
         elif isinstance(event, h2.events.DataReceived):
             if event.stream_id in self.requests:
@@ -182,6 +184,12 @@ class Connection:
         elif path == "/echo":
             self.conn.send_headers(sid, [(":status", "200"), ("x-request-fields", names)])
             self.queue(sid, bytes(body), ("trailers", [("x-body-length", str(len(body)))]))
+        elif path in ("/answer-early", "/answer-early-reset"):
+            # Answered on the request head, the body still coming: it is acknowledged and thrown away; with
+            # -reset, RST_STREAM NO_ERROR after the response asks the client to stop sending (RFC 9113 §8.1).
+            payload = b"answered early over h2\n"
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))])
+            self.queue(sid, payload, ("end-reset", None) if path.endswith("-reset") else None)
         elif path == "/trailers":
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, b"body before trailers\n", ("trailers", [("x-checksum", "c0ffee")]))
@@ -259,6 +267,9 @@ class Connection:
                 self.conn.end_stream(sid)
             elif after[0] == "trailers":
                 self.conn.send_headers(sid, after[1], end_stream=True)
+            elif after[0] == "end-reset":
+                self.conn.end_stream(sid)
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
             elif after[0] == "close":
                 # The connection lost mid-body: no END_STREAM, no RST_STREAM, no GOAWAY.
                 self.send()
