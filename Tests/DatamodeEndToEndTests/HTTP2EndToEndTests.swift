@@ -205,6 +205,27 @@ import Testing
         #expect(result.stdout.hasSuffix("\n200 1.1 exit=0\n"), "\(result.output)")
     }
 
+    /// The same early answer on plain HTTP (no TLS): the lingering connection shuts its write side with a FIN
+    /// instead of close_notify, and the client gets every answer.
+    @Test func anUploadAnsweredBeforeItIsReadEndsAtOnceOnPlainHTTP() throws {
+        let directory = try ScratchDirectory.make("datamode-plain-early")
+        defer { ScratchDirectory.remove(directory) }
+        let origin = try HTTPSOrigin(directory: directory + "/origin", tls: false)
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "", directory: directory + "/proxy")
+        defer { proxy.stop() }
+        try Data(count: 3_000_000).write(to: URL(fileURLWithPath: directory + "/zeros.bin"))
+        let url = { (path: String) in "http://127.0.0.1:\(origin.port)\(path)" }
+        let early = [url("/answer-early"), url("/answer-after/1000000")]
+        let result = try ExternalCommand.run("/usr/bin/curl", [
+            "-sS", "--max-time", "20", "-x", "http://127.0.0.1:\(proxy.port)", "--data-binary", "@" + directory + "/zeros.bin",
+            "-w", "%{http_code} exit=%{exitcode}\n"] + early + early + [url("/upload")], timeout: 60)
+        #expect(result.status == 0, "\(result.output)")
+        let answered = String(repeating: "answered early\n200 exit=0\n", count: 4)
+        #expect(result.stdout.hasPrefix(answered + "received 3000000 bytes sha256 "), "\(result.output)")
+        #expect(result.stdout.hasSuffix("\n200 exit=0\n"), "\(result.output)")
+    }
+
     /// No byte is lost and no truncation is sealed as complete (SPEC §6 over h2): a close-delimited body ends the
     /// stream cleanly only when the origin ended it cleanly; a cut one resets the stream.
     @Test(arguments: [("/close-delimited/300000", true), ("/cut/300000", false), ("/cut-mid-record/100000", false)])
