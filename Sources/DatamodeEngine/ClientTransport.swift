@@ -40,8 +40,8 @@ final class ClientTransport {
     let isStream: Bool
     /// The stream told when the session lets go of its end (`release`): whether the end was clean.
     private weak var stream: HTTP2Stream?
-    /// EV_READ is off because the input was left at its high watermark (`holdReadingIfFull`), until it drains.
-    private var readHeld = false
+    /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
+    private var readHold = ReadHold(drained: clientInputDrainedCallback)
     /// A splice relay has the socket (`suspendForSplice`): only `resumeAfterSplice` turns reading back on.
     private var splicing = false
 
@@ -157,36 +157,23 @@ final class ClientTransport {
     /// libevent takes the socket back after a body splice.
     func resumeAfterSplice() {
         splicing = false
-        if readHeld && evbuffer_get_length(input) >= Flow.highWater { return }  // `inputDrained` resumes it
-        releaseReadHold()
+        if readHold.stillFull(input) { return }  // `inputDrained` resumes it
+        readHold.release(input: input, owner: context(self))
         bufferevent_enable(bev, Int16(EV_READ))
     }
 
     /// After an HTTP/1 read callback: an input left at its high watermark (a request body or a tunnel waiting on a
-    /// slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) turns EV_READ off until the
-    /// input drains below it, as `UpstreamConnection.holdReadingIfFull` does for the same libevent 2.1 busy loop
-    /// (`bufferevent_inbuf_wm_check` re-running the read callback without a syscall). Every kind of wire: plain TCP,
-    /// the TLS filter (an intercepted 6 MB upload at 16 Mbit/s cost 2.4 s of CPU over its 2.8 s) and an HTTP/2
-    /// stream's end of its pair (`InterceptedUploadReadHoldTests`).
+    /// slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) holds reading (`ReadHold`).
     func holdReadingIfFull() {
-        guard !socketHandedOff, !readHeld, evbuffer_get_length(input) >= Flow.highWater else { return }
-        readHeld = true
-        bufferevent_disable(bev, Int16(EV_READ))
-        evbuffer_add_cb(input, clientInputDrainedCallback, context(self))
+        guard !socketHandedOff else { return }
+        readHold.holdIfFull(bev, input: input, owner: context(self))
     }
 
     /// Bytes left the held input (`clientInputDrainedCallback`): below the watermark, reading goes on (unless a
     /// splice has the socket meanwhile).
     func inputDrained() {
-        guard readHeld, evbuffer_get_length(input) < Flow.highWater else { return }
-        releaseReadHold()
+        guard readHold.releaseIfDrained(input: input, owner: context(self)) else { return }
         if !splicing && !socketHandedOff { bufferevent_enable(bev, Int16(EV_READ)) }
-    }
-
-    private func releaseReadHold() {
-        guard readHeld else { return }
-        readHeld = false
-        evbuffer_remove_cb(input, clientInputDrainedCallback, context(self))
     }
 
     // MARK: parking (an idle connection gives its buffers back)

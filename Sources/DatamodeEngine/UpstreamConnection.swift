@@ -77,8 +77,8 @@ final class UpstreamConnection {
     private(set) var requestNotProcessed = false
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
     var attachedClient: HTTP1Session? { owner?.session }
-    /// EV_READ is off because the input was left at its high watermark (`holdReadingIfFull`), until it drains.
-    private var readHeld = false
+    /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
+    private var readHold = ReadHold(drained: upstreamInputDrainedCallback)
     /// `suspendIO` turned reading off (a body splice, or its drain): only `resumeIO` turns it back on.
     private var ioSuspended = false
 
@@ -287,37 +287,24 @@ final class UpstreamConnection {
     func resumeIO() {
         guard state != .closed else { return }
         ioSuspended = false
-        if readHeld && evbuffer_get_length(input) >= Flow.highWater { return }  // `inputDrained` resumes it
-        releaseReadHold()
+        if readHold.stillFull(input) { return }  // `inputDrained` resumes it
+        readHold.release(input: input, owner: context(self))
         bufferevent_enable(bev, Int16(EV_READ))
     }
 
     /// After a read callback: an input left at its high watermark (the client is slower than the origin, or a link
-    /// bucket holds the bytes back, SPEC §10) turns EV_READ off until the input drains below it. libevent 2.1 runs
-    /// the read callback again, deferred and without a syscall, for as long as an input at its high watermark has
-    /// EV_READ enabled (`bufferevent_inbuf_wm_check`): a body waiting on a 1 Gbit/s bucket cost ~29,000 read
-    /// callbacks a second for ~1,100 reads, and one waiting on a 20 MB/s client a whole core. The same holds for a TLS
-    /// origin's bufferevent and an HTTP/2 origin stream's pair: an intercepted download to a 4 MB/s client cost ~80%
-    /// of a core for as long as it took (`InterceptedReadHoldTests`).
+    /// bucket holds the bytes back, SPEC §10) holds reading (`ReadHold`): a body waiting on a 1 Gbit/s bucket cost
+    /// ~29,000 read callbacks a second for ~1,100 reads, and one waiting on a 20 MB/s client a whole core.
     func holdReadingIfFull() {
-        guard !readHeld, state == .busy, evbuffer_get_length(input) >= Flow.highWater else { return }
-        readHeld = true
-        bufferevent_disable(bev, Int16(EV_READ))
-        evbuffer_add_cb(input, upstreamInputDrainedCallback, context(self))
+        guard state == .busy else { return }
+        readHold.holdIfFull(bev, input: input, owner: context(self))
     }
 
     /// Bytes left the held input (`upstreamInputDrainedCallback`): below the watermark, reading goes on (unless a
     /// splice suspended it meanwhile).
     func inputDrained() {
-        guard readHeld, evbuffer_get_length(input) < Flow.highWater else { return }
-        releaseReadHold()
+        guard readHold.releaseIfDrained(input: input, owner: context(self)) else { return }
         if !ioSuspended && state != .closed { bufferevent_enable(bev, Int16(EV_READ)) }
-    }
-
-    private func releaseReadHold() {
-        guard readHeld else { return }
-        readHeld = false
-        evbuffer_remove_cb(input, upstreamInputDrainedCallback, context(self))
     }
 
     var isConnected: Bool { state == .busy || state == .idle }
