@@ -44,6 +44,8 @@ final class ClientTransport {
     private var readHold = ReadHold(drained: clientInputDrainedCallback)
     /// A splice relay has the socket (`suspendForSplice`): only `resumeAfterSplice` turns reading back on.
     private var splicing = false
+    /// Plain TCP: reads the socket in place of the bufferevent (whose EV_READ stays off), one `recv` per readiness.
+    private var reader = SocketReader()
 
     init(worker: Worker, bev: OpaquePointer) {
         self.worker = worker
@@ -82,9 +84,10 @@ final class ClientTransport {
         bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
         bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
         if isPlain {
-            // EV_WRITE stays off: writes are speculative (see SpeculativeWriter).
-            bufferevent_disable(bev, Int16(EV_WRITE))
-            bufferevent_enable(bev, Int16(EV_READ))
+            // EV_WRITE stays off: writes are speculative (see SpeculativeWriter). EV_READ too: `SocketReader` reads.
+            bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+            reader.start(base: worker.base, fd: fd, callback: clientSocketReadableCallback, owner: context(self))
+            reader.setReading(true, bev: bev)
         } else {
             bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
         }
@@ -132,6 +135,18 @@ final class ClientTransport {
 
     // MARK: reading
 
+    /// The plain socket is readable (`clientSocketReadableCallback`): one read, reported to the owner as libevent's
+    /// read path would (bytes: the read callback; EOF or an error: the event callback, reading off).
+    func socketReadable() {
+        guard let owner else { return }
+        switch reader.readReady(fd: fd, into: input, scratch: worker.readScratch) {
+        case .read: callbacks.read(bev, owner)
+        case .nothing: holdReadingIfFull()  // a spurious wake-up, or no room (then hold rather than spin)
+        case .end: callbacks.event(bev, Int16(BEV_EVENT_EOF | BEV_EVENT_READING), owner)
+        case .failed: callbacks.event(bev, Int16(BEV_EVENT_ERROR | BEV_EVENT_READING), owner)
+        }
+    }
+
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv (plain only).
     @inline(__always)
     func readMoreIfPending() {
@@ -151,7 +166,8 @@ final class ClientTransport {
     func suspendForSplice() {
         splicing = true
         writer.drained(bev, output: output)
-        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        bufferevent_disable(bev, Int16(EV_WRITE))
+        reader.setReading(false, bev: bev)
     }
 
     /// libevent takes the socket back after a body splice.
@@ -159,21 +175,21 @@ final class ClientTransport {
         splicing = false
         if readHold.stillFull(input) { return }  // `inputDrained` resumes it
         readHold.release(input: input, owner: context(self))
-        bufferevent_enable(bev, Int16(EV_READ))
+        reader.setReading(true, bev: bev)
     }
 
     /// After an HTTP/1 read callback: an input left at its high watermark (a request body or a tunnel waiting on a
     /// slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) holds reading (`ReadHold`).
     func holdReadingIfFull() {
         guard !socketHandedOff else { return }
-        readHold.holdIfFull(bev, input: input, owner: context(self))
+        if readHold.holdIfFull(input: input, owner: context(self)) { reader.setReading(false, bev: bev) }
     }
 
     /// Bytes left the held input (`clientInputDrainedCallback`): below the watermark, reading goes on (unless a
     /// splice has the socket meanwhile).
     func inputDrained() {
         guard readHold.releaseIfDrained(input: input, owner: context(self)) else { return }
-        if !splicing && !socketHandedOff { bufferevent_enable(bev, Int16(EV_READ)) }
+        if !splicing && !socketHandedOff { reader.setReading(true, bev: bev) }
     }
 
     // MARK: parking (an idle connection gives its buffers back)
@@ -189,6 +205,7 @@ final class ClientTransport {
     /// the connection's place.
     func releaseKeepingSocket() {
         guard !socketHandedOff else { return }
+        reader.stop()
         // The bufferevent forgets the socket before it is freed (BEV_OPT_CLOSE_ON_FREE).
         bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
         bufferevent_setfd(bev, -1)
@@ -204,8 +221,14 @@ final class ClientTransport {
     /// False when no filter could be made (`ssl` is freed).
     func startTLS(_ ssl: OpaquePointer) -> Bool {
         let socketBev = bev
-        // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on.
+        // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on,
+        // reading it through the socket bufferevent's own read path, as before the reader took it.
         writer = SpeculativeWriter()
+        if reader.isActive {
+            let wasReading = reader.isReading
+            reader.stop()
+            if wasReading { bufferevent_enable(socketBev, Int16(EV_READ)) }
+        }
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
                                                           TLSBuffereventOptions) else {
             SSL_free(ssl)
@@ -296,6 +319,7 @@ final class ClientTransport {
             evbuffer_remove_cb(socketOutput, callbacks.socketDrained, owner)
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
+        reader.stop()
         // A parked connection's socket and bufferevent are not this transport's any more.
         if !socketHandedOff { bufferevent_free(bev) }
         // A stream's end says how it ended: a close-delimited response ends cleanly, a cut one does not.

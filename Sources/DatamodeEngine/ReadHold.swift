@@ -6,8 +6,9 @@ import CLibevent
 /// libevent 2.1 runs the read callback again, deferred and without a syscall, for as long as an input at its high
 /// watermark has EV_READ enabled (`bufferevent_inbuf_wm_check`): a body waiting on a slow peer or a link bucket
 /// (SPEC §10) cost up to a whole core in read callbacks that moved nothing (`ReadHoldTests`,
-/// `InterceptedReadHoldTests`, `InterceptedUploadReadHoldTests`). So EV_READ goes off, and an evbuffer callback on the
-/// input (`drained`, reporting to the owner) says when bytes leave it.
+/// `InterceptedReadHoldTests`, `InterceptedUploadReadHoldTests`). So reading goes off (the owner's switch: the
+/// bufferevent's EV_READ, or a plain socket's `SocketReader`), and an evbuffer callback on the input (`drained`,
+/// reporting to the owner) says when bytes leave it.
 struct ReadHold {
     /// EV_READ is off until the input drains below the watermark.
     private(set) var isHeld = false
@@ -18,12 +19,13 @@ struct ReadHold {
         self.drained = drained
     }
 
-    /// After a read callback: holds reading when `input` is at the high watermark.
-    mutating func holdIfFull(_ bev: OpaquePointer, input: OpaquePointer, owner: UnsafeMutableRawPointer) {
-        guard !isHeld, evbuffer_get_length(input) >= Flow.highWater else { return }
+    /// After a read callback: holds reading when `input` is at the high watermark. True when it just did: the owner
+    /// turns reading off (on its bufferevent, or its `SocketReader`).
+    mutating func holdIfFull(input: OpaquePointer, owner: UnsafeMutableRawPointer) -> Bool {
+        guard !isHeld, evbuffer_get_length(input) >= Flow.highWater else { return false }
         isHeld = true
-        bufferevent_disable(bev, Int16(EV_READ))
         evbuffer_add_cb(input, drained, owner)
+        return true
     }
 
     /// Bytes left the held input: true when it is below the watermark now and the hold is released (the owner turns

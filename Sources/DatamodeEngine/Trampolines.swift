@@ -82,6 +82,11 @@ let clientReadCallback: bufferevent_data_cb = { _, ctx in
     client.flushPendingWrites()
     if !client.released { client.transport.holdReadingIfFull() }
 }
+/// A plain client socket is readable (`SocketReader`): its transport reads and calls the callbacks above, as
+/// libevent's read path would (so this one does not count as a connection callback itself).
+let clientSocketReadableCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: ClientTransport.self).socketReadable()
+}
 let clientWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("clientWriteCallback")
     defer { CallbackNesting.leave() }
@@ -260,6 +265,10 @@ let upstreamReadCallback: bufferevent_data_cb = { _, ctx in
     upstream.upstreamReadable()
     flushAfterUpstreamCallback(upstream, client)
     upstream.holdReadingIfFull()
+}
+/// A plain origin socket is readable (`SocketReader`): the connection reads and calls the callbacks above.
+let upstreamSocketReadableCallback: event_callback_fn = { _, _, ctx in
+    owner(ctx, as: UpstreamConnection.self).socketReadable()
 }
 let upstreamWriteCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("upstreamWriteCallback")

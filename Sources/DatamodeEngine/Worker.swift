@@ -31,6 +31,8 @@ final class Worker {
 
     let index: Int
     let base: OpaquePointer
+    /// Where `SocketReader` receives before appending to an input (one read at a time on this worker's thread).
+    let readScratch = UnsafeMutableRawPointer.allocate(byteCount: SocketReader.readSize, alignment: 16)
     let dns: OpaquePointer
     let runtime: RuntimeState
     let clock: any EngineClock
@@ -138,6 +140,7 @@ final class Worker {
     }
 
     deinit {
+        readScratch.deallocate()
         if let wakeEvent { event_free(wakeEvent) }
         if let tickEvent { event_free(tickEvent) }
         if let listener { evconnlistener_free(listener) }
