@@ -128,6 +128,7 @@ class Bench:
         with open(os.path.join(doc, "100m.bin"), "wb") as f:
             for _ in range(100):
                 f.write(block)
+        self.build_speed_probe()
         # wrk needs the Lua helpers in one dir
         for fn in os.listdir(os.path.join(BENCH, "lua")):
             shutil.copy(os.path.join(BENCH, "lua", fn), os.path.join(self.work, "lua", fn))
@@ -513,8 +514,29 @@ class Bench:
 
     # ------------------------------------------------------------ measurements
 
+    def build_speed_probe(self):
+        """lib/speedprobe.c: a fixed loop timed on the proxy's core before each measurement (None if cc fails)."""
+        out = os.path.join(self.work, "speedprobe")
+        r = subprocess.run(["cc", "-O2", os.path.join(BENCH, "lib", "speedprobe.c"), "-o", out],
+                           capture_output=True, text=True, timeout=60)
+        self.speed_probe_bin = out if r.returncode == 0 else None
+        if r.returncode != 0:
+            log("speedprobe.c did not build (no speed column): " + r.stderr[-200:])
+
+    def speed_probe(self):
+        """Seconds the fixed loop took on the proxy's core now (the proxies idle between measurements), or None."""
+        if not self.speed_probe_bin:
+            return None
+        r = subprocess.run(["taskset", "-c", str(self.a.proxy_cpu), self.speed_probe_bin], capture_output=True,
+                           text=True, timeout=30)
+        try:
+            return float(r.stdout.strip())
+        except ValueError:
+            return None
+
     def interleaved(self, key, names, fn, warm=None):
-        """Rounds A B C A B C ...; fn(target, round) -> record."""
+        """Rounds A B C A B C ...; fn(target, round) -> record. Each record also gets the speed probe taken just
+        before it (`speed_probe_s`): the machine's own drift, beside the proxies' figures."""
         order = self.order(names)
         out = {t.name: [] for t in order}
         if warm:
@@ -522,8 +544,10 @@ class Bench:
                 warm(t)
         for r in range(self.a.rounds):
             for t in order:
+                probe = self.speed_probe()
                 rec = fn(t, r)
                 rec["round"] = r
+                rec["speed_probe_s"] = probe
                 out[t.name].append(rec)
                 self.progress(key, t, rec)
         return out
@@ -536,7 +560,7 @@ class Bench:
         for k, fmt in (("rps", "{:.0f} req/s"), ("cpu_us_per_req", "{:.1f} us/req"), ("cpu_ms_per_conn", "{:.2f} ms/conn"),
                        ("p99_ms", "p99 {:.2f} ms"),
                        ("mb_s", "{:.0f} MB/s"), ("cpu_s_per_gb", "{:.2f} s/GB"), ("errors", "{} err"),
-                       ("other_pct", "other {:.0f}%")):
+                       ("other_pct", "other {:.0f}%"), ("speed_probe_s", "probe {:.3f} s")):
             if rec.get(k) is not None:
                 bits.append(fmt.format(rec[k]))
         if rec.get("reason"):

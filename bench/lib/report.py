@@ -298,9 +298,19 @@ def noise_summary(res):
     tops = sorted(by.items(), key=lambda kv: -kv[1])[:4]
     busiest = ("; busiest other processes, mean % of a core over the samples: " +
                ", ".join(f"`{c}` {v / n:.0f}%" for c, v in tops)) if tops and n else ""
+    probes = sorted(r["speed_probe_s"] for key, block in res["measurements"].items() if isinstance(block, dict)
+                    for recs in block.values() if isinstance(recs, list) for r in ok_records(recs)
+                    if r.get("speed_probe_s"))
+    speed = ""
+    if probes:
+        mid = probes[len(probes) // 2]
+        speed = (f" Speed probe (`lib/speedprobe.c`, a fixed loop on the proxy's core before each measurement): median "
+                 f"{mid:.3f} s, {probes[0]:.3f}–{probes[-1]:.3f} over {len(probes)} measurements, so the machine itself "
+                 f"ran up to {100 * (probes[-1] / probes[0] - 1):.0f}% slower at one time than at another; per-round "
+                 f"values are in the JSON (`speed_probe_s`).")
     verdict = "quiet" if worst <= BUSY_PCT else "**busy** (rows marked ⚠ had other work running; compare them with care)"
     return (f"Other processes' CPU during measurements: at most {worst:.0f}% of one core ({where}); on the proxy's core "
-            f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.")
+            f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.{speed}")
 
 
 def ratio_cell(block, a, b, key):
