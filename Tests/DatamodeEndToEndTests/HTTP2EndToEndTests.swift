@@ -226,6 +226,37 @@ import Testing
         #expect(result.stdout.hasSuffix("\n200 exit=0\n"), "\(result.output)")
     }
 
+    /// The lingering close has an end: a client that keeps sending a body nobody reads, and never closes, gets the
+    /// whole early answer and its FIN, and the connection is closed about 5 s later (`Timeouts.lingerAtMost`), not
+    /// at once (the answer would be lost to a reset) and not never (a client could hold a socket forever).
+    @Test func aClientThatNeverStopsSendingIsClosedWhenTheLingerRunsOut() throws {
+        let directory = try ScratchDirectory.make("datamode-linger-expiry")
+        defer { ScratchDirectory.remove(directory) }
+        let origin = try HTTPSOrigin(directory: directory + "/origin", tls: false)
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "", directory: directory + "/proxy")
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        try client.send("POST http://127.0.0.1:\(origin.port)/answer-early HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n"
+                        + "Content-Length: 100000000\r\n\r\n")
+        let response = try client.readResponse(method: "POST")
+        #expect(response.status == 200)
+        #expect(String(decoding: response.body, as: UTF8.self) == "answered early\n")
+        // The FIN after the answer: the connection lingers, reading what the client still sends.
+        #expect(client.isClosedByPeer(within: .seconds(5)), "no FIN after the answer")
+        let answered = ContinuousClock.now
+        // Trickle the body (4 KiB every 20 ms) until sending fails: the proxy closed the socket.
+        let piece = [UInt8](repeating: 0x61, count: 4096)
+        var cutAt: ContinuousClock.Instant?
+        while cutAt == nil && ContinuousClock.now - answered < .seconds(20) {
+            do { try client.send(piece) } catch { cutAt = .now }
+            usleep(20_000)
+        }
+        let cut = try #require(cutAt, "the proxy still read the body 20 s after the answer")
+        let lingered = cut - answered
+        #expect(lingered > .seconds(3) && lingered < .seconds(10), "lingered \(lingered)")
+    }
+
     /// No byte is lost and no truncation is sealed as complete (SPEC §6 over h2): a close-delimited body ends the
     /// stream cleanly only when the origin ended it cleanly; a cut one resets the stream.
     @Test(arguments: [("/close-delimited/300000", true), ("/cut/300000", false), ("/cut-mid-record/100000", false)])
