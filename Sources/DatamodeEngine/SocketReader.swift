@@ -10,9 +10,9 @@ import Glibc
 /// libevent 2.1's `evbuffer_read` asks the kernel how much is readable (`ioctl(FIONREAD)`) before every `readv`, only
 /// to size the read: two of the six system calls of a proxied 1 KiB exchange (strace; HAProxy reads with one `recv`).
 /// So a plain socket's bufferevent keeps EV_READ off for good and writes only; this persistent read event takes its
-/// place. A readiness reads at most 4 KiB (libevent's own cap) into a scratch buffer and appends it to the input (the chain is
-/// sized to what came, as libevent's FIONREAD-sized read makes it); a full read leaves the rest to `BulkRead`, as
-/// before. The outcome goes to the owner's usual bufferevent callbacks: bytes to the read callback, EOF or an error
+/// place. A readiness reads at most 4 KiB (libevent's own cap) into a scratch buffer and appends it to the input
+/// (the chain is sized to what came, as libevent's FIONREAD-sized read makes it); a full read leaves the rest to
+/// `BulkRead`, as before. The outcome goes to the owner's usual bufferevent callbacks: bytes to the read callback, EOF or an error
 /// to the event callback with `BEV_EVENT_READING`, reading already off, as `bufferevent_readcb` does.
 ///
 /// TLS and HTTP/2 pairs keep libevent's read path (their bytes are records or frames, not the payload). A socket that
