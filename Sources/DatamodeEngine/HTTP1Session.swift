@@ -279,14 +279,20 @@ final class HTTP1Session: ClientSession {
                 apply(machine.inputEmpty(outputBacklog: unsentOutput))
                 return
             }
+            // The head timer starts on the head's first byte, but it is armed only when the head did not come whole
+            // in this read: a whole head disarms it a few lines on, in the same callback, where no timer can fire (one
+            // event_add per request for nothing, issue 31).
+            var headTimer = StateMachine.Action.none
             if case .readingHead(nil) = machine.state {
-                apply(machine.headBytesBuffered(now: worker.clock.nowNanoseconds()))
+                headTimer = machine.headBytesBuffered(now: worker.clock.nowNanoseconds())
             }
             switch parseHead(available: available) {
             case .incomplete:
+                apply(headTimer)
                 apply(machine.incompleteHeadAtEOF(outputBacklog: unsentOutput))
                 return
             case .invalid(let error):
+                apply(headTimer)
                 worker.refreshSnapshot()
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.source = exchangeSource
