@@ -222,13 +222,10 @@ final class ClientTransport {
     func startTLS(_ ssl: OpaquePointer) -> Bool {
         let socketBev = bev
         // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on,
-        // reading it through the socket bufferevent's own read path, as before the reader took it.
+        // reading it through the socket bufferevent's own read path (the filter turns the socket's EV_READ and EV_WRITE
+        // on when it is made), so the reader lets go.
         writer = SpeculativeWriter()
-        if reader.isActive {
-            let wasReading = reader.isReading
-            reader.stop()
-            if wasReading { bufferevent_enable(socketBev, Int16(EV_READ)) }
-        }
+        reader.stop()
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
                                                           TLSBuffereventOptions) else {
             SSL_free(ssl)
