@@ -88,7 +88,7 @@ final class UpstreamConnection {
         self.worker = worker
         self.key = key
         self.offersH2 = offersH2 && key.tls
-        let (bev, ssl) = Self.makeBufferevent(worker, key: key, offersH2: self.offersH2)
+        let (bev, ssl) = UpstreamWires.socket(worker, key: key, offersH2: self.offersH2)
         self.bev = bev
         self.ssl = ssl
         input = bufferevent_get_input(bev)
@@ -116,7 +116,7 @@ final class UpstreamConnection {
         self.worker = worker
         self.key = key
         offersH2 = false
-        let (end, partner) = Self.makePair(worker)
+        let (end, partner) = UpstreamWires.pair(worker)
         bev = end
         input = bufferevent_get_input(end)
         output = bufferevent_get_output(end)
@@ -145,16 +145,6 @@ final class UpstreamConnection {
         if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
     }
 
-    /// A bufferevent pair for a stream: the first end is the exchange's wire, the second the stream's.
-    private static func makePair(_ worker: Worker) -> (OpaquePointer, OpaquePointer) {
-        var pair: [OpaquePointer?] = [nil, nil]
-        guard bufferevent_pair_new(worker.base, Int32(BEV_OPT_DEFER_CALLBACKS.rawValue), &pair) == 0,
-              let end = pair[0], let partner = pair[1] else { fatalError("bufferevent_pair_new failed: out of memory") }
-        bufferevent_setwatermark(end, Int16(EV_READ), 0, Flow.highWater)
-        bufferevent_setwatermark(end, Int16(EV_WRITE), Flow.lowWater, 0)
-        return (end, partner)
-    }
-
     /// The origin chose `h2` in the handshake: the TLS wire goes to a new `HTTP2OriginSession` (shared from now on by
     /// the exchanges to this origin) and this connection becomes its first stream, the request written so far moved
     /// into the pair. False when no session could be made (the connection then fails).
@@ -169,7 +159,7 @@ final class UpstreamConnection {
     private func becomeStream(of session: HTTP2OriginSession) {
         let pending = evbuffer_new()!
         evbuffer_add_buffer(pending, output)
-        let (end, partner) = Self.makePair(worker)
+        let (end, partner) = UpstreamWires.pair(worker)
         ssl = nil
         bev = end
         input = bufferevent_get_input(end)
@@ -234,25 +224,6 @@ final class UpstreamConnection {
     /// A failure found inside `start`, reported from the timer callback.
     private var deferredFailure: (code: ProxyErrorCode, detail: String)?
 
-    private static func makeBufferevent(_ worker: Worker, key: UpstreamKey, offersH2: Bool) -> (OpaquePointer, OpaquePointer?) {
-        let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
-        var ssl: OpaquePointer?
-        let bev: OpaquePointer
-        if key.tls, let context = worker.tlsContext, let state = context.makeSSL(host: key.host, offerH2: offersH2),
-           let tlsBev = bufferevent_openssl_socket_new(worker.base, -1, state, BUFFEREVENT_SSL_CONNECTING,
-                                                       TLSBuffereventOptions) {
-            ssl = state
-            bev = tlsBev
-        } else {
-            bev = bufferevent_socket_new(worker.base, -1, options)!
-        }
-        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
-        bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
-        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
-        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
-        return (bev, ssl)
-    }
-
     /// A bufferevent cannot connect twice: after a failed connect, move the pending output (the request head)
     /// to a fresh one and try the next resolved address.
     private func reconnectToNextAddress() {
@@ -260,7 +231,7 @@ final class UpstreamConnection {
         evbuffer_add_buffer(pending, output)
         reader.stop()
         bufferevent_free(bev)
-        (bev, ssl) = Self.makeBufferevent(worker, key: key, offersH2: offersH2)
+        (bev, ssl) = UpstreamWires.socket(worker, key: key, offersH2: offersH2)
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
