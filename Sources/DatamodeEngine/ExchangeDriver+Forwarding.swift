@@ -225,7 +225,7 @@ extension ExchangeDriver {
     /// and the failure is answered as such (`upstreamFailed`).
     func upstreamBrokeOff(_ upstream: UpstreamConnection) -> Bool {
         guard isForwarding(upstream),
-              response != nil || evbuffer_get_length(upstream.input) > 0 else { return false }
+              response != nil || upstream.hasResponseBytes else { return false }
         if response != nil {
             perform(machine.originBrokeOffAfterSending())
             return true
@@ -244,7 +244,7 @@ extension ExchangeDriver {
         if isTunnelling(upstream) { tunnel?.peerClosed(client: false); return }
         guard isForwarding(upstream) else { return }
         // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
-        if response == nil, evbuffer_get_length(upstream.input) > 0,
+        if response == nil, upstream.hasResponseBytes,
            !allowance.latencyElapsed(arrived: true, session: session) {
             originClosedWhileHeld = true
             return

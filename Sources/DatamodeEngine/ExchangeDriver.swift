@@ -217,7 +217,7 @@ final class ExchangeDriver {
         guard let upstream else { return }
         upstream.detach()
         self.upstream = nil
-        if recycle && evbuffer_get_length(upstream.input) == 0 {
+        if recycle && !upstream.hasResponseBytes {
             worker.pool.put(upstream)
         } else {
             upstream.close()

@@ -11,7 +11,8 @@ import DatamodeHTTP2
 /// shared `HTTP2OriginSession`; the origin's answer comes back as an HTTP/1.1 response framed by what the origin said
 /// (`content-length` when it gave one, chunked otherwise, its trailers in the last chunk), so the exchange's own
 /// strict response path reads it and a cut response is never presented as whole: a reset, or the connection lost,
-/// ends the pair before the framing does (`UpstreamConnection.originStreamFailed`).
+/// ends the pair before the framing does (`UpstreamConnection.originStreamFailed`). Its heads skip the text when the
+/// exchange's parser would read them back unchanged (`HeadHandoff`, `passHead`): handed over in memory, in order.
 ///
 /// Backpressure both ways: request bytes are taken from the pair only while the codec's queue for the stream is
 /// below its watermark (`requestBodyDrained` resumes); response bytes are given back to the origin's windows only
@@ -51,6 +52,8 @@ final class HTTP2OriginStream {
         case over
     }
     private var response = ResponsePhase.head
+    /// A response head went to the exchange as text: the ones after it go the same way (`passHead`).
+    private var headsWritten = false
     /// Response body bytes written to the pair and not yet given back to the origin's windows.
     private var unconsumed = 0
 
@@ -231,23 +234,23 @@ final class HTTP2OriginStream {
 
     func informational(status: Int, fields: [HTTPField]) {
         guard case .head = response else { return }
-        writeHead(status: status, fields: fields, framing: nil)
+        passHead(status: status, fields: fields, framing: nil)
     }
 
     func responseHead(status: Int, fields: [HTTPField], endStream: Bool) {
         guard case .head = response else { return }
         let hasLength = fields.contains { $0.name == "content-length" }
         if method == "HEAD" || status == 204 || status == 304 {
-            writeHead(status: status, fields: fields, framing: nil)
+            passHead(status: status, fields: fields, framing: nil)
             response = .over
         } else if endStream {
-            writeHead(status: status, fields: fields, framing: hasLength ? nil : "content-length: 0\r\n")
+            passHead(status: status, fields: fields, framing: hasLength ? nil : HTTPField(name: "content-length", value: "0"))
             response = .over
         } else if hasLength {
-            writeHead(status: status, fields: fields, framing: nil)
+            passHead(status: status, fields: fields, framing: nil)
             response = .body(chunked: false)
         } else {
-            writeHead(status: status, fields: fields, framing: "transfer-encoding: chunked\r\n")
+            passHead(status: status, fields: fields, framing: HTTPField(name: "transfer-encoding", value: "chunked"))
             response = .body(chunked: true)
         }
     }
@@ -286,23 +289,41 @@ final class HTTP2OriginStream {
         session.codec.consumeResponseBody(id, count: count)
     }
 
-    private func writeHead(status: Int, fields: [HTTPField], framing: String?) {
-        var head: [UInt8] = []
-        head.reserveCapacity(64 + fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 })
-        head.append(contentsOf: "HTTP/1.1 ".utf8)
-        head.append(contentsOf: String(status).utf8)
-        head.append(0x20)
-        head.append(contentsOf: HTTP2OriginStream.reason(status).utf8)
-        head.append(contentsOf: [0x0D, 0x0A])
-        for field in fields {
-            head.append(contentsOf: field.name.utf8)
-            head.append(contentsOf: [0x3A, 0x20])
-            head.append(contentsOf: field.value.utf8)
-            head.append(contentsOf: [0x0D, 0x0A])
+    /// A response head for the exchange, `framing` (the field that delimits the body, when the origin's fields do
+    /// not) last. Handed over in memory when the exchange's parser would read back exactly that head from its text
+    /// (`HeadHandoff`), else written as the text, for the parser to answer (a field it refuses is a `502`, as from
+    /// any origin). Once one head went as text, the later ones (a final head after a `103`) go the same way: heads
+    /// are read handed first, then from the pair.
+    private func passHead(status: Int, fields: [HTTPField], framing: HTTPField?) {
+        var fields = fields
+        if let framing { fields.append(framing) }
+        let head = ResponseHead(version: .http11, status: status, reason: Self.reason(status), fields: fields)
+        if !headsWritten, let upstream,
+           let length = HeadHandoff.response(head, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes) {
+            upstream.handResponseHead(head, length: length)
+            return
         }
-        if let framing { head.append(contentsOf: framing.utf8) }
-        head.append(contentsOf: [0x0D, 0x0A])
-        head.withUnsafeBytes { write($0) }
+        headsWritten = true
+        writeHead(head)
+    }
+
+    /// The head as HTTP/1.1 text, written as it is (nothing checked: the exchange's parser reads it).
+    private func writeHead(_ head: ResponseHead) {
+        var text: [UInt8] = []
+        text.reserveCapacity(64 + head.fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 })
+        text.append(contentsOf: "HTTP/1.1 ".utf8)
+        text.append(contentsOf: String(head.status).utf8)
+        text.append(0x20)
+        text.append(contentsOf: head.reason.utf8)
+        text.append(contentsOf: [0x0D, 0x0A])
+        for field in head.fields {
+            text.append(contentsOf: field.name.utf8)
+            text.append(contentsOf: [0x3A, 0x20])
+            text.append(contentsOf: field.value.utf8)
+            text.append(contentsOf: [0x0D, 0x0A])
+        }
+        text.append(contentsOf: [0x0D, 0x0A])
+        text.withUnsafeBytes { write($0) }
     }
 
     private func write(_ text: String) {

@@ -32,7 +32,7 @@ final class OriginResponse {
     /// Reads what the origin sent as far as a final head: interim heads are passed on (or become a tunnel), a final
     /// one starts the response (`start`). A link profile's latency is added before the head is relayed (SPEC §10).
     static func readHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
-        guard driver.allowance.latencyElapsed(arrived: evbuffer_get_length(upstream.input) > 0, session: driver.session)
+        guard driver.allowance.latencyElapsed(arrived: upstream.hasResponseBytes, session: driver.session)
         else { return }
         while driver.isForwarding(upstream), driver.response == nil {
             switch upstream.takeResponseHead() {

@@ -71,6 +71,10 @@ final class UpstreamConnection {
     private let offersH2: Bool
     /// Over an HTTP/2 origin connection: `bev` is one end of a bufferevent pair, this stream holds the other.
     private(set) var originStream: HTTP2OriginStream?
+    /// Response heads the origin stream handed over in memory (`HeadHandoff`) in place of their HTTP/1.1 text, in
+    /// order, each with that text's length (charged as the text was). Only heads come this way and they come before
+    /// any body byte, so they are read before `input`.
+    private var handedHeads: [(head: ResponseHead, length: Int)] = []
     /// The origin never processed the request (a refused stream, one its GOAWAY left out, or the shared connection
     /// lost before any of the answer came, as a stale keep-alive connection): it may go again, once, on a new
     /// connection. A stream's other failures (a reset, a malformed answer) are not retried.
@@ -371,9 +375,25 @@ final class UpstreamConnection {
         if let timer { event_del(timer) }
     }
 
-    /// Parses the next response head at the front of `input` (an interim 1xx or the final one), strictly and
-    /// bounded, and removes it from the buffer. A final head or a `101` stops the response timer.
+    /// Whether any of the response waits to be read: a handed head or bytes in `input`.
+    var hasResponseBytes: Bool { !handedHeads.isEmpty || evbuffer_get_length(input) > 0 }
+
+    /// The origin stream hands a response head over in memory (`HTTP2OriginStream.passHead`): it is read as if its
+    /// text had arrived, from the loop (the read callback deferred, as the pair's own is).
+    func handResponseHead(_ head: ResponseHead, length: Int) {
+        guard state == .busy else { return }
+        handedHeads.append((head, length))
+        bufferevent_trigger(bev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue | BEV_TRIG_DEFER_CALLBACKS.rawValue))
+    }
+
+    /// The next response head (an interim 1xx or the final one): a handed one, else parsed strictly and bounded
+    /// from the front of `input` and removed from it. A final head or a `101` stops the response timer.
     func takeResponseHead() -> HeadParseResult<ResponseHead> {
+        if !handedHeads.isEmpty {
+            let (head, length) = handedHeads.removeFirst()
+            if head.status >= 200 || head.status == 101 { responseHeadReceived() }
+            return .complete(head, length: length)
+        }
         let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
                                       isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
             HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits)
@@ -621,6 +641,7 @@ final class UpstreamConnection {
             self.originStream = nil
             originStream.upstreamReleased()
         }
+        handedHeads = []
         reader.stop()
         bufferevent_free(bev)
         worker.upstreamClosed(self)

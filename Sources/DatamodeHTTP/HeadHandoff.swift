@@ -1,0 +1,71 @@
+/// Heads handed from one part of the engine to another in memory, in place of HTTP/1.1 text written by one and read
+/// back by the other (an HTTP/2 stream and the exchange behind it talk through a bufferevent pair).
+///
+/// The text is the reference: a head may skip it only when `HTTP1Parser` would give back exactly the same head from
+/// `serialized()`, within the limits the reader applies. These functions say when, and the length the text would
+/// have had (what the reader charges for it). A head they refuse (a field the parser would refuse or trim, a limit)
+/// is written as text, so the reader's parser answers it as before. `HeadHandoffDifferentialTests` compares both
+/// ways on random and mutated heads.
+public enum HeadHandoff {
+    /// The length of `head.serialized()` when `HTTP1Parser.parseResponseHead` with `limits` would give `head` back
+    /// from it unchanged, and it is at most `maxHeadBytes` long; nil otherwise.
+    public static func response(_ head: ResponseHead, limits: HTTPLimits, maxHeadBytes: Int) -> Int? {
+        // The parser reads any HTTP/1.x status line; `serialized()` writes one digit each.
+        guard head.version.major == 1, head.version.minor <= 9, (100...999).contains(head.status) else { return nil }
+        // `HTTP/1.1 200 reason`: a reason is any run of field-value bytes, kept as it is (spaces included).
+        guard head.reason.utf8.allSatisfy(ByteClass.isFieldValueByte) else { return nil }
+        let line = 13 + head.reason.utf8.count
+        guard line <= limits.requestLine else { return nil }
+        guard let section = section(head.fields, limits: limits) else { return nil }
+        let length = line + 2 + section
+        return length <= maxHeadBytes ? length : nil
+    }
+
+    /// The length of `head.serialized()` when `HTTP1Parser.parseRequestHead` with `limits` would give `head` back
+    /// from it unchanged, and it is at most `maxHeadBytes` long; nil otherwise.
+    public static func request(_ head: RequestHead, limits: HTTPLimits, maxHeadBytes: Int) -> Int? {
+        guard head.version == .http11 || head.version == .http10 else { return nil }
+        guard HeadWriter.isValidToken(head.method), !head.target.isEmpty,
+              head.target.utf8.allSatisfy(ByteClass.isVisible) else { return nil }
+        let line = head.method.utf8.count + 1 + head.target.utf8.count + 9
+        guard line <= limits.requestLine else { return nil }
+        guard let section = section(head.fields, limits: limits) else { return nil }
+        let length = line + 2 + section
+        return length <= maxHeadBytes ? length : nil
+    }
+
+    /// The header section's length (the final CRLF included) when each field comes back unchanged and the section
+    /// is within the limits; nil otherwise.
+    private static func section(_ fields: [HTTPField], limits: HTTPLimits) -> Int? {
+        guard fields.count <= limits.headerCount else { return nil }
+        var length = 2
+        for field in fields {
+            guard let name = bytes(field.name, isToken), name > 0,
+                  let value = bytes(field.value, isUnchangedValue) else { return nil }
+            length += name + value + 4
+        }
+        return length <= limits.headerSection ? length : nil
+    }
+
+    /// `s`'s length in bytes when `valid` holds for its bytes; nil otherwise. Over the contiguous UTF-8 at once: the
+    /// generic `String.UTF8View` walk cost as much as parsing the text (callgrind, issue 26).
+    @inline(__always)
+    private static func bytes(_ s: String, _ valid: (UnsafeBufferPointer<UInt8>) -> Bool) -> Int? {
+        var s = s
+        return s.withUTF8 { valid($0) ? $0.count : nil }
+    }
+
+    private static func isToken(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
+        for b in u where !ByteClass.isTchar(b) { return false }
+        return true
+    }
+
+    /// VCHAR / SP / HTAB / obs-text, without the leading or trailing whitespace a parse trims
+    /// (`HeadWriter.isValidFieldValue`).
+    private static func isUnchangedValue(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
+        for b in u where !ByteClass.isFieldValueByte(b) { return false }
+        if let first = u.first, ByteClass.isOWS(first) { return false }
+        if let last = u.last, ByteClass.isOWS(last) { return false }
+        return true
+    }
+}
