@@ -40,6 +40,8 @@ final class ClientTransport {
     let isStream: Bool
     /// The stream told when the session lets go of its end (`release`): whether the end was clean.
     private weak var stream: HTTP2Stream?
+    /// The HTTP/2 stream this exchange's end belongs to (nil for a connection).
+    var http2Stream: HTTP2Stream? { stream }
     /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
     private var readHold = ReadHold(drained: clientInputDrainedCallback)
     /// A splice relay has the socket (`suspendForSplice`): only `resumeAfterSplice` turns reading back on.

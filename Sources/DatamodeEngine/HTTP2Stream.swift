@@ -11,7 +11,8 @@ import DatamodeHTTP2
 /// stream (`content-length` when the client declared it, chunked otherwise), so tags, rules, the decision,
 /// variants, Save-Data, sessions, budgets, shaping, manifests and images, the access log and metrics are the
 /// HTTP/1 path's, unchanged. The answer comes back as the HTTP/1.1 response the session wrote, is read strictly
-/// (`HTTP1Parser`, `BodyFraming`, `ChunkedDecoder`) and handed to the codec as HEADERS and DATA. This is the shape
+/// (`HTTP1Parser`, `BodyFraming`, `ChunkedDecoder`) and handed to the codec as HEADERS and DATA; a head relayed from
+/// the origin skips the text when the parser would read it back unchanged (`take`, `HeadHandoff`). This is the shape
 /// of HAProxy 1.8's HTTP/2 (a mux that turned streams into HTTP/1 messages for the analysers behind it); the cost is
 /// one HTTP/1 head written and parsed per stream, in memory.
 ///
@@ -53,6 +54,8 @@ final class HTTP2Stream {
     /// The session let go of its end: nil while it runs, then whether it ended cleanly (a close-delimited body is
     /// complete only then).
     private var sessionEnd: Bool?
+    /// Inside `take`: the exchange handing its head in is on the stack.
+    private var handing = false
 
     /// The most response bytes the pair moves into this end at once.
     static let responseWindow = 64 * 1024
@@ -207,43 +210,64 @@ final class HTTP2Stream {
             return false
         case .complete(let head, let length):
             evbuffer_drain(input, length)
-            let fields = HTTP2ResponseTranslation.fields(of: head)
-            let codec = connection.codec
-            if head.status < 200 {
-                // 100 and 103 are relayed; 101 cannot be (HTTP/2 has no Upgrade, RFC 9113 §8.6).
-                do throws(HTTP2SessionError) {
-                    try codec.sendInformational(id, status: head.status, fields: fields)
-                } catch {
-                    fail("an interim response cannot go out in HTTP/2: \(error)")
-                    return false
-                }
-                return true
-            }
-            guard case .success(let framing) = head.bodyFraming(requestMethod: method) else {
-                fail("the exchange's response is not framed")
-                return false
-            }
-            let noBody: Bool
-            switch framing {
-            case .none, .contentLength(0): noBody = true
-            default: noBody = false
-            }
+            return relay(head)
+        }
+    }
+
+    /// The exchange hands its response head over in memory (`OriginResponse`), in place of the text this stream
+    /// would read back: taken only while a head is awaited and nothing the session wrote waits in the pair before it
+    /// (`pairEmpty`: the session's end output, checked by the caller, and this end's input), so heads and bytes keep
+    /// their order. False when not taken: the caller writes the text.
+    func take(_ head: ResponseHead, pairEmpty: Bool) -> Bool {
+        guard pairEmpty, let end, case .head = phase, !paused,
+              evbuffer_get_length(bufferevent_get_input(end)) == 0 else { return false }
+        handing = true
+        _ = relay(head)
+        handing = false
+        // Inside the exchange's callbacks: what the codec queued is written from the loop.
+        connection.scheduleFlush()
+        return true
+    }
+
+    /// Sends a response head (1xx or final) to the codec and sets up the body's relay; false when the stream is
+    /// over (no body, or failed).
+    private func relay(_ head: ResponseHead) -> Bool {
+        let fields = HTTP2ResponseTranslation.fields(of: head)
+        let codec = connection.codec
+        if head.status < 200 {
+            // 100 and 103 are relayed; 101 cannot be (HTTP/2 has no Upgrade, RFC 9113 §8.6).
             do throws(HTTP2SessionError) {
-                try codec.sendResponseHead(id, status: head.status, fields: fields, endStream: noBody)
+                try codec.sendInformational(id, status: head.status, fields: fields)
             } catch {
-                fail("the response head cannot go out in HTTP/2: \(error)")
+                fail("an interim response cannot go out in HTTP/2: \(error)")
                 return false
             }
-            if noBody {
-                phase = .over
-                return false
-            }
-            let remaining: UInt64
-            if case .contentLength(let length) = framing { remaining = length } else { remaining = 0 }
-            phase = .body(framing, remaining: remaining, decoder: ChunkedDecoder(maxLineLength: 4096,
-                                                                              maxTrailerSection: Flow.responseLimits.headerSection))
             return true
         }
+        guard case .success(let framing) = head.bodyFraming(requestMethod: method) else {
+            fail("the exchange's response is not framed")
+            return false
+        }
+        let noBody: Bool
+        switch framing {
+        case .none, .contentLength(0): noBody = true
+        default: noBody = false
+        }
+        do throws(HTTP2SessionError) {
+            try codec.sendResponseHead(id, status: head.status, fields: fields, endStream: noBody)
+        } catch {
+            fail("the response head cannot go out in HTTP/2: \(error)")
+            return false
+        }
+        if noBody {
+            phase = .over
+            return false
+        }
+        let remaining: UInt64
+        if case .contentLength(let length) = framing { remaining = length } else { remaining = 0 }
+        phase = .body(framing, remaining: remaining, decoder: ChunkedDecoder(maxLineLength: 4096,
+                                                                          maxTrailerSection: Flow.responseLimits.headerSection))
+        return true
     }
 
     /// Relays body bytes; false when more bytes are needed, the codec said stop, or the body is over.
@@ -333,7 +357,9 @@ final class HTTP2Stream {
         giveBackUnreadRequestBody()
         connection.worker.logger.debug("http2 stream reset", metadata: ["stream": "\(id)", "detail": "\(detail)"])
         try? connection.codec.resetStream(id, code: .internalError)
-        session?.abort(.upstreamAborted, detail: detail)
+        // A head handed in failed inside the exchange's own call (`take`): the exchange is not aborted under its
+        // feet; the reset closes the stream from the loop (`closed`), which ends it.
+        if !handing { session?.abort(.upstreamAborted, detail: detail) }
     }
 
     // MARK: ends

@@ -99,6 +99,29 @@ enum MessageHeads {
                                 framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil,
                                 heldMilliseconds: Int64? = nil) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
+        relayedResponse(head, keepAlive: keepAlive, clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding,
+                        variant: variant, upgrade: upgrade, framing: framing, connectionTokens: connectionTokens,
+                        heldMilliseconds: heldMilliseconds, into: &writer)
+        return writer.bytes
+    }
+
+    /// `relayedResponse` as a head, not text: for an HTTP/2 stream, which takes it in memory (`HTTP2Stream.take`).
+    /// The same function writes both, so the head is what the text would parse to (`HeadHandoff` checks that it
+    /// would, field by field, before the head is handed).
+    static func relayedResponseHead(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
+                                    stripTransferEncoding: Bool, variant: String?, framing: BodyFraming? = nil,
+                                    connectionTokens: ConnectionOptions? = nil, heldMilliseconds: Int64? = nil) -> ResponseHead {
+        var builder = ResponseHeadBuilder(capacity: head.fields.count + 4)
+        relayedResponse(head, keepAlive: keepAlive, clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding,
+                        variant: variant, framing: framing, connectionTokens: connectionTokens,
+                        heldMilliseconds: heldMilliseconds, into: &builder)
+        return builder.head
+    }
+
+    private static func relayedResponse<Sink: HeadSink>(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
+                                                        stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
+                                                        framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil,
+                                                        heldMilliseconds: Int64? = nil, into writer: inout Sink) {
         writer.statusLine(version: .http11, status: head.status, reason: head.reason)
         let listed = connectionTokens ?? head.connectionTokens
         // A body's framing is written from the parse, never copied (see forwardedRequest); only bodiless
@@ -143,7 +166,6 @@ enum MessageHeads {
             }
         }
         writer.end()
-        return writer.bytes
     }
 
     /// A response the proxy makes itself, with a complete body.
@@ -162,4 +184,34 @@ enum MessageHeads {
         writer.end()
         return writer.bytes
     }
+}
+
+/// Where a head is written: HTTP/1.1 text (`HeadWriter`) or a head in memory (`ResponseHeadBuilder`).
+protocol HeadSink {
+    mutating func statusLine(version: HTTPVersion, status: Int, reason: String)
+    mutating func field(_ name: String, _ value: String)
+    mutating func end()
+}
+
+extension HeadWriter: HeadSink {}
+
+/// Collects a response head as `HeadWriter` would write it.
+struct ResponseHeadBuilder: HeadSink {
+    private(set) var head = ResponseHead(version: .http11, status: 0, reason: "", fields: [])
+
+    init(capacity: Int) {
+        head.fields.reserveCapacity(capacity)
+    }
+
+    mutating func statusLine(version: HTTPVersion, status: Int, reason: String) {
+        head.version = version
+        head.status = status
+        head.reason = reason
+    }
+
+    mutating func field(_ name: String, _ value: String) {
+        head.fields.append(HTTPField(name: name, value: value))
+    }
+
+    mutating func end() {}
 }

@@ -16,6 +16,9 @@ final class OriginResponse {
     /// The length of the relayed head: with `body.delivered`, what this response has queued towards the client (to
     /// tell whether any of it has been written yet).
     var headLength = 0
+    /// The head went to an HTTP/2 stream in memory (`handToStream`): it is out of the pair already, so the response
+    /// can no longer be taken back whole.
+    var headHanded = false
     /// The body being held back while it may be rewritten (SPEC §13); nil on the streaming path.
     var capture: ResponseCapture?
     /// The rest of a large Content-Length body, moved by splice(2); nil for every other body.
@@ -75,10 +78,25 @@ final class OriginResponse {
             return
         }
         if exchange.clientVersion == .http11 {
+            if driver.transport.isStream,
+               handToStream(driver, MessageHeads.relayedResponseHead(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                                                     stripTransferEncoding: false, variant: nil)) != nil {
+                return
+            }
             let bytes = MessageHeads.relayedResponse(head, keepAlive: true, clientVersion: exchange.clientVersion,
                                                      stripTransferEncoding: false, variant: nil)
             evbuffer_add(driver.output, bytes, bytes.count)
         }
+    }
+
+    /// An HTTP/2 stream's exchange hands the relayed head to the stream in memory (`HTTP2Stream.take`) when its text
+    /// would parse back to it (`HeadHandoff`, with the limits the stream reads the text with) and nothing written
+    /// before it waits in the pair. Returns the text's length, or nil: the caller writes the text.
+    private static func handToStream(_ driver: ExchangeDriver, _ relayed: ResponseHead) -> Int? {
+        guard let stream = driver.transport.http2Stream,
+              let length = HeadHandoff.response(relayed, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes),
+              stream.take(relayed, pairEmpty: driver.outputLength == 0) else { return nil }
+        return length
     }
 
     /// The final head: its framing decides the body's relay and keep-alive, its relayed form is queued for the
@@ -100,16 +118,25 @@ final class OriginResponse {
             untilClose: framing == .untilClose,
             originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
             clientKeepsConnection: !strip)
-        let bytes = MessageHeads.relayedResponse(head, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion,
-                                                 stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
-                                                 connectionTokens: upstreamTokens, heldMilliseconds: exchange.heldMilliseconds)
         let response = OriginResponse(driver: driver, head: head, body: BodyRelay(framing: framing, stripChunkFraming: strip))
-        if exchange.variant == nil, driver.manifestCap != nil || driver.imageSettings != nil,
-           let capture = heldBack(driver, head, framing, strip, bytes) {
-            response.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+        let mayBeHeldBack = exchange.variant == nil && (driver.manifestCap != nil || driver.imageSettings != nil)
+        if !mayBeHeldBack, driver.transport.isStream,
+           let length = handToStream(driver, MessageHeads.relayedResponseHead(
+               head, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion, stripTransferEncoding: strip,
+               variant: exchange.variant, framing: framing, connectionTokens: upstreamTokens,
+               heldMilliseconds: exchange.heldMilliseconds)) {
+            response.headLength = length
+            response.headHanded = true
         } else {
-            evbuffer_add(driver.output, bytes, bytes.count)
-            response.headLength = bytes.count
+            let bytes = MessageHeads.relayedResponse(head, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion,
+                                                     stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
+                                                     connectionTokens: upstreamTokens, heldMilliseconds: exchange.heldMilliseconds)
+            if mayBeHeldBack, let capture = heldBack(driver, head, framing, strip, bytes) {
+                response.capture = capture  // SPEC §13: held back until it is known to be a manifest or not
+            } else {
+                evbuffer_add(driver.output, bytes, bytes.count)
+                response.headLength = bytes.count
+            }
         }
         driver.response = response
         exchange.status = head.status
@@ -153,7 +180,7 @@ final class OriginResponse {
         guard let step = driver.relay(.down, &body, from: upstream.input, to: driver.output,
                                       room: Flow.highWater - driver.outputLength) else { return }
         // Nothing of this response has been written while all of it is still queued at the output's tail.
-        let unwritten = driver.outputLength >= headLength + Int(body.delivered)
+        let unwritten = !headHanded && driver.outputLength >= headLength + Int(body.delivered)
         driver.perform(driver.machine.responseBodyStep(step, unwritten: unwritten))
     }
 
@@ -168,7 +195,7 @@ final class OriginResponse {
         let queued = headLength + Int(body.delivered)
         let output = driver.output
         let length = driver.outputLength
-        guard queued > 0, length >= queued else { return }
+        guard !headHanded, queued > 0, length >= queued else { return }
         let earlier = evbuffer_new()!
         driver.transport.withOutputFrontUnfrozen {
             evbuffer_remove_buffer(output, earlier, length - queued)

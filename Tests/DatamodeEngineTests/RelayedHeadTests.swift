@@ -1,0 +1,46 @@
+import DatamodeHTTP
+@testable import DatamodeEngine
+import Testing
+
+/// An HTTP/2 stream's exchange hands the relayed response head over in memory (`MessageHeads.relayedResponseHead`)
+/// where a connection's writes its text (`relayedResponse`); one function writes both. The head must be exactly what
+/// the text says, for every option that changes the text, or an h2 client and an HTTP/1.1 client would be told
+/// different things.
+@Suite struct RelayedHeadTests {
+    static let origin = ResponseHead(version: .http11, status: 200, reason: "OK", fields: [
+        HTTPField(name: "Content-Type", value: "image/jpeg"),
+        HTTPField(name: "Connection", value: "x-hop, keep-alive"),
+        HTTPField(name: "X-Hop", value: "1"),
+        HTTPField(name: "Keep-Alive", value: "timeout=5"),
+        HTTPField(name: "Transfer-Encoding", value: "chunked"),
+        HTTPField(name: "Content-Length", value: "12"),
+        HTTPField(name: "ETag", value: "\"a\""),
+        HTTPField(name: "Cache-Control", value: "max-age=60"),
+        HTTPField(name: "Data-Mode-Variant", value: "forged"),
+        HTTPField(name: "Set-Cookie", value: "a=b"),
+    ])
+
+    @Test(arguments: [false, true], [nil, "low"] as [String?])
+    func theHandedHeadIsTheTextsHead(keepAlive: Bool, variant: String?) {
+        for framing: BodyFraming? in [nil, .contentLength(12), .chunked, .untilClose, BodyFraming.none] {
+            for strip in [false, true] {
+                for held: Int64? in [nil, 250] {
+                    let text = MessageHeads.relayedResponse(Self.origin, keepAlive: keepAlive, clientVersion: .http11,
+                                                            stripTransferEncoding: strip, variant: variant, framing: framing,
+                                                            heldMilliseconds: held)
+                    let head = MessageHeads.relayedResponseHead(Self.origin, keepAlive: keepAlive, clientVersion: .http11,
+                                                                stripTransferEncoding: strip, variant: variant, framing: framing,
+                                                                heldMilliseconds: held)
+                    #expect(head.serialized() == text, "framing \(String(describing: framing)) strip \(strip) held \(String(describing: held))")
+                    let parsed = text.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits) }
+                    guard case .complete(let back, let length) = parsed else {
+                        Issue.record("the text does not parse: \(parsed)")
+                        continue
+                    }
+                    #expect(back == head)
+                    #expect(HeadHandoff.response(head, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes) == length)
+                }
+            }
+        }
+    }
+}
