@@ -32,6 +32,8 @@ final class HTTP1Session: ClientSession {
     var machine: StateMachine
     /// Set while `processInput` runs, so a response completed inside it does not recurse into it.
     private var processing = false
+    /// An HTTP/2 stream's request head handed over in memory (`HeadHandoff`): read before `input`, which has its body.
+    var handedHead: RequestHead?
     /// The bufferevent and the timer have been freed.
     private(set) var released = false
     /// Where this connection's requests come from: nil for the proxy port itself (absolute-form requests), or the
@@ -275,7 +277,7 @@ final class HTTP1Session: ClientSession {
         defer { processing = false }
         while machine.isReadingHead {
             let available = evbuffer_get_length(input)
-            if available == 0 {
+            if available == 0 && handedHead == nil {
                 apply(machine.inputEmpty(outputBacklog: unsentOutput))
                 return
             }
@@ -286,7 +288,9 @@ final class HTTP1Session: ClientSession {
             if case .readingHead(nil) = machine.state {
                 headTimer = machine.headBytesBuffered(now: worker.clock.nowNanoseconds())
             }
-            switch parseHead(available: available) {
+            let parsed = handedHead.map { HeadParseResult.complete($0, length: 0) } ?? parseHead(available: available)
+            handedHead = nil
+            switch parsed {
             case .incomplete:
                 apply(headTimer)
                 apply(machine.incompleteHeadAtEOF(outputBacklog: unsentOutput))

@@ -82,26 +82,46 @@ final class HTTP2Stream {
 
         // CONNECT (RFC 9113 §8.5) goes in authority-form, for admission to refuse as inside any interception.
         let target = request.method == "CONNECT" ? request.authority : request.path
-        var head = request.method + " " + target + " HTTP/1.1\r\nhost: " + request.authority + "\r\n"
-        for field in request.fields {
-            head += field.name
-            head += ": "
-            head += field.value
-            head += "\r\n"
-        }
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(request.fields.count + 2)
+        fields.append(HTTPField(name: "host", value: request.authority))
+        fields.append(contentsOf: request.fields)
         if !endStream && request.contentLength == nil {
             requestChunked = true
-            head += "transfer-encoding: chunked\r\n"
+            fields.append(HTTPField(name: "transfer-encoding", value: "chunked"))
         }
-        head += "\r\n"
-        write(head)
+        let head = RequestHead(method: request.method, target: target, version: .http11, fields: fields)
 
         let session = HTTP1Session(worker: worker, stream: self, end: sessionEnd, peerAddress: connection.peerAddress,
                                    peerText: connection.peerText, tunnel: connection.tunnel,
                                    transparent: connection.transparent)
         self.session = session
-        session.start()
+        // The head goes in memory when the session's parser would read exactly it back from its text, within the
+        // session's limits (`HeadHandoff`); otherwise as the text, and the parser answers it (a 431, a 400).
+        let settings = worker.settings
+        if HeadHandoff.request(head, limits: settings.limits, maxHeadBytes: settings.maxHeadBytes) != nil {
+            session.handedHead = head
+            session.start()
+            // Read from the loop, as the text would have been (the pair defers its callbacks).
+            bufferevent_trigger(sessionEnd, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue | BEV_TRIG_DEFER_CALLBACKS.rawValue))
+        } else {
+            write(head)
+            session.start()
+        }
         return true
+    }
+
+    /// The request head as HTTP/1.1 text, written as it is (the session's parser reads it).
+    private func write(_ head: RequestHead) {
+        var text = head.method + " " + head.target + " HTTP/1.1\r\n"
+        for field in head.fields {
+            text += field.name
+            text += ": "
+            text += field.value
+            text += "\r\n"
+        }
+        text += "\r\n"
+        write(text)
     }
 
     func requestBody(_ bytes: [UInt8]) {

@@ -282,6 +282,22 @@ import Testing
         #expect(result.stdout.contains("misdirected-request"))
     }
 
+    /// A stream's request head goes to its exchange in memory only when the exchange's parser would read it back
+    /// unchanged within the proxy's limits (`HeadHandoff`); a head past a limit goes as text, and the parser answers
+    /// it on its stream exactly as it answers an HTTP/1.1 client: a path past the 8 KiB request line is 414. Over h2 the
+    /// next stream on the same connection is served; over HTTP/1.1 the 414 closes the connection, as it always has.
+    @Test func aRequestPastALimitIsAnsweredAsOverHTTP1() throws {
+        let rig = try Rig()
+        let long = rig.url("/hello.txt?" + String(repeating: "a", count: 9_000))
+        for http in ["--http2", "--http1.1"] {
+            let result = try rig.curl(["-i", long, rig.url("/hello.txt"), "-w", "code=%{http_code} connects=%{num_connects}\n"],
+                                      http: http)
+            #expect(result.stdout.contains("414") && result.stdout.contains("uri-too-long"), "\(http): \(result.output)")
+            let next = http == "--http2" ? "hello over tls\ncode=200 connects=0" : "hello over tls\ncode=200"
+            #expect(result.stdout.contains(next), "\(http), then the next request: \(result.output)")
+        }
+    }
+
     /// A chunked origin body with trailers behind a 103 (SPEC §17: 1xx and trailers relayed): the h2 client gets
     /// the 103, the body byte-exact and the trailer.
     @Test func aChunkedBodyWithTrailersAndAn103ArriveOverH2() throws {
