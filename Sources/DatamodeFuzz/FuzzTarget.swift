@@ -14,7 +14,8 @@
 ///   the input, so a finding reproduces) in an evbuffer's chains, through `FrontParse` (request and response
 ///   heads) and `BodyRelay` (chunked bodies, framing kept and stripped, with small backpressure budgets), reaches
 ///   the same verdict at the same byte, with the same head or the same bytes forwarded, as `HTTP1Parser` and
-///   `ChunkedDecoder` on the whole input.
+///   `ChunkedDecoder` on the whole input;
+/// - a head that `HeadHandoff` lets skip its text (the HTTP/2 streams' seams) is what the parser reads from that text.
 import CLibevent
 import DatamodeEngine
 import DatamodeHTTP
@@ -75,6 +76,9 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         }
     }
 
+    // MARK: heads handed over in memory (`HeadHandoff`) against parsing their text
+    checkHandoff(bytes, limits: small)
+
     // MARK: response heads
     let response = HTTP1Parser.parseResponseHead(bytes, limits: small)
     if case .complete(let head, let length) = response {
@@ -121,6 +125,43 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         }
     }
     return 0
+}
+
+/// The input as a head built without any check: its first line the start line's parts (split at spaces), each next
+/// line a field split at its first colon (any bytes, as `String(decoding:)` keeps them). Whenever `HeadHandoff` says a
+/// head may skip its text, the strict parser must read that same head, with that length, from the text.
+private func checkHandoff(_ bytes: UnsafeRawBufferPointer, limits: HTTPLimits) {
+    let lines = bytes.split(separator: 0x0A, omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
+    guard let first = lines.first else { return }
+    let fields = lines.dropFirst().map { line -> HTTPField in
+        guard let colon = line.firstIndex(of: ":") else { return HTTPField(name: line, value: "") }
+        return HTTPField(name: String(line[..<colon]), value: String(line[line.index(after: colon)...]))
+    }
+    let parts = first.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+    let maxHeadBytes = limits.maxRequestHeadBytes
+    func text(_ start: String) -> [UInt8] {
+        var text = Array((start + "\r\n").utf8)
+        for field in fields { text += Array((field.name + ": " + field.value + "\r\n").utf8) }
+        return text + [0x0D, 0x0A]
+    }
+    func read<H>(_ text: [UInt8], _ parse: (UnsafeRawBufferPointer) -> HeadParseResult<H>) -> HeadParseResult<H> {
+        text.withUnsafeBytes { parse(UnsafeRawBufferPointer(rebasing: $0.prefix(maxHeadBytes))) }
+    }
+    let request = RequestHead(method: parts[0], target: parts.count > 1 ? parts[1] : "/", version: .http11, fields: fields)
+    if let length = HeadHandoff.request(request, limits: limits, maxHeadBytes: maxHeadBytes) {
+        let parsed = read(text(request.method + " " + request.target + " HTTP/1.1")) { HTTP1Parser.parseRequestHead($0, limits: limits) }
+        guard case .complete(let back, let parsedLength) = parsed, back == request, parsedLength == length else {
+            fatalError("handed request head \(request) (\(length)) parses as \(parsed)")
+        }
+    }
+    let status = parts.count > 1 ? Int(parts[1]) ?? 200 : 200
+    let response = ResponseHead(version: .http11, status: status, reason: parts.count > 2 ? parts[2] : "", fields: fields)
+    if let length = HeadHandoff.response(response, limits: limits, maxHeadBytes: maxHeadBytes) {
+        let parsed = read(text("HTTP/1.1 \(status) " + response.reason)) { HTTP1Parser.parseResponseHead($0, limits: limits) }
+        guard case .complete(let back, let parsedLength) = parsed, back == response, parsedLength == length else {
+            fatalError("handed response head \(response) (\(length)) parses as \(parsed)")
+        }
+    }
 }
 
 private func checkPrefix<H: Equatable>(_ result: HeadParseResult<H>, expectComplete: (H, Int)?, what: String) {
