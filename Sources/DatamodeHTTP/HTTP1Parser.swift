@@ -341,13 +341,8 @@ enum FieldSection {
             i += 1
 
             let valueStart = i
-            var high = false
-            while i < to {
-                let b = p[i]
-                guard ByteClass.isFieldValueByte(b) else { break }
-                if b >= 0x80 { high = true }
-                i += 1
-            }
+            let high: Bool
+            (i, high) = valueEnd(p, from: i, to: to)
             guard i < to else { return ranOut }
             let b = p[i]
             if b == ByteClass.lf { return .invalid(.malformed("bare LF in field line")) }
@@ -369,6 +364,45 @@ enum FieldSection {
             }
             i += 2
         }
+    }
+
+    /// Where a field value ends: the first byte from `start` on (before `to`) that is not a field-value byte
+    /// (`ByteClass.isFieldValueByte`), or `to`; and whether a byte before it is obs-text (0x80 and up).
+    ///
+    /// Eight bytes at a time while all eight are printable ASCII (0x20-0x7E), as every byte of a typical value is;
+    /// from the first word that holds anything else (HTAB, obs-text, the CR that ends the line, a byte to refuse) on,
+    /// byte by byte, as `valueEndByteByByte` does throughout (the reference; `FieldValueScanDifferentialTests`).
+    /// The word test is exact for "any byte below 0x20, equal to 0x7F, or above": it may only stop the fast path
+    /// early, never late (bit-twiddling `hasless`, Anderson's "Bit Twiddling Hacks").
+    @inline(__always)
+    static func valueEnd(_ p: UnsafeRawBufferPointer, from start: Int, to: Int) -> (end: Int, high: Bool) {
+        var i = start
+        if let base = p.baseAddress {
+            while i + 8 <= to {
+                let w = UInt64(littleEndian: base.loadUnaligned(fromByteOffset: i, as: UInt64.self))
+                let ones: UInt64 = 0x0101_0101_0101_0101
+                let tops: UInt64 = 0x8080_8080_8080_8080
+                let below20 = (w &- ones &* 0x20) & ~w & tops
+                let del = w ^ (ones &* 0x7F)
+                let is7F = (del &- ones) & ~del & tops
+                if (below20 | is7F | (w & tops)) != 0 { break }
+                i += 8
+            }
+        }
+        return valueEndByteByByte(p, from: i, to: to)
+    }
+
+    /// `valueEnd` one byte at a time: the reference.
+    static func valueEndByteByByte(_ p: UnsafeRawBufferPointer, from start: Int, to: Int) -> (end: Int, high: Bool) {
+        var i = start
+        var high = false
+        while i < to {
+            let b = p[i]
+            guard ByteClass.isFieldValueByte(b) else { break }
+            if b >= 0x80 { high = true }
+            i += 1
+        }
+        return (i, high)
     }
 
     static func isValidUTF8(_ p: UnsafeRawBufferPointer, _ from: Int, _ to: Int) -> Bool {
