@@ -205,13 +205,9 @@ public enum HTTP1Parser {
         if p[i] == ByteClass.sp {
             i += 1
             reasonStart = i
-            var high = false
-            while i < to {
-                let b = p[i]
-                guard ByteClass.isFieldValueByte(b) else { break }
-                if b >= 0x80 { high = true }
-                i += 1
-            }
+            // A reason phrase is made of field-value bytes (RFC 9112 §4): the same scan as a value.
+            let high: Bool
+            (i, high) = FieldSection.valueEnd(p, from: i, to: to)
             if i == to { return ranOut() }
             reasonEnd = i
             if high && !FieldSection.isValidUTF8(p, reasonStart, reasonEnd) {
