@@ -69,66 +69,66 @@ import Glibc
         bytes.withUnsafeBytes { parse(UnsafeRawBufferPointer(rebasing: $0.prefix(maxHeadBytes))) }
     }
 
+    /// Runs `cases` heads from `make` through the handoff and the parser; returns the failures and how many heads were
+    /// handed and how many the parser read back unchanged but the handoff sent as text (with the wide limits).
+    static func compare<H: Equatable>(cases: Int, using rng: inout SeededGenerator,
+                                      _ make: (inout SeededGenerator) -> (head: H, text: [UInt8], limits: HTTPLimits, max: Int),
+                                      handoff: (H, HTTPLimits, Int) -> Int?,
+                                      parse: (UnsafeRawBufferPointer, HTTPLimits) -> HeadParseResult<H>)
+        -> (failures: [String], handed: Int, validAsText: Int) {
+        var failures: [String] = []
+        var handed = 0, validAsText = 0
+        for _ in 0..<cases {
+            let (head, text, limits, maxHeadBytes) = make(&rng)
+            let parsed = read(text, maxHeadBytes) { parse($0, limits) }
+            if let length = handoff(head, limits, maxHeadBytes) {
+                handed += 1
+                guard case .complete(let back, let parsedLength) = parsed, back == head, parsedLength == length else {
+                    failures.append("\(head) limits \(limits) max \(maxHeadBytes): handed with \(length), parsed \(Verdict(parsed))")
+                    if failures.count >= 5 { break }
+                    continue
+                }
+            } else if case .complete(let back, _) = parsed, back == head, limits.headerCount >= 300 {
+                validAsText += 1
+            }
+        }
+        return (failures, handed, validAsText)
+    }
+
     @Test func aHandedResponseHeadIsWhatTheParserReadsFromItsText() {
         print("HeadHandoffDifferentialTests seed \(Self.seed) (DATAMODE_PARSER_SEED=\(Self.seed) replays it)")
         var rng = SeededGenerator(seed: Self.seed)
-        var failures: [String] = []
-        var handed = 0, validAndSmall = 0
         let cases = 20_000
-        for _ in 0..<cases {
+        let (failures, handed, validAsText) = Self.compare(cases: cases, using: &rng, { rng in
             let status = [100, 103, 200, 204, 304, 404, 502, 999, 99, 1000].randomElement(using: &rng)!
             let reason = Self.mutated(["OK", "", "Not Found", " spaced ", "Bad Gateway"].randomElement(using: &rng)!, using: &rng)
             let minor = UInt8([1, 1, 1, 0, 9].randomElement(using: &rng)!)
             let head = ResponseHead(version: HTTPVersion(major: 1, minor: minor), status: status, reason: reason,
                                     fields: Self.fields(using: &rng))
             let (limits, maxHeadBytes) = Self.limits(using: &rng)
-            let bytes = Self.text("HTTP/1.\(minor) \(status) \(reason)", head.fields)
-            let parsed = Self.read(bytes, maxHeadBytes) { HTTP1Parser.parseResponseHead($0, limits: limits) }
-            let length = HeadHandoff.response(head, limits: limits, maxHeadBytes: maxHeadBytes)
-            if let length {
-                handed += 1
-                guard case .complete(let back, let parsedLength) = parsed, back == head, parsedLength == length else {
-                    failures.append("\(head) limits \(limits) max \(maxHeadBytes): handed with \(length), parsed \(Verdict(parsed))")
-                    continue
-                }
-            } else if case .complete(let back, _) = parsed, back == head, limits.headerCount >= 300 {
-                validAndSmall += 1  // the parser gives it back, but the handoff sends it as text
-            }
-            if failures.count >= 5 { break }
-        }
+            return (head, Self.text("HTTP/1.\(minor) \(status) \(reason)", head.fields), limits, maxHeadBytes)
+        }, handoff: { HeadHandoff.response($0, limits: $1, maxHeadBytes: $2) },
+           parse: { HTTP1Parser.parseResponseHead($0, limits: $1) })
         #expect(failures.isEmpty, "seed \(Self.seed):\n\(failures.joined(separator: "\n"))")
         #expect(handed > cases / 10, "handed \(handed) of \(cases)")
-        #expect(validAndSmall == 0, "\(validAndSmall) heads the parser reads back unchanged went as text")
+        #expect(validAsText == 0, "\(validAsText) heads the parser reads back unchanged went as text")
     }
 
     @Test func aHandedRequestHeadIsWhatTheParserReadsFromItsText() {
         var rng = SeededGenerator(seed: Self.seed &+ 1)
-        var failures: [String] = []
-        var handed = 0, validAndSmall = 0
         let cases = 20_000
-        for _ in 0..<cases {
+        let (failures, handed, validAsText) = Self.compare(cases: cases, using: &rng, { rng in
             let method = Self.mutated(["GET", "POST", "HEAD", "M-SEARCH", "get", ""].randomElement(using: &rng)!, using: &rng)
             let target = Self.mutated(["/", "/a?b=c", "http://example.com/x", "example.com:443", "*", "/%20"].randomElement(using: &rng)!,
                                       using: &rng)
             let version = [HTTPVersion.http11, .http11, .http10, HTTPVersion(major: 2, minor: 0)].randomElement(using: &rng)!
             let head = RequestHead(method: method, target: target, version: version, fields: Self.fields(using: &rng))
             let (limits, maxHeadBytes) = Self.limits(using: &rng)
-            let bytes = Self.text("\(method) \(target) HTTP/\(version.major).\(version.minor)", head.fields)
-            let parsed = Self.read(bytes, maxHeadBytes) { HTTP1Parser.parseRequestHead($0, limits: limits) }
-            let length = HeadHandoff.request(head, limits: limits, maxHeadBytes: maxHeadBytes)
-            if let length {
-                handed += 1
-                guard case .complete(let back, let parsedLength) = parsed, back == head, parsedLength == length else {
-                    failures.append("\(head) limits \(limits) max \(maxHeadBytes): handed with \(length), parsed \(Verdict(parsed))")
-                    continue
-                }
-            } else if case .complete(let back, _) = parsed, back == head, limits.headerCount >= 300 {
-                validAndSmall += 1
-            }
-            if failures.count >= 5 { break }
-        }
+            return (head, Self.text("\(method) \(target) HTTP/\(version.major).\(version.minor)", head.fields), limits, maxHeadBytes)
+        }, handoff: { HeadHandoff.request($0, limits: $1, maxHeadBytes: $2) },
+           parse: { HTTP1Parser.parseRequestHead($0, limits: $1) })
         #expect(failures.isEmpty, "seed \(Self.seed &+ 1):\n\(failures.joined(separator: "\n"))")
         #expect(handed > cases / 10, "handed \(handed) of \(cases)")
-        #expect(validAndSmall == 0, "\(validAndSmall) heads the parser reads back unchanged went as text")
+        #expect(validAsText == 0, "\(validAsText) heads the parser reads back unchanged went as text")
     }
 }
