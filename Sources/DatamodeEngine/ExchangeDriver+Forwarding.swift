@@ -257,6 +257,8 @@ extension ExchangeDriver {
         // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
         OriginResponse.readHead(self, upstream)
         guard isForwarding(upstream), response == nil else { return }
+        // Closed first, as on every failure path: left open, it kept its socket and this driver as its owner.
+        upstream.close()
         upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
     }
 

@@ -11,7 +11,8 @@ import Glibc
 ///
 /// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
-/// `/trailers`, `/early-hints` (103 then 200), `/answer-early` (answered on the request head, the body acknowledged
+/// `/trailers`, `/early-hints` (103 then 200), `/early-hints-reset` (103 then RST_STREAM INTERNAL_ERROR, in one write),
+/// `/answer-early` (answered on the request head, the body acknowledged
 /// and dropped as it comes), `/answer-early-reset` (the same, then RST_STREAM NO_ERROR), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
 /// connection closed), `/close-once` (the first time on the whole server: the connection closed before any answer),
@@ -197,6 +198,11 @@ class Connection:
             self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", "6")])
             self.queue(sid, b"early\n", None)
+        elif path == "/early-hints-reset":
+            # The reset right behind the interim head, in the same write: the proxy reads both at once.
+            self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+            self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.finish(sid)
         elif path.startswith("/reset-after/"):
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, pattern(int(path.split("/")[2])), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))

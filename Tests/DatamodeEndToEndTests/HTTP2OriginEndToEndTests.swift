@@ -217,6 +217,28 @@ import Testing
         #expect(tail.contains("x-checksum: c0ffee"), "\(tail)")
     }
 
+    /// A 103 and the stream's RST_STREAM in one read, on 40 streams at once beside 40 whole answers, three rounds: the
+    /// 103 reaches the exchange (handed over in memory, its read deferred), the reset ends the stream before a final
+    /// head, and each such stream is a 502 while the others are served. The exchange used to answer the 502 without
+    /// closing the stream's connection, which kept it as its owner after it was gone: the read the 103 had set off
+    /// then ran on the freed exchange and the proxy crashed (round one, as a rule).
+    @Test func aResetRightAfterAn103IsABadGatewayAndThePeersAreServed() throws {
+        let rig = try Rig()
+        var arguments = ["--parallel", "--parallel-max", "80", "-w", "%{http_code}\n"]
+        for i in 0..<40 {
+            arguments += ["-o", "/dev/null", rig.url("/early-hints-reset?n=\(i)"), "-o", "/dev/null", rig.url("/stream/1000?n=\(i)")]
+        }
+        for round in 1...3 {
+            let result = try rig.curl(arguments, http: "--http2")
+            let codes = result.stdout.split(separator: "\n")
+            #expect(codes.filter { $0 == "502" }.count == 40 && codes.filter { $0 == "200" }.count == 40,
+                    "round \(round): \(result.output)")
+        }
+        #expect(!rig.proxy.hasExited, "\(rig.proxy.stderr.suffix(2_000))")
+        let failed = rig.proxy.accessLog.filter { $0["status"] as? Int == 502 }
+        #expect(failed.count == 120 && failed.allSatisfy { $0["reason"] as? String == "upstream-protocol-error" }, "\(failed.prefix(3))")
+    }
+
     /// No truncation is sealed as complete: a stream the origin resets mid-body, or cuts short of its
     /// `content-length`, ends the client's response as broken (HTTP/1.1: no last chunk / short body and a close;
     /// h2: the stream reset), and the access log says so.

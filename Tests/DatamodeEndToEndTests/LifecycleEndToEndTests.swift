@@ -337,6 +337,27 @@ import Glibc
         #expect(proxy.process.isRunning)
     }
 
+    /// An origin that closes without answering is a 502, and the connection to it is closed with it: the proxy's
+    /// descriptors do not grow by one per such request (each one stayed open for the life of the process).
+    @Test func anOriginThatClosesWithoutAnsweringLeavesNoDescriptorBehind() throws {
+        let origin = try RecordingOrigin { _ in .closeWithoutResponse }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer { proxy.stop() }
+        let pid = proxy.process.processIdentifier
+        #expect(try Self.get(origin.url("/vanish"), via: proxy.port).status == 502)
+        let before = try #require(ProcessProbe.openDescriptorCount(pid))
+        for i in 0..<30 {
+            #expect(try Self.get(origin.url("/vanish/\(i)"), via: proxy.port).status == 502)
+        }
+        // The clients' connections close on the proxy's side as it sees them go: a few may still be open.
+        var after = 0
+        #expect(AdminPolling.until(timeout: .seconds(5)) {
+            after = ProcessProbe.openDescriptorCount(pid) ?? .max
+            return after < before + 5
+        }, "\(before) descriptors before 30 such requests, \(after) after")
+    }
+
     @Test func manyIdleConnectionsDoNotStopTheProxyServingOthers() throws {
         let count = 2_000
         let limit = DescriptorLimit.raise(to: 3 * count + 1_000)
