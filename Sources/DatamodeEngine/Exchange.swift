@@ -90,4 +90,9 @@ enum Flow {
     /// Response heads from origins: more generous than request limits (Set-Cookie-heavy sites).
     static let responseLimits = HTTPLimits(requestLine: 8 * 1024, headerSection: 128 * 1024, headerCount: 300)
     static let maxResponseHeadBytes = 8 * 1024 + 128 * 1024 + 64
+    /// What an HTTP/2 stream reads back from its own exchange: an origin's head within `responseLimits` and the fields
+    /// the proxy adds relaying it (`Via`, `Data-Mode-Variant`, `Data-Mode-Held`, `Cache-Control`, `Connection`, the
+    /// framing), so that a head relayed whole to an HTTP/1.1 client reaches an h2 client whole too.
+    static let relayedResponseLimits = HTTPLimits(requestLine: 8 * 1024, headerSection: 132 * 1024, headerCount: 308)
+    static let maxRelayedResponseHeadBytes = 8 * 1024 + 132 * 1024 + 64
 }

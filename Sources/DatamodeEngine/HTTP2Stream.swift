@@ -218,9 +218,9 @@ final class HTTP2Stream {
 
     /// Reads one response head (1xx or final); false when more bytes are needed or the stream is over.
     private func readHead(_ input: OpaquePointer) -> Bool {
-        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
+        let result = FrontParse.parse(input, limit: Flow.maxRelayedResponseHeadBytes, incomplete: .incomplete,
                                       isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
-            HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits)
+            HTTP1Parser.parseResponseHead($0, limits: Flow.relayedResponseLimits)
         }
         switch result {
         case .incomplete:

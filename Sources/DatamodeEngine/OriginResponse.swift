@@ -94,7 +94,8 @@ final class OriginResponse {
     /// before it waits in the pair. Returns the text's length, or nil: the caller writes the text.
     private static func handToStream(_ driver: ExchangeDriver, _ relayed: ResponseHead) -> Int? {
         guard let stream = driver.transport.http2Stream,
-              let length = HeadHandoff.response(relayed, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes),
+              let length = HeadHandoff.response(relayed, limits: Flow.relayedResponseLimits,
+                                                maxHeadBytes: Flow.maxRelayedResponseHeadBytes),
               stream.take(relayed, pairEmpty: driver.outputLength == 0) else { return nil }
         return length
     }

@@ -32,15 +32,42 @@ import Testing
                                                                 stripTransferEncoding: strip, variant: variant, framing: framing,
                                                                 heldMilliseconds: held)
                     #expect(head.serialized() == text, "framing \(String(describing: framing)) strip \(strip) held \(String(describing: held))")
-                    let parsed = text.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits) }
+                    let parsed = text.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.relayedResponseLimits) }
                     guard case .complete(let back, let length) = parsed else {
                         Issue.record("the text does not parse: \(parsed)")
                         continue
                     }
                     #expect(back == head)
-                    #expect(HeadHandoff.response(head, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes) == length)
+                    #expect(HeadHandoff.response(head, limits: Flow.relayedResponseLimits, maxHeadBytes: Flow.maxRelayedResponseHeadBytes) == length)
                 }
             }
         }
+    }
+
+    /// An origin head at the origin-side limits (300 fields, a 128 KiB section) is relayed with every field the proxy
+    /// may add; an HTTP/2 stream must read that back (`Flow.relayedResponseLimits`), or a head an HTTP/1.1 client gets
+    /// whole would reset the stream of an h2 client.
+    @Test func aHeadAtTheOriginLimitsFitsWhatAStreamReadsBack() {
+        let limits = Flow.responseLimits
+        var fields = [HTTPField(name: "Content-Length", value: "12")]
+        // 299 more fields, the last one filling the section to its limit.
+        for i in 1..<(limits.headerCount - 1) { fields.append(HTTPField(name: "x-f\(i)", value: "v")) }
+        let used = fields.reduce(2) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 }
+        fields.append(HTTPField(name: "x-fill", value: String(repeating: "f", count: limits.headerSection - used - 10)))
+        let origin = ResponseHead(version: .http11, status: 200, reason: "OK", fields: fields)
+        let originText = origin.serialized()
+        guard case .complete = originText.withUnsafeBytes({ HTTP1Parser.parseResponseHead($0, limits: limits) }) else {
+            Issue.record("the origin's head must be within the origin-side limits")
+            return
+        }
+        let text = MessageHeads.relayedResponse(origin, keepAlive: false, clientVersion: .http11, stripTransferEncoding: false,
+                                                variant: "a-long-variant-name-from-the-configuration", framing: .contentLength(12),
+                                                heldMilliseconds: 123_456)
+        let parsed = text.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: Flow.relayedResponseLimits) }
+        guard case .complete(_, let length) = parsed else {
+            Issue.record("the relayed head does not fit what a stream reads back: \(parsed)")
+            return
+        }
+        #expect(length <= Flow.maxRelayedResponseHeadBytes)
     }
 }
