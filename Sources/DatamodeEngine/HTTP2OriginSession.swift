@@ -182,6 +182,13 @@ final class HTTP2OriginSession {
             handle(events)
             if released { return }
         }
+        // nghttp2 ended the session on its own, without a callback: a header block it cannot decompress makes it send
+        // GOAWAY COMPRESSION_ERROR and ignore all further input (RFC 9113 §4.3). No stream on it will hear anything
+        // more, and new ones must not join it: they fail now, as when the wire is lost.
+        if !closing && !codec.wantsRead && !codec.wantsWrite && evbuffer_get_length(output) == 0 {
+            release(detail: "the HTTP/2 connection to the origin ended: nghttp2 stopped reading it")
+            return
+        }
         if closing && streams.isEmpty && attached == 0 && !codec.wantsWrite && evbuffer_get_length(output) == 0 {
             release(detail: "closed")
         }

@@ -203,6 +203,11 @@ class Connection:
             self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             self.finish(sid)
+        elif path.startswith("/big-field/"):
+            payload = b"big field\n"
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),
+                                         ("x-big", "v" * int(path.split("/")[2]))])
+            self.queue(sid, payload, None)
         elif path.startswith("/reset-after/"):
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, pattern(int(path.split("/")[2])), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))

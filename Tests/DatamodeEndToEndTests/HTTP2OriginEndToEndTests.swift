@@ -239,6 +239,19 @@ import Testing
         #expect(failed.count == 120 && failed.allSatisfy { $0["reason"] as? String == "upstream-protocol-error" }, "\(failed.prefix(3))")
     }
 
+    /// A response head nghttp2 cannot decompress (one 100,000-byte field: Huffman-coded, it is longer than nghttp2 takes
+    /// for one field) ends the origin connection (nghttp2 sends GOAWAY COMPRESSION_ERROR and ignores the rest): the
+    /// request gets a 502 at once, and the next one, on the same client connection, a new origin connection. Both used
+    /// to wait for ever: nghttp2 stops reading without a callback, and nothing closed the connection or its streams.
+    @Test func aHeadTheCodecCannotDecompressIsABadGatewayNotAHang() throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-o", "/dev/null", "-w", "%{http_code}\n", "--max-time", "10", rig.url("/big-field/100000"),
+                                   "--max-time", "10", rig.url("/hello")], http: "--http1.1")
+        #expect(result.stdout == "502\nhello over h2\n200\n", "\(result.output)")
+        let line = rig.proxy.accessLog.first { ($0["url"] as? String)?.hasSuffix("/big-field/100000") == true }
+        #expect(line?["reason"] as? String == "upstream-protocol-error", "\(String(describing: line))")
+    }
+
     /// No truncation is sealed as complete: a stream the origin resets mid-body, or cuts short of its
     /// `content-length`, ends the client's response as broken (HTTP/1.1: no last chunk / short body and a close;
     /// h2: the stream reset), and the access log says so.
