@@ -12,6 +12,9 @@ import Glibc
 /// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
 /// `/trailers`, `/early-hints` (103 then 200), `/early-hints-reset` (103 then RST_STREAM INTERNAL_ERROR, in one write),
+/// `/big-field/N` (a 200 with one field of N bytes), `/many-fields/N` (a 200 with N short fields besides its
+/// `content-length`), `/not-modified` (a 304 with a `content-length`, the head ending the stream; a HEAD request for any
+/// path is answered the same way with a 200),
 /// `/answer-early` (answered on the request head, the body acknowledged
 /// and dropped as it comes), `/answer-early-reset` (the same, then RST_STREAM NO_ERROR), `/reset-after/N` (N bytes, then RST_STREAM INTERNAL_ERROR),
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
@@ -174,6 +177,13 @@ class Connection:
             fields.setdefault(name, value)
         path = fields.get(":path", "/").split("?")[0]
         names = ",".join(n.decode() if isinstance(n, bytes) else n for n, _ in headers)
+        if fields.get(":method") == "HEAD" or path == "/not-modified":
+            # No body, whatever content-length says (RFC 9110 §8.6): the head ends the stream.
+            status = "200" if fields.get(":method") == "HEAD" else "304"
+            self.conn.send_headers(sid, [(":status", status), ("content-length", "1234"), ("etag", '"v1"')],
+                                   end_stream=True)
+            self.finish(sid)
+            return
         if path == "/hello":
             payload = b"hello over h2\n"
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),
@@ -203,6 +213,11 @@ class Connection:
             self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             self.finish(sid)
+        elif path.startswith("/many-fields/"):
+            payload = b"many fields\n"
+            extra = [("x-f%03d" % i, "v") for i in range(int(path.split("/")[2]))]
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))] + extra)
+            self.queue(sid, payload, None)
         elif path.startswith("/big-field/"):
             payload = b"big field\n"
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),

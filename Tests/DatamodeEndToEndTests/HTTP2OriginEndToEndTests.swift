@@ -252,6 +252,45 @@ import Testing
         #expect(line?["reason"] as? String == "upstream-protocol-error", "\(String(describing: line))")
     }
 
+    /// Heads that end the stream with no body whatever their `content-length` says (a HEAD's 200, a 304), from an h2
+    /// origin, to clients of both versions (over h2 both ways the head is handed over in memory at both seams): the
+    /// client gets the head with the origin's `content-length` and no body, at once (a stream left waiting for a body
+    /// ends only when a later timer closes the exchange's session, seconds on), and the next request on the same
+    /// connection is served.
+    @Test(arguments: clients)
+    func bodylessHeadsWithALengthEndAtTheirHead(http: String) throws {
+        let rig = try Rig()
+        let head = try rig.curl(["-I", "-w", "took=%{time_total}\n", rig.url("/anything")], http: http)
+        #expect(head.status == 0, "\(http): \(head.output)")
+        #expect(head.stdout.lowercased().contains("content-length: 1234"), "\(http): \(head.output)")
+        let result = try rig.curl(["-i", "-w", "code=%{http_code} took=%{time_total}\n", rig.url("/not-modified"),
+                                   rig.url("/hello")], http: http)
+        #expect(result.status == 0, "\(http): \(result.output)")
+        let parts = result.stdout.components(separatedBy: "code=304 ")
+        #expect(parts.count == 2 && parts[0].lowercased().contains("etag: \"v1\"") && parts[0].hasSuffix("\r\n\r\n"),
+                "\(http): nothing after the 304's head: \(result.output)")
+        #expect(parts.last?.contains("hello over h2\ncode=200 ") == true, "\(http): \(result.output)")
+        // Each took a fraction of a second here; 3 s leaves room for a loaded machine.
+        let took = (head.stdout + result.stdout).components(separatedBy: "took=").dropFirst().compactMap { Double($0.prefix { $0 != "\n" }) }
+        #expect(took.count == 3 && took.allSatisfy { $0 < 3 }, "\(http): \(took)")
+        let lines = rig.proxy.accessLog.filter { $0["method"] as? String != "CONNECT" }
+        #expect(lines.map { $0["status"] as? Int } == [200, 304, 200], "\(lines)")
+        #expect(lines.prefix(2).allSatisfy { $0["bytes"] as? Int == 0 && $0["outcome"] as? String == "forwarded" }, "\(lines)")
+    }
+
+    /// An origin head at the response field limit (300 fields: 299 and its `content-length`) reaches an HTTP/1.1 client
+    /// whole, the proxy's `via` as field 301. An h2 client should get the same 200; it gets its stream reset: the
+    /// stream reads the relayed head back with the origin's limits (`Flow.responseLimits`, 300 fields), which the
+    /// proxy's own field pushes past (the head handoff refuses it, as the parser does; the same before the handoff).
+    @Test(.disabled("an h2 client's stream reads the relayed head with the origin's limits; the proxy's via pushes a head at the limit past them: RST_STREAM instead of the 200 an HTTP/1.1 client gets"))
+    func aHeadAtTheFieldLimitReachesAnH2ClientAsAnHTTP1One() throws {
+        let rig = try Rig()
+        for http in Self.clients {
+            let result = try rig.curl(["-o", "/dev/null", "-w", "%{http_code}", rig.url("/many-fields/299")], http: http)
+            #expect(result.stdout == "200" && result.status == 0, "\(http): \(result.output)")
+        }
+    }
+
     /// No truncation is sealed as complete: a stream the origin resets mid-body, or cuts short of its
     /// `content-length`, ends the client's response as broken (HTTP/1.1: no last chunk / short body and a close;
     /// h2: the stream reset), and the access log says so.
