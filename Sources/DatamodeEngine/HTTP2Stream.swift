@@ -14,7 +14,7 @@ import DatamodeHTTP2
 /// (`HTTP1Parser`, `BodyFraming`, `ChunkedDecoder`) and handed to the codec as HEADERS and DATA; a head relayed from
 /// the origin skips the text when the parser would read it back unchanged (`take`, `HeadHandoff`). This is the shape
 /// of HAProxy 1.8's HTTP/2 (a mux that turned streams into HTTP/1 messages for the analysers behind it); the cost is
-/// one HTTP/1 head written and parsed per stream, in memory.
+/// the pair, a session per stream, the bodies' HTTP/1.1 framing, and the heads that cannot skip their text.
 ///
 /// Backpressure both ways (SPEC §17 "flow control is backpressure"):
 /// - request body: DATA is written to the pair; its bytes are given back to the client's windows
