@@ -325,6 +325,41 @@ elif scenario == "reset-mid-body":
     conn.send_headers(3, request_headers("/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
     print(first + " then " + pump(outcome_of(3)))
+elif scenario == "bad-hpack-mid-download":
+    # A header block that cannot be decoded (RFC 9113 §4.3: a connection error) while a large download is in
+    # flight: GOAWAY COMPRESSION_ERROR at once, then the close, without waiting for the download (the client stops
+    # opening its window, so the download could never end).
+    conn.send_headers(1, request_headers("/bytes/20000000"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    got = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            got["n"] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+            if got["n"] >= 100000:
+                return "downloading"
+        return None
+    first = pump(until)
+    tls.sendall(conn.data_to_send())
+    bad = HeadersFrame(3, b"\xff\xff\xff\xff\xff\xff")
+    bad.flags.add("END_HEADERS"); bad.flags.add("END_STREAM")
+    send_raw(bad.serialize())
+    line = raw_goaway()
+    tls.settimeout(1)
+    closed = "still open"
+    give_up = time.time() + 10
+    while time.time() < give_up:
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            closed = "closed"
+            break
+        if not data:
+            closed = "closed"
+            break
+    print(first + " then " + line + " then " + closed)
 elif scenario == "slow-reader":
     # Reads a large body slowly (a small window, reopened after a pause): every byte arrives, in order.
     conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384})

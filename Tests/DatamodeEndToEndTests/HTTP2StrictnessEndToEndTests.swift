@@ -104,6 +104,16 @@ import Testing
         #expect(try Self.probe(rig, "get").line == "response 200 15")
     }
 
+    /// A header block that cannot be decoded (RFC 9113 §4.3: a connection error), sent while a download is in flight
+    /// and no longer read: GOAWAY COMPRESSION_ERROR at once, then the close; the connection does not wait for the
+    /// download, which could never end (the client stops opening its window). Other connections are served.
+    @Test func anUndecodableHeaderBlockMidDownloadIsAGoawayAndTheClose() throws {
+        let rig = try Rig()
+        let outcome = try Self.probe(rig, "bad-hpack-mid-download")
+        #expect(outcome.line == "downloading then goaway COMPRESSION_ERROR then closed", "\(outcome.output)")
+        #expect(try Self.probe(rig, "get").line == "response 200 15")
+    }
+
     /// CVE-2019-9515 (SETTINGS flood), CVE-2019-9512 (PING flood), CVE-2019-9518 (empty frames).
     @Test(arguments: [("settings-flood", "settings-flood"), ("ping-flood", "ping-flood"), ("empty-frames", "empty-frames")])
     func controlFrameFloodsAreAGoawayEnhanceYourCalm(scenario: String, reason: String) throws {
