@@ -149,6 +149,26 @@ def raw_until(watch):
 def raw_goaway():
     return raw_until(lambda frame: None)
 
+def download_part(path, line, then):
+    """GET `path` on stream 1 and read it, opening the window as it comes, until 100,000 bytes arrived; then `then()`
+    and `line` (or "ended" if the body was shorter). What `then()` queued is sent."""
+    conn.send_headers(1, request_headers(path), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    got = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            got["n"] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+            if got["n"] >= 100000:
+                then()
+                return line
+        if isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
+            return "ended"
+        return None
+    first = pump(until)
+    tls.sendall(conn.data_to_send())
+    return first
+
 if scenario == "get":
     conn.send_headers(1, request_headers(extra[0] if extra else "/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
@@ -307,21 +327,8 @@ elif scenario == "zero-window":
     print(line)
 elif scenario == "reset-mid-body":
     # The client resets a large download part-way, then asks again on the same connection.
-    conn.send_headers(1, request_headers(extra[0] if extra else "/bytes/5000000"), end_stream=True)
-    tls.sendall(conn.data_to_send())
-    got = {"n": 0}
-    def until(event):
-        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
-            got["n"] += len(event.data)
-            conn.acknowledge_received_data(event.flow_controlled_length, 1)
-            if got["n"] >= 100000:
-                conn.reset_stream(1, error_code=8)
-                return "reset-sent"
-        if isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
-            return "ended"
-        return None
-    first = pump(until)
-    tls.sendall(conn.data_to_send())
+    first = download_part(extra[0] if extra else "/bytes/5000000", "reset-sent",
+                          lambda: conn.reset_stream(1, error_code=8))
     conn.send_headers(3, request_headers("/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
     print(first + " then " + pump(outcome_of(3)))
@@ -329,18 +336,7 @@ elif scenario == "bad-hpack-mid-download":
     # A header block that cannot be decoded (RFC 9113 §4.3: a connection error) while a large download is in
     # flight: GOAWAY COMPRESSION_ERROR at once, then the close, without waiting for the download (the client stops
     # opening its window, so the download could never end).
-    conn.send_headers(1, request_headers("/bytes/20000000"), end_stream=True)
-    tls.sendall(conn.data_to_send())
-    got = {"n": 0}
-    def until(event):
-        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
-            got["n"] += len(event.data)
-            conn.acknowledge_received_data(event.flow_controlled_length, 1)
-            if got["n"] >= 100000:
-                return "downloading"
-        return None
-    first = pump(until)
-    tls.sendall(conn.data_to_send())
+    first = download_part("/bytes/20000000", "downloading", lambda: None)
     bad = HeadersFrame(3, b"\xff\xff\xff\xff\xff\xff")
     bad.flags.add("END_HEADERS"); bad.flags.add("END_STREAM")
     send_raw(bad.serialize())
