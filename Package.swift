@@ -147,7 +147,7 @@ let package = Package(
         .testTarget(name: "DatamodeClientTests", dependencies: ["DatamodeClient", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeHTTPTests", dependencies: ["DatamodeHTTP", "DatamodeTestSupport"]),
         // Drives the server session with a real nghttp2 client session in memory, and with hand-built frames.
-        .testTarget(name: "DatamodeHTTP2Tests", dependencies: ["DatamodeHTTP2", "DatamodeHTTP", "CNghttp2"]),
+        .testTarget(name: "DatamodeHTTP2Tests", dependencies: ["DatamodeHTTP2", "DatamodeHTTP", "CNghttp2", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodePolicyTests", dependencies: ["DatamodePolicy", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeMediaTests", dependencies: ["DatamodeMedia", "DatamodeTestSupport"]),
         .testTarget(name: "DatamodeConfigTests", dependencies: ["DatamodeConfig", "DatamodePolicy"]),

@@ -16,7 +16,7 @@ final class HTTP2OriginSession {
     let key: UpstreamKey
     let codec: HTTP2ClientSession
     private var bev: OpaquePointer?
-    private var streams: [HTTP2StreamID: HTTP2OriginStream] = [:]
+    private var streams = StreamTable<HTTP2OriginStream>()
     /// Translated requests waiting for the origin's concurrency, oldest first.
     private var waiting: [HTTP2OriginStream] = []
     /// Streams whose exchange has not let go (started, waiting, or still reading its request head).
@@ -237,7 +237,7 @@ final class HTTP2OriginSession {
         guard !released else { return }
         beginClosing()
         released = true
-        let open = Array(streams.values)
+        let open = streams.allValues
         streams.removeAll()
         for stream in open { stream.connectionClosed(detail) }
         if let timer { event_free(timer) }

@@ -21,7 +21,7 @@ final class HTTP2Session: ClientSession {
     let tunnel: InterceptedTunnel
     /// A connection of the transparent listener (SPEC §16): every stream's upstream goes to its original destination.
     let transparent: TransparentConnection?
-    private var streams: [HTTP2StreamID: HTTP2Stream] = [:]
+    private var streams = StreamTable<HTTP2Stream>()
     private var timer: OpaquePointer?
     /// Runs `flushOutput` from the loop, for what a stream's exchange did outside this connection's callbacks
     /// (its session ended: `HTTP2Stream.exchangeSessionEnded`).
@@ -253,7 +253,7 @@ final class HTTP2Session: ClientSession {
         if idleFor >= period {
             // Nothing moved for a whole period while something waits for the client: it stopped reading, or never
             // opens its window (SPEC §17: the client-idle timeout applies).
-            let waitingForWindow = streams.keys.contains { codec.bufferedResponseBytes($0) > 0 }
+            let waitingForWindow = streams.containsID { codec.bufferedResponseBytes($0) > 0 }
             if closing || transport.unsentOutput > 0 || waitingForWindow {
                 worker.logger.info("http2 client idle", metadata: [
                     "client": "\(peerText)", "detail": "nothing moved for client-idle with a response waiting for the client",
@@ -285,7 +285,7 @@ final class HTTP2Session: ClientSession {
     private func release(graceful: Bool) {
         guard !released else { return }
         released = true
-        let open = Array(streams.values)
+        let open = streams.allValues
         streams.removeAll()
         for stream in open { stream.connectionClosed() }
         if let timer { event_free(timer) }

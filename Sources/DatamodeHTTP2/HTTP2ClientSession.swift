@@ -65,7 +65,7 @@ public final class HTTP2ClientSession {
     public let configuration: HTTP2ClientConfiguration
     var session: OpaquePointer!
     var events: [HTTP2ClientEvent] = []
-    var streams: [HTTP2StreamID: ClientStream] = [:]
+    var streams = StreamTable<ClientStream>()
     var isDead = false
     var goawayReceived = false
     /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS, nil until it says (unlimited).

@@ -23,7 +23,7 @@ public final class HTTP2ServerSession {
 
     /// nghttp2's session; nil only during `init`.
     var session: OpaquePointer!
-    var streams: [HTTP2StreamID: StreamState] = [:]
+    var streams = StreamTable<StreamState>()
     var events: [HTTP2ServerEvent] = []
     let now: () -> UInt64
 
