@@ -14,6 +14,8 @@ enum ByteClass {
     /// chunk-extension names and transfer codings are tokens.
     private static let tcharLow: UInt64 = 0x03ff_6cfa_0000_0000
     private static let tcharHigh: UInt64 = 0x57ff_ffff_c7ff_fffe
+    /// tchar without ALPHA's uppercase: a field name as HTTP/2 carries it (RFC 9113 §8.2.1).
+    private static let lowercaseTcharHigh: UInt64 = 0x57ff_ffff_c000_0000
 
     /// reg-name characters (RFC 3986 §3.2.2) other than pct-encoded: unreserved and sub-delims.
     private static let regNameLow: UInt64 = 0x2bff_7fd2_0000_0000
@@ -27,6 +29,7 @@ enum ByteClass {
     }
 
     @inline(__always) static func isTchar(_ b: UInt8) -> Bool { inMask(b, tcharLow, tcharHigh) }
+    @inline(__always) static func isLowercaseTchar(_ b: UInt8) -> Bool { inMask(b, tcharLow, lowercaseTcharHigh) }
     @inline(__always) static func isRegNameChar(_ b: UInt8) -> Bool { inMask(b, regNameLow, regNameHigh) }
 
     /// OWS / BWS element (RFC 9110 §5.6.3).

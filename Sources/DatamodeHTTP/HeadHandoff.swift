@@ -56,16 +56,12 @@ public enum HeadHandoff {
     }
 
     private static func isToken(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
-        for b in u where !ByteClass.isTchar(b) { return false }
-        return true
+        FieldBytes.isToken(UnsafeRawBufferPointer(u))
     }
 
     /// VCHAR / SP / HTAB / obs-text, without the leading or trailing whitespace a parse trims
-    /// (`HeadWriter.isValidFieldValue`).
+    /// (`HeadWriter.isValidFieldValue`): the parser's own scan.
     private static func isUnchangedValue(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
-        for b in u where !ByteClass.isFieldValueByte(b) { return false }
-        if let first = u.first, ByteClass.isOWS(first) { return false }
-        if let last = u.last, ByteClass.isOWS(last) { return false }
-        return true
+        FieldBytes.checkValue(UnsafeRawBufferPointer(u)) != nil
     }
 }

@@ -179,19 +179,11 @@ struct HTTP2RequestBuilder {
     // MARK: - Grammar
 
     /// tchar (RFC 9110 §5.6.2) without uppercase letters: HTTP/2 field names are lowercase (RFC 9113 §8.2.1).
-    static func isLowercaseTchar(_ b: UInt8) -> Bool {
-        switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
-        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-             UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
-             UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"): true
-        default: false
-        }
-    }
+    @inline(__always)
+    static func isLowercaseTchar(_ b: UInt8) -> Bool { FieldBytes.isLowercaseTchar(b) }
 
-    static func isTchar(_ b: UInt8) -> Bool {
-        isLowercaseTchar(b) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))
-    }
+    @inline(__always)
+    static func isTchar(_ b: UInt8) -> Bool { FieldBytes.isTchar(b) }
 
     /// A field value the HTTP/1.1 side can carry unchanged (RFC 9110 §5.5, RFC 9113 §8.2.1): VCHAR, SP, HTAB and
     /// UTF-8 obs-text; no NUL, CR, LF or other control; no leading or trailing SP/HTAB. nil when invalid.
@@ -206,16 +198,11 @@ struct HTTP2RequestBuilder {
         checkValueBytes(value) != nil
     }
 
-    /// nil when a byte breaks the rules; else whether any byte is above ASCII (UTF-8 left to check).
+    /// nil when a byte breaks the rules; else whether any byte is above ASCII (UTF-8 left to check). The HTTP/1.1
+    /// parser's own scan (`FieldBytes`), so both sides of the proxy refuse the same bytes.
+    @inline(__always)
     private static func checkValueBytes(_ value: UnsafeRawBufferPointer) -> Bool? {
-        var high = false
-        for b in value {
-            if b < 0x20 && b != 0x09 || b == 0x7F { return nil }
-            if b >= 0x80 { high = true }
-        }
-        if let first = value.first, first == 0x20 || first == 0x09 { return nil }
-        if let last = value.last, last == 0x20 || last == 0x09 { return nil }
-        return high
+        FieldBytes.checkValue(value)
     }
 
     /// `content-length = 1*DIGIT` (RFC 9110 §8.6), at most 18 digits (below 2^63, as nghttp2 holds it).
