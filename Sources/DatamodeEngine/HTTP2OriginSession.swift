@@ -22,7 +22,7 @@ final class HTTP2OriginSession {
     /// Streams whose exchange has not let go (started, waiting, or still reading its request head).
     private var attached = 0
     private var timer: OpaquePointer?
-    private var flushEvent: OpaquePointer?
+    private var queuedFlush: QueuedFlush?
     /// No new stream: GOAWAY went either way, or the connection failed. It closes once its streams are done.
     private(set) var closing = false
     private(set) var released = false
@@ -44,7 +44,7 @@ final class HTTP2OriginSession {
         bufferevent_setcb(wire, http2OriginReadCallback, http2OriginWriteCallback, http2OriginEventCallback, context(self))
         bufferevent_enable(wire, Int16(EV_READ | EV_WRITE))
         timer = dm_timer_new(worker.base, http2OriginTimerCallback, context(self))
-        flushEvent = event_new(worker.base, -1, 0, http2OriginFlushCallback, context(self))
+        queuedFlush = QueuedFlush(base: worker.base, callback: http2OriginFlushCallback, owner: context(self))
         worker.metrics.http2OriginConnectionOpened()
         worker.originSessions.add(self)
         armIdleTimer()
@@ -194,10 +194,16 @@ final class HTTP2OriginSession {
         }
     }
 
-    /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs).
+    /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs), after the callbacks
+    /// queued behind it (`QueuedFlush`).
     func scheduleFlush() {
-        guard !released, let flushEvent, event_pending(flushEvent, Int16(EV_TIMEOUT), nil) == 0 else { return }
-        event_active(flushEvent, Int32(EV_TIMEOUT), 0)
+        guard !released else { return }
+        queuedFlush?.schedule()
+    }
+
+    /// The flush event ran (`QueuedFlush`): the frames go out now, or once more of the queue has run.
+    func flushEventRan() {
+        if queuedFlush?.ran() == true { flushOutput() }
     }
 
     func wireEvent(_ what: Int16) {
@@ -242,8 +248,7 @@ final class HTTP2OriginSession {
         for stream in open { stream.connectionClosed(detail) }
         if let timer { event_free(timer) }
         timer = nil
-        if let flushEvent { event_free(flushEvent) }
-        flushEvent = nil
+        queuedFlush?.free()
         if let bev { bufferevent_free(bev) }
         bev = nil
         worker.metrics.http2OriginConnectionClosed()

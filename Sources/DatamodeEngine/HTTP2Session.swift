@@ -25,7 +25,7 @@ final class HTTP2Session: ClientSession {
     private var timer: OpaquePointer?
     /// Runs `flushOutput` from the loop, for what a stream's exchange did outside this connection's callbacks
     /// (its session ended: `HTTP2Stream.exchangeSessionEnded`).
-    private var flushEvent: OpaquePointer?
+    private var queuedFlush: QueuedFlush?
     private(set) var released = false
     /// Nothing more is read: the connection closes once its output is written (GOAWAY is in it).
     private var closing = false
@@ -76,7 +76,7 @@ final class HTTP2Session: ClientSession {
     func start() {
         transport.configure(owner: context(self), callbacks: .http2)
         timer = dm_timer_new(worker.base, http2TimerCallback, context(self))
-        flushEvent = event_new(worker.base, -1, 0, http2FlushCallback, context(self))
+        queuedFlush = QueuedFlush(base: worker.base, callback: http2FlushCallback, owner: context(self))
         worker.metrics.http2ConnectionOpened()
         armTimer()
         clientReadable()
@@ -204,10 +204,16 @@ final class HTTP2Session: ClientSession {
         if closing && !codec.wantsWrite { closeWhenWritten() }
     }
 
-    /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs).
+    /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs), after the callbacks
+    /// queued behind it (`QueuedFlush`).
     func scheduleFlush() {
-        guard !released, let flushEvent, event_pending(flushEvent, Int16(EV_TIMEOUT), nil) == 0 else { return }
-        event_active(flushEvent, Int32(EV_TIMEOUT), 0)
+        guard !released else { return }
+        queuedFlush?.schedule()
+    }
+
+    /// The flush event ran (`QueuedFlush`): the frames go out now, or once more of the queue has run.
+    func flushEventRan() {
+        if queuedFlush?.ran() == true { flushOutput() }
     }
 
     func clientWritable() {
@@ -290,8 +296,7 @@ final class HTTP2Session: ClientSession {
         for stream in open { stream.connectionClosed() }
         if let timer { event_free(timer) }
         timer = nil
-        if let flushEvent { event_free(flushEvent) }
-        flushEvent = nil
+        queuedFlush?.free()
         transport.release(cleanTLSEnd: graceful)
         worker.metrics.http2ConnectionClosed()
         worker.clientClosed(self)

@@ -168,7 +168,7 @@ let http2TimerCallback: event_callback_fn = { _, _, ctx in
 let http2FlushCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("http2FlushCallback")
     defer { CallbackNesting.leave() }
-    owner(ctx, as: HTTP2Session.self).flushOutput()
+    owner(ctx, as: HTTP2Session.self).flushEventRan()
 }
 let http2StreamReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2StreamReadCallback")
@@ -217,7 +217,7 @@ let http2OriginTimerCallback: event_callback_fn = { _, _, ctx in
 let http2OriginFlushCallback: event_callback_fn = { _, _, ctx in
     CallbackNesting.enter("http2OriginFlushCallback")
     defer { CallbackNesting.leave() }
-    owner(ctx, as: HTTP2OriginSession.self).flushOutput()
+    owner(ctx, as: HTTP2OriginSession.self).flushEventRan()
 }
 let http2OriginStreamReadCallback: bufferevent_data_cb = { _, ctx in
     CallbackNesting.enter("http2OriginStreamReadCallback")
