@@ -143,6 +143,19 @@ public final class ProxyProcess: @unchecked Sendable {
         }
     }
 
+    /// The access-log lines `matching`, once there are at least `count` of them (or all there are after `timeout`).
+    /// The log has its own writer thread: a line can reach the file after the client already has its response, so a
+    /// test that counts lines right after a client finished waits for them here instead of racing the writer.
+    public func accessLog(atLeast count: Int, matching: ([String: Any]) -> Bool = { _ in true },
+                          timeout: Double = 10) -> [[String: Any]] {
+        let deadline = Date().addingTimeInterval(timeout)
+        while true {
+            let lines = accessLog.filter(matching)
+            if lines.count >= count || Date() >= deadline { return lines }
+            usleep(20_000)
+        }
+    }
+
     public func signal(_ signal: Int32) {
         kill(process.processIdentifier, signal)
     }
