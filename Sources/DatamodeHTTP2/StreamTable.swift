@@ -9,15 +9,23 @@
 /// lookups never slow down as streams come and go); at most half full.
 ///
 /// Keys are stream ids, never 0 (the connection's own id): 0 marks a free slot.
+///
+/// Inlinable: the engine's sessions hold it too, and a generic type used from another module without its body runs
+/// unspecialized (a metadata lookup for `Value?` on every insert).
 public struct StreamTable<Value> {
-    private var keys: [HTTP2StreamID]
-    private var values: [Value?]
+    @usableFromInline var keys: [HTTP2StreamID]
+    @usableFromInline var values: [Value?]
     /// capacity - 1; the capacity is a power of two.
-    private var mask: Int
+    @usableFromInline var mask: Int
     /// 32 - log2(capacity): the multiplicative hash keeps the top bits.
-    private var shift: UInt32
-    public private(set) var count = 0
+    @usableFromInline var shift: UInt32
+    @usableFromInline var storedCount = 0
 
+    /// How many streams are in the table.
+    @inlinable
+    public var count: Int { storedCount }
+
+    @inlinable
     public init() {
         keys = Array(repeating: 0, count: Self.initialCapacity)
         values = Array(repeating: nil, count: Self.initialCapacity)
@@ -25,18 +33,20 @@ public struct StreamTable<Value> {
         shift = 32 - UInt32(Self.initialCapacity.trailingZeroBitCount)
     }
 
-    private static var initialCapacity: Int { 16 }
+    @inlinable
+    static var initialCapacity: Int { 16 }
 
-    public var isEmpty: Bool { count == 0 }
+    @inlinable
+    public var isEmpty: Bool { storedCount == 0 }
 
-    @inline(__always)
-    private func home(_ key: HTTP2StreamID) -> Int {
+    @inlinable @inline(__always)
+    func home(_ key: HTTP2StreamID) -> Int {
         Int((UInt32(bitPattern: key) &* 0x9E37_79B1) >> shift)
     }
 
     /// The slot holding `key`, or nil.
-    @inline(__always)
-    private func slot(of key: HTTP2StreamID) -> Int? {
+    @inlinable @inline(__always)
+    func slot(of key: HTTP2StreamID) -> Int? {
         precondition(key != 0, "stream 0 is the connection, not a stream")
         var index = home(key)
         while true {
@@ -47,6 +57,7 @@ public struct StreamTable<Value> {
         }
     }
 
+    @inlinable
     public subscript(key: HTTP2StreamID) -> Value? {
         get {
             guard let index = slot(of: key) else { return nil }
@@ -72,20 +83,21 @@ public struct StreamTable<Value> {
         }
     }
 
-    private mutating func insert(_ value: Value, for key: HTTP2StreamID) {
+    @inlinable
+    mutating func insert(_ value: Value, for key: HTTP2StreamID) {
         if let index = slot(of: key) {
             values[index] = value
             return
         }
-        if (count + 1) * 2 > keys.count { grow() }
+        if (storedCount + 1) * 2 > keys.count { grow() }
         var index = home(key)
         while keys[index] != 0 { index = (index + 1) & mask }
         keys[index] = key
         values[index] = value
-        count += 1
+        storedCount += 1
     }
 
-    @discardableResult
+    @inlinable @discardableResult
     public mutating func removeValue(forKey key: HTTP2StreamID) -> Value? {
         guard let index = slot(of: key) else { return nil }
         let value = values[index].take()
@@ -95,11 +107,12 @@ public struct StreamTable<Value> {
 
     /// Frees `index` and shifts back the entries after it whose probe passed through it, so every key stays
     /// reachable from its home slot without tombstones (Knuth's algorithm R).
-    private mutating func remove(at index: Int) {
+    @inlinable
+    mutating func remove(at index: Int) {
         var hole = index
         keys[hole] = 0
         values[hole] = nil
-        count -= 1
+        storedCount -= 1
         var next = (hole + 1) & mask
         while keys[next] != 0 {
             let wanted = home(keys[next])
@@ -115,7 +128,8 @@ public struct StreamTable<Value> {
         }
     }
 
-    private mutating func grow() {
+    @inlinable
+    mutating func grow() {
         let oldKeys = keys
         var oldValues = values
         let capacity = keys.count * 2
@@ -123,23 +137,27 @@ public struct StreamTable<Value> {
         values = Array(repeating: nil, count: capacity)
         mask = capacity - 1
         shift = 32 - UInt32(capacity.trailingZeroBitCount)
-        count = 0
+        storedCount = 0
         for index in oldKeys.indices where oldKeys[index] != 0 {
             insert(oldValues[index].take()!, for: oldKeys[index])
         }
     }
 
+    @inlinable
     public mutating func removeAll() {
         self = StreamTable()
     }
 
     /// The ids of the open streams, in no particular order.
+    @inlinable
     public var ids: [HTTP2StreamID] { keys.filter { $0 != 0 } }
 
     /// The values, in no particular order.
+    @inlinable
     public var allValues: [Value] { values.compactMap { $0 } }
 
     /// Whether some open stream's id satisfies `predicate`.
+    @inlinable
     public func containsID(where predicate: (HTTP2StreamID) -> Bool) -> Bool {
         keys.contains { $0 != 0 && predicate($0) }
     }
