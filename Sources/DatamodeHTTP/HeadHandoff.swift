@@ -13,8 +13,8 @@ public enum HeadHandoff {
         // The parser reads any HTTP/1.x status line; `serialized()` writes one digit each.
         guard head.version.major == 1, head.version.minor <= 9, (100...999).contains(head.status) else { return nil }
         // `HTTP/1.1 200 reason`: a reason is any run of field-value bytes, kept as it is (spaces included).
-        guard head.reason.utf8.allSatisfy(ByteClass.isFieldValueByte) else { return nil }
-        let line = 13 + head.reason.utf8.count
+        guard let reason = bytes(head.reason, isReason) else { return nil }
+        let line = 13 + reason
         guard line <= limits.requestLine else { return nil }
         guard let section = section(head.fields, limits: limits) else { return nil }
         let length = line + 2 + section
@@ -25,9 +25,8 @@ public enum HeadHandoff {
     /// from it unchanged, and it is at most `maxHeadBytes` long; nil otherwise.
     public static func request(_ head: RequestHead, limits: HTTPLimits, maxHeadBytes: Int) -> Int? {
         guard head.version == .http11 || head.version == .http10 else { return nil }
-        guard HeadWriter.isValidToken(head.method), !head.target.isEmpty,
-              head.target.utf8.allSatisfy(ByteClass.isVisible) else { return nil }
-        let line = head.method.utf8.count + 1 + head.target.utf8.count + 9
+        guard let method = bytes(head.method, isToken), let target = bytes(head.target, isTarget) else { return nil }
+        let line = method + 1 + target + 9
         guard line <= limits.requestLine else { return nil }
         guard let section = section(head.fields, limits: limits) else { return nil }
         let length = line + 2 + section
@@ -53,6 +52,18 @@ public enum HeadHandoff {
     private static func bytes(_ s: String, _ valid: (UnsafeBufferPointer<UInt8>) -> Bool) -> Int? {
         var s = s
         return s.withUTF8 { valid($0) ? $0.count : nil }
+    }
+
+    /// A reason phrase is any run of field-value bytes, kept as it is (spaces included).
+    private static func isReason(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
+        FieldSection.valueEnd(UnsafeRawBufferPointer(u), from: 0, to: u.count).end == u.count
+    }
+
+    /// A request-target on the wire: VCHAR only, not empty (RFC 9112 §3.2).
+    private static func isTarget(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !u.isEmpty else { return false }
+        for b in u where !ByteClass.isVisible(b) { return false }
+        return true
     }
 
     private static func isToken(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
