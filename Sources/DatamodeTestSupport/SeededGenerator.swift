@@ -12,3 +12,15 @@ public struct SeededGenerator: RandomNumberGenerator, Sendable {
         return z ^ (z >> 31)
     }
 }
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension SeededGenerator {
+    /// The seed of a randomized test: the environment's `variable` when set (a failed run replays with it), otherwise a
+    /// new one each run (printed by the test, so that it can be replayed).
+    public static func seed(from variable: String) -> UInt64 {
+        getenv(variable).flatMap { UInt64(String(cString: $0)) } ?? UInt64.random(in: 0...UInt64.max)
+    }
+}

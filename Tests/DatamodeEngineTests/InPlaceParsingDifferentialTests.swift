@@ -17,8 +17,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct InPlaceParsingDifferentialTests {
-    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_PARSER_SEED")
 
     // MARK: chunked bodies
 

@@ -1,9 +1,6 @@
 @testable import DatamodeHTTP2
 import DatamodeTestSupport
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `StreamTable` against the model it replaces, `Dictionary`: random runs of inserts, lookups, in-place changes and
 /// removals, with ids as peers open them (increasing, odd or even) and as a fuzzer would (any positive id, many
@@ -13,8 +10,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_MODEL_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct StreamTableModelTests {
-    static let seed: UInt64 = getenv("DATAMODE_MODEL_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_MODEL_SEED")
 
     /// A value with a copy-on-write buffer, changed in place as the codecs change theirs (`table[id]!.x = y`).
     struct Entry: Equatable {

@@ -1,9 +1,6 @@
 import DatamodeHTTP
 import DatamodeTestSupport
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `ChunkedDecoder` against the grammar it implements, written out a second time as plainly as possible:
 /// `chunk-size [ chunk-ext ] CRLF` (RFC 9112 §7.1, §7.1.1) with SPEC §6's bound on the size. Every size line
@@ -12,8 +9,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct ChunkSizeLineGrammarTests {
-    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_PARSER_SEED")
     static let lines = 20_000
 
     @Test func theDecoderReadsEverySizeLineAsTheGrammarDoes() {

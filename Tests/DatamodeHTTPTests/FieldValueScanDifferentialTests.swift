@@ -1,9 +1,6 @@
 @testable import DatamodeHTTP
 import DatamodeTestSupport
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `FieldSection.valueEnd` scans a field value eight bytes at a time while they are printable ASCII; the reference
 /// is the byte-by-byte scan it falls back to (`valueEndByteByByte`). Both run on random values with the bytes that
@@ -12,8 +9,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct FieldValueScanDifferentialTests {
-    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_PARSER_SEED")
 
     static let stoppers: [UInt8] = [0x00, 0x01, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x7E, 0x7F, 0x80, 0xC3, 0xA9, 0xFF]
 

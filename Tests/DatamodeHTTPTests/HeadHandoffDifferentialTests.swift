@@ -1,9 +1,6 @@
 import DatamodeHTTP
 import DatamodeTestSupport
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `HeadHandoff` lets a head skip its HTTP/1.1 text between two parts of the engine. The reference is the text: the
 /// head written as bytes (by hand here, so that invalid bytes are written as they are) and read back by
@@ -13,8 +10,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct HeadHandoffDifferentialTests {
-    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_PARSER_SEED")
 
     static let names = ["content-type", "Content-Length", "x-a", "Set-Cookie", "via", "ETag", "a", "!#$%&'*+-.^_`|~",
                         "data-mode-variant", "Cache-Control"]

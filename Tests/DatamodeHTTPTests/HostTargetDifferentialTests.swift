@@ -1,9 +1,6 @@
 import DatamodeHTTP
 import DatamodeTestSupport
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `RequestTarget.httpOnHost` is the transparent listener's fast path for `GET /path` + `Host` (SPEC §16): it reads
 /// the Host value as an authority and keeps the path it was given. The reference is what the listener did before,
@@ -12,8 +9,7 @@ import Glibc
 ///
 /// Seeded: `DATAMODE_PARSER_SEED=<n>` replays a run; without it each run picks a seed and prints it.
 @Suite struct HostTargetDifferentialTests {
-    static let seed: UInt64 = getenv("DATAMODE_PARSER_SEED").flatMap { UInt64(String(cString: $0)) }
-        ?? UInt64.random(in: 0...UInt64.max)
+    static let seed = SeededGenerator.seed(from: "DATAMODE_PARSER_SEED")
 
     static func reference(_ host: String, _ origin: RequestTarget) -> RequestTarget? {
         guard case .success(let absolute) = RequestTarget.parse("http://" + host + origin.path, method: "GET"),
