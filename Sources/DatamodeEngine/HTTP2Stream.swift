@@ -405,8 +405,10 @@ final class HTTP2Stream {
         if let session {
             self.session = nil
             switch end {
-            case .completed: session.close()
-            case .resetByClient, .resetByProxy: session.abort(.clientAborted, detail: "the client reset the HTTP/2 stream")
+            case .completed:
+                session.close()
+            case .resetByClient, .resetByProxy:
+                Self.abort(session, detail: "the client reset the HTTP/2 stream")
             }
         }
         freeEnd()
@@ -420,6 +422,16 @@ final class HTTP2Stream {
             session.abort(.clientAborted, detail: "the HTTP/2 connection closed")
         }
         freeEnd()
+    }
+
+    /// Ends the exchange as the client's abort. A stream reset in the same read as its HEADERS finds its session not
+    /// yet started on the head handed to it: the session reads it first, so the request is judged and leaves its one
+    /// access-log line (`client-aborted`), as a reset a moment later and an HTTP/1.1 client gone after its head do;
+    /// otherwise it left none. No more work than that later reset costs: the codec's reset budget (CVE-2023-44487)
+    /// counts either.
+    private static func abort(_ session: HTTP1Session, detail: String) {
+        session.processInput()
+        session.abort(.clientAborted, detail: detail)
     }
 
     private func freeEnd() {

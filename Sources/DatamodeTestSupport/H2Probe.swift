@@ -332,6 +332,15 @@ elif scenario == "reset-mid-body":
     conn.send_headers(3, request_headers("/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
     print(first + " then " + pump(outcome_of(3)))
+elif scenario == "reset-with-headers":
+    # HEADERS and the stream's RST_STREAM (CANCEL) in one write, so the proxy reads them together (one TLS record),
+    # then a plain GET on the same connection.
+    conn.send_headers(1, request_headers(extra[0] if extra else "/hello.txt"), end_stream=True)
+    conn.reset_stream(1, error_code=8)
+    tls.sendall(conn.data_to_send())
+    conn.send_headers(3, request_headers("/hello.txt"), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    print("reset-sent then " + pump(outcome_of(3)))
 elif scenario == "bad-hpack-mid-download":
     # A header block that cannot be decoded (RFC 9113 §4.3: a connection error) while a large download is in
     # flight: GOAWAY COMPRESSION_ERROR at once, then the close, without waiting for the download (the client stops

@@ -176,6 +176,26 @@ import Testing
                 "\(cut)")
     }
 
+    /// A stream reset in the same read as its HEADERS (one TLS record): the request reached the proxy, so it leaves
+    /// its one access-log line, `client-aborted`, as a stream reset a moment later does and as an HTTP/1.1 request
+    /// whose client drops the connection after the head does; the connection carries on. It used to leave none: the
+    /// stream's exchange was aborted before its session had read the head handed to it.
+    @Test func aStreamResetWithItsHeadersLeavesItsLogLine() throws {
+        let rig = try Rig()
+        let outcome = try Self.probe(rig, "reset-with-headers", ["/hello.txt?reset"])
+        #expect(outcome.line == "reset-sent then response 200 15", "\(outcome.output)")
+        // The connection's CONNECT line is written when it ends: by then every line is in.
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            rig.proxy.accessLog.contains { $0["method"] as? String == "CONNECT" }
+        })
+        let reset = rig.proxy.accessLog.filter { ($0["url"] as? String)?.hasSuffix("/hello.txt?reset") == true }
+        #expect(reset.count == 1, "\(rig.proxy.accessLog)")
+        #expect(reset.first?["method"] as? String == "GET" && reset.first?["proto"] as? String == "h2", "\(reset)")
+        #expect(reset.first?["outcome"] as? String == "error" && reset.first?["reason"] as? String == "client-aborted",
+                "\(reset)")
+        #expect(try rig.metrics().counter("datamode_requests_total", ["outcome": "error", "reason": "client-aborted"]) == 1)
+    }
+
     /// A slow reader with a small window: every byte arrives in order, the proxy's buffers stay bounded.
     @Test func aSlowReaderWithASmallWindowGetsEveryByte() throws {
         let rig = try Rig()
