@@ -34,8 +34,18 @@ package struct BodyRelay {
     package private(set) var transferred: UInt64 = 0
     /// Bytes put into the destination so far (framing that is stripped is not).
     package private(set) var delivered: UInt64 = 0
+    /// Body bytes moved without the chunked framing around them (chunk-size lines, the last chunk, trailers).
+    package private(set) var payload: UInt64 = 0
+    /// The client's side of this body is an HTTP/2 stream (SPEC §17): it sends or receives the body as DATA, and
+    /// the chunked framing the exchange sees is the stream's own (`HTTP2Stream`), never the client's.
+    let overHTTP2: Bool
 
-    package init(framing: BodyFraming, stripChunkFraming: Bool = false) {
+    /// What the access log and the metrics count of this body (SPEC §8: the body bytes from or to the client): as
+    /// framed on an HTTP/1 client's wire, the DATA payload for an HTTP/2 client.
+    var clientBytes: UInt64 { overHTTP2 ? payload : transferred }
+
+    package init(framing: BodyFraming, stripChunkFraming: Bool = false, overHTTP2: Bool = false) {
+        self.overHTTP2 = overHTTP2
         switch framing {
         case .none, .contentLength(0): mode = .done
         case .contentLength(let n): mode = .length(n)
@@ -89,10 +99,10 @@ package struct BodyRelay {
                     mode = .chunked(decoder, stripFraming: strip)
                     return .inProgress
                 case .framing(let length):
-                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination) }
+                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination, framing: true) }
                     mode = .chunked(decoder, stripFraming: strip)
                 case .end(let length):
-                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination) }
+                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination, framing: true) }
                     mode = .done
                     return .complete
                 case .invalid(let error):
@@ -117,6 +127,7 @@ package struct BodyRelay {
         let n = min(n, remaining)
         transferred += n
         delivered += n
+        payload += n
         mode = remaining == n ? .done : .length(remaining - n)
     }
 
@@ -126,7 +137,8 @@ package struct BodyRelay {
         return nil
     }
 
-    private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {
+    /// `framing`: the bytes are chunked framing, not payload.
+    private mutating func move(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?, framing: Bool = false) {
         if let destination {
             evbuffer_remove_buffer(source, destination, n)
             delivered += UInt64(n)
@@ -134,6 +146,7 @@ package struct BodyRelay {
             evbuffer_drain(source, n)
         }
         transferred += UInt64(n)
+        if !framing { payload += UInt64(n) }
     }
 
     private mutating func drain(_ n: Int, from source: OpaquePointer) {

@@ -106,32 +106,32 @@ extension ExchangeDriver {
 
     /// The one relay, for every body and both ways of a tunnel: moves from `source` to `sink`, through `body`'s
     /// framing (checked as it passes), what the destination's `room` and the allowance (budgets, link bucket) let
-    /// move now, and counts what moved: charged to the allowance, and, unless `record` is false (a body held back
-    /// is not the client's yet), added to the exchange's record (and to the metrics at once for a tunnel, which
-    /// may live for hours). nil: nothing may move now (the shaping timer or the sink's write event comes back).
+    /// move now, and counts what moved: charged to the allowance, and the client's bytes of it (`clientBytes`) added
+    /// to the exchange's record unless `record` is false (a body held back is not the client's yet), and to the
+    /// metrics at once for tunnels. nil: nothing may move now (the shaping timer or the sink's write event comes back).
     @inline(__always)
     func relay(_ direction: LinkDirection, _ body: inout BodyRelay, from source: OpaquePointer, to sink: OpaquePointer,
                room: Int, record: Bool = true) -> RelayStep? {
         let allowed = allowance.room(direction, room: room, available: evbuffer_get_length(source), session: session)
         guard allowed > 0 else { return nil }
-        let taken = body.transferred
+        let taken = body.transferred, clientBytes = body.clientBytes
         let progress = body.pump(from: source, to: sink, budget: allowed)
         // What the relay took, not what the source lost: a bufferevent pair (an HTTP/2 stream's end) or a TLS
         // filter refills the source from inside the move, as soon as it drains below its watermark, and "before
         // less after" then saw a few bytes where hundreds of KB had moved (uncharged to the bucket and budgets).
         let moved = Int(body.transferred - taken)
         let left = evbuffer_get_length(source)
-        counted(direction, moved, record: record)
+        counted(direction, moved, recorded: record ? Int(body.clientBytes - clientBytes) : 0)
         return step(progress, before: left + moved, left: left)
     }
 
     /// `bytes` of a body or a tunnel crossed the link `direction` (moved by `relay` or by splice(2)): the one place
-    /// they are counted.
+    /// they are counted. `recorded`: how many of them the exchange's record counts, when not all (see `relay`).
     @inline(__always)
-    func counted(_ direction: LinkDirection, _ bytes: Int, record: Bool = true) {
+    func counted(_ direction: LinkDirection, _ bytes: Int, recorded: Int? = nil) {
         guard bytes > 0 else { return }
         allowance.charge(direction, bytes, session: session)
-        guard record else { return }
+        let bytes = recorded ?? bytes
         switch direction {
         case .up:
             exchange.bytesIn &+= UInt64(bytes)

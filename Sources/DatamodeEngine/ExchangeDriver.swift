@@ -115,7 +115,7 @@ final class ExchangeDriver {
             carryOut(admission.verdict, head)
             return
         }
-        requestBody = BodyRelay(framing: framing)
+        requestBody = BodyRelay(framing: framing, overHTTP2: transport.isStream)
         requestFraming = framing
         machine = ExchangeStateMachine(requestComplete: requestBody.isComplete, keepAlive: admission.keepAlive)
         if !requestBody.isComplete {

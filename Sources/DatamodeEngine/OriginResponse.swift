@@ -119,7 +119,8 @@ final class OriginResponse {
             untilClose: framing == .untilClose,
             originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
             clientKeepsConnection: !strip)
-        let response = OriginResponse(driver: driver, head: head, body: BodyRelay(framing: framing, stripChunkFraming: strip))
+        let response = OriginResponse(driver: driver, head: head,
+                                      body: BodyRelay(framing: framing, stripChunkFraming: strip, overHTTP2: driver.transport.isStream))
         let mayBeHeldBack = exchange.variant == nil && (driver.manifestCap != nil || driver.imageSettings != nil)
         if !mayBeHeldBack, driver.transport.isStream,
            let length = handToStream(driver, MessageHeads.relayedResponseHead(

@@ -230,7 +230,7 @@ extension ResponseCapture {
         evbuffer_add(driver.output, passThroughHead, passThroughHead.count)
         driver.response?.headLength = passThroughHead.count
         evbuffer_add_buffer(driver.output, buffer)
-        if let response = driver.response { driver.exchange.bytesOut = response.body.transferred }
+        if let response = driver.response { driver.exchange.bytesOut = response.body.clientBytes }
     }
 
     /// The whole body is here: write the capped manifest, or the original.

@@ -314,6 +314,42 @@ import Testing
         #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
 
+    /// The access log's `bytesOut` and `bytesIn` (SPEC §8: the body bytes to and from the client) and
+    /// `datamode_bytes_total` count what an h2 client receives and sends, its DATA: not the HTTP/1.1 chunk framing the
+    /// stream's exchange carries a body in, which the client never sees. A chunked origin body of 3,000,000 bytes is
+    /// 3,000,000 out, an upload of as many without `content-length` (chunked towards the origin) 3,000,000 in; they
+    /// counted the framing (3,002,595 for the download), what crosses the stream's pair.
+    @Test func bodyByteCountsAreWhatTheH2ClientSendsAndReceives() throws {
+        let rig = try Rig()
+        let size = 3_000_000
+        let download = try Self.h2(rig, ["-o", rig.directory + "/chunked.bin", "-w", "%{http_code} %{size_download}",
+                                         rig.url("/chunked/\(size)")])
+        #expect(download.stdout == "200 \(size)", "\(download.output)")
+        try Data((0..<size).map { HTTPSOrigin.patternByte($0) }).write(to: URL(fileURLWithPath: rig.directory + "/up.bin"))
+        // From a pipe: curl does not know the length, so the request has no `content-length` (a file's has one).
+        let upload = try ExternalCommand.run("/bin/sh", ["-c", "exec /usr/bin/curl \"$@\" < \"$0\"", rig.directory + "/up.bin",
+                                                         "-sS", "--max-time", "30", "--suppress-connect-headers", "-x", rig.proxyURL,
+                                                         "--http2", "--cacert", rig.caPath, "-T", "-", "-X", "POST",
+                                                         rig.url("/upload")], timeout: 60)
+        #expect(upload.stdout.hasPrefix("received \(size) bytes "), "\(upload.output)")
+        // Both connections' CONNECT lines are written when their tunnels end: by then every line is in.
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            rig.proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }.count == 2
+        })
+        let lines = rig.proxy.accessLog
+        let get = try #require(lines.first { $0["method"] as? String == "GET" }, "\(lines)")
+        #expect(get["bytesOut"] as? Int == size && get["bytes"] as? Int == size, "\(get)")
+        let post = try #require(lines.first { $0["method"] as? String == "POST" }, "\(lines)")
+        #expect(post["bytesIn"] as? Int == size, "\(post)")
+        // The counter is the lines' sum: the CONNECTs' (nothing of their own) and the POST's short answer besides.
+        let metrics = try rig.metrics()
+        let out = lines.reduce(0) { $0 + ($1["bytesOut"] as? Int ?? 0) }
+        let into = lines.reduce(0) { $0 + ($1["bytesIn"] as? Int ?? 0) }
+        #expect(out < size + 1_000 && into == size, "\(lines)")
+        #expect(metrics.value("datamode_bytes_total", ["direction": "out"]) == Double(out), "\(metrics.text)")
+        #expect(metrics.value("datamode_bytes_total", ["direction": "in"]) == Double(into), "\(metrics.text)")
+    }
+
     /// SPEC §18.3 inside interception, over h2: a refused `https://` upload with `Prefer: respond-async` is stored
     /// and answered 202 on its stream, then delivered over TLS to the origin, verified, when the mode lifts (the
     /// byte-exact checks of deliveries are DeferredUploadEndToEndTests', over plain HTTP to a recording origin).
