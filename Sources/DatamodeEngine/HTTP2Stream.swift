@@ -249,6 +249,22 @@ final class HTTP2Stream {
         return true
     }
 
+    /// Why this stream's client cannot take the final head relayed from `head`, or nil: larger than the client said
+    /// it accepts (SETTINGS_MAX_HEADER_LIST_SIZE) or than the proxy sends in one header block (`HeaderBlockLimits`).
+    /// The exchange asks before the response starts, and answers as for an origin head beyond the proxy's own limits.
+    /// `relayed` makes the head as relayed; only made when `head` and 1 KiB for the fields the proxy adds (`Via`,
+    /// the framing, `Data-Mode-*`) may not fit. Should they take more, the codec still refuses the head (`relay`).
+    func refusal(of head: ResponseHead, relayed: () -> ResponseHead) -> String? {
+        let codec = connection.codec
+        var size = 1024
+        for field in head.fields { size += field.name.utf8.count + field.value.utf8.count + 32 }
+        guard size > codec.headerListLimit else { return nil }
+        let relayed = relayed()
+        return codec.headerListProblem(pseudo: [(":status", String(relayed.status))],
+                                       fields: HTTP2ResponseTranslation.fields(of: relayed))
+            .map { "the response head cannot go out in HTTP/2: " + $0 }
+    }
+
     /// Sends a response head (1xx or final) to the codec and sets up the body's relay; false when the stream is
     /// over (no body, or failed).
     private func relay(_ head: ResponseHead) -> Bool {
@@ -258,6 +274,10 @@ final class HTTP2Stream {
             // 100 and 103 are relayed; 101 cannot be (HTTP/2 has no Upgrade, RFC 9113 §8.6).
             do throws(HTTP2SessionError) {
                 try codec.sendInformational(id, status: head.status, fields: fields)
+            } catch .headerListTooLarge(let problem) {
+                // A hint the client cannot take is left out; the final response follows as it would have.
+                connection.worker.logger.debug("http2 interim response not relayed",
+                                               metadata: ["stream": "\(id)", "detail": "\(problem)"])
             } catch {
                 fail("an interim response cannot go out in HTTP/2: \(error)")
                 return false

@@ -115,6 +115,18 @@ final class OriginResponse {
         }
         let strip = exchange.clientVersion == .http10 && framing == .chunked
         let upstreamTokens = head.connectionTokens
+        // An HTTP/2 client's limit on heads (`HTTP2Stream.refusal`) is one more limit on the origin's head: past it,
+        // `502` as past the proxy's own (`Flow.responseLimits`), before the response starts. (`keepAlive` only adds
+        // `Connection`, which HTTP/2 drops.)
+        if let stream = driver.transport.http2Stream, let refusal = stream.refusal(of: head, relayed: {
+            MessageHeads.relayedResponseHead(head, keepAlive: true, clientVersion: exchange.clientVersion,
+                                             stripTransferEncoding: strip, variant: exchange.variant, framing: framing,
+                                             connectionTokens: upstreamTokens, heldMilliseconds: exchange.heldMilliseconds)
+        }) {
+            upstream.close()
+            driver.upstreamFailed(upstream, code: .upstreamProtocolError, detail: refusal)
+            return
+        }
         let action = driver.machine.responseHead(
             untilClose: framing == .untilClose,
             originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),

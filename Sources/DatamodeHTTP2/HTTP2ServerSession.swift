@@ -114,7 +114,7 @@ public final class HTTP2ServerSession {
         nghttp2_option_set_no_auto_window_update(option, 1)
         // What the proxy sends: a 4 KiB HPACK table and header blocks up to the section limit plus margin.
         nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
-        nghttp2_option_set_max_send_header_block_length(option, configuration.headerLimits.headerSection + 16 * 1024)
+        nghttp2_option_set_max_send_header_block_length(option, maxSendHeaderBlock)
         // nghttp2's own flood protections, set explicitly (their defaults): SETTINGS entries per frame
         // (CVE-2020-11080), queued control-frame answers (CVE-2019-9512/9515), and, as backstops behind the
         // codec's own budgets, which trip first and say why: stream resets (CVE-2023-44487) and CONTINUATIONs
@@ -227,6 +227,7 @@ public final class HTTP2ServerSession {
         guard (100...199).contains(status), status != 101 else { throw .invalidStatus(status) }
         try checkRespondable(id)
         guard streams[id]!.informationalAllowed else { throw .invalidState("1xx after the final response") }
+        try checkHeaderList(pseudo: [(":status", String(status))], fields: fields)
         let rv = try withHeaderList(status: status, fields: fields) { list, count in
             nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, nil, list, count, nil)
         }
@@ -240,6 +241,7 @@ public final class HTTP2ServerSession {
         guard (200...999).contains(status) else { throw .invalidStatus(status) }
         try checkRespondable(id)
         guard !streams[id]!.finalResponseSubmitted else { throw .invalidState("a second final response") }
+        try checkHeaderList(pseudo: [(":status", String(status))], fields: fields)
         let rv: Int32
         if endStream {
             rv = try withHeaderList(status: status, fields: fields) { list, count in
@@ -285,6 +287,7 @@ public final class HTTP2ServerSession {
         for field in trailers {
             if let problem = HTTP2ResponseTranslation.problem(with: field) { throw .invalidField(problem) }
         }
+        try checkHeaderList(pseudo: [], fields: trailers)
         streams[id]!.outbound!.finished = true
         streams[id]!.outbound!.trailers = trailers
         resumeIfDeferred(id)

@@ -271,6 +271,9 @@ public enum HTTP2SessionError: Error, Hashable, Sendable {
     case invalidField(String)
     /// A status outside 100...999, or 101 (RFC 9113 §8.6: no Upgrade in HTTP/2), or 1xx as a final status.
     case invalidStatus(Int)
+    /// A head or trailers larger than the client takes, or than the proxy sends in one header block
+    /// (`HTTP2ServerSession.headerListProblem`: why); nothing was submitted.
+    case headerListTooLarge(String)
     /// The connection is terminated.
     case connectionClosed
     /// nghttp2 refused the call; the text is its error string.

@@ -23,6 +23,9 @@ import Glibc
 ///   announces more bytes than follow), the shape of a connection cut inside a record;
 /// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
 /// - `/alt-svc`: a response advertising HTTP/3 and HTTP/2 alternatives in `Alt-Svc` (SPEC §16);
+/// - `/big-head/N`: a `200` whose head carries about N bytes of fields (`X-Filler-NNN`, 500 bytes a line, each far
+///   under any per-field limit), body `big head\n`; `/big-early-hints/N`: a `103` of about N bytes of `Link` fields
+///   (500 bytes a line), then a `200` with the body `after hints\n`;
 /// - any other path: the file of that name under `directory/www`, else 404.
 /// Every response carries `X-Origin-Connections`: how many TLS connections the origin has accepted so far.
 public final class HTTPSOrigin: @unchecked Sendable {
@@ -194,6 +197,14 @@ public final class HTTPSOrigin: @unchecked Sendable {
             if self.path == "/alt-svc":
                 self.reply(200, b"alternatives\n", "text/plain",
                            [("Alt-Svc", 'h3=":443"; ma=86400, h3-29=":443", h2="alt.example:443"; ma=60')])
+            elif self.path.startswith("/big-head/"):
+                fields = [("X-Filler-%03d" % i, "v" * 484) for i in range(int(self.path[10:]) // 500)]
+                self.reply(200, b"big head\n", "text/plain", fields)
+            elif self.path.startswith("/big-early-hints/"):
+                hints = "".join("Link: </filler-%03d.css>; rel=preload; x=%s\r\n" % (i, "v" * 456)
+                                for i in range(int(self.path[17:]) // 500))
+                self.wfile.write(("HTTP/1.1 103 Early Hints\r\n" + hints + "\r\n").encode())
+                self.reply(200, b"after hints\n", "text/plain")
             elif self.path == "/echo-headers":
                 text = self.requestline + "\r\n" + str(self.headers)
                 self.reply(200, text.encode(), "text/plain")

@@ -314,6 +314,54 @@ import Testing
         #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
 
+    /// A response head larger than the h2 client takes, though within what the proxy relays to an HTTP/1.1 client: one
+    /// over what the proxy sends in one header block (`limits.header-section` plus 16 KiB; curl announces no
+    /// SETTINGS_MAX_HEADER_LIST_SIZE), and one over what the client announced (Python `h2`: 64 KiB). Each is answered
+    /// at once on its stream, `502` `upstream-protocol-error` as an origin head over the proxy's own limits is, and the
+    /// next stream on the connection is served. curl used to wait for ever (nghttp2 dropped the HEADERS it would not
+    /// send and left the stream open), and the smaller head went out to a client that had said it would not take it.
+    @Test func aResponseHeadTooLargeForTheH2ClientIsABadGateway() throws {
+        let rig = try Rig()
+        let http1 = try rig.curl(["-o", "/dev/null", "-w", "%{http_code}", rig.url("/big-head/130000")])
+        #expect(http1.stdout == "200", "an HTTP/1.1 client takes it: \(http1.output)")
+
+        let curl = try Self.h2(rig, ["--max-time", "10", "-w", "%{http_code} took=%{time_total}\n",
+                                     "-o", rig.directory + "/big.txt", rig.url("/big-head/130000"),
+                                     "-o", rig.directory + "/hello.txt", rig.url("/hello.txt")])
+        let codes = curl.stdout.split(separator: "\n").map { $0.split(separator: " ").first.map(String.init) ?? "" }
+        #expect(codes == ["502", "200"], "\(curl.output)")
+        let took = curl.stdout.components(separatedBy: "took=").dropFirst().compactMap { Double($0.prefix { $0 != "\n" }) }
+        #expect(took.count == 2 && took.allSatisfy { $0 < 3 }, "answered at once: \(curl.stdout)")
+        let problem = (try? String(contentsOfFile: rig.directory + "/big.txt", encoding: .utf8)) ?? ""
+        #expect(problem.contains("\"error\":\"upstream-protocol-error\""), "\(problem)")
+
+        let probe = try H2Probe.run("mixed", proxyPort: rig.proxy.port, host: "localhost", port: rig.origin.port,
+                                    caPath: rig.caPath, arguments: ["/big-head/70000", "/hello.txt"])
+        #expect(probe.line.hasPrefix("streams 502:") && probe.line.hasSuffix(" 200:15"), "\(probe.output)")
+
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            rig.proxy.accessLog.filter { $0["method"] as? String == "CONNECT" }.count == 3
+        })
+        let big = rig.proxy.accessLog.filter { ($0["url"] as? String)?.contains("/big-head/") == true }
+        #expect(big.map { $0["proto"] as? String } == ["http/1.1", "h2", "h2"], "\(big)")
+        #expect(big.dropFirst().allSatisfy { $0["status"] as? Int == 502 && $0["reason"] as? String == "upstream-protocol-error" },
+                "\(big)")
+    }
+
+    /// A 1xx the h2 client cannot take (a `103` over the 64 KiB Python `h2` announces) is left out, and the final
+    /// response follows on its stream (a hint is only a hint); an HTTP/1.1 client gets the `103`. It went out, and
+    /// the client ended the connection.
+    @Test func anInterimHeadTooLargeForTheH2ClientIsLeftOut() throws {
+        let rig = try Rig()
+        let http1 = try rig.curl(["-D", rig.directory + "/heads.txt", rig.url("/big-early-hints/70000")])
+        #expect(http1.stdout == "after hints\n", "\(http1.output)")
+        let heads = (try? String(contentsOfFile: rig.directory + "/heads.txt", encoding: .utf8)) ?? ""
+        #expect(heads.hasPrefix("HTTP/1.1 103") && heads.contains("</filler-139.css>"), "\(heads.prefix(300))")
+        let probe = try H2Probe.run("mixed", proxyPort: rig.proxy.port, host: "localhost", port: rig.origin.port,
+                                    caPath: rig.caPath, arguments: ["/big-early-hints/70000", "/hello.txt"])
+        #expect(probe.line == "streams 200:12 200:15", "\(probe.output)")
+    }
+
     /// The access log's `bytesOut` and `bytesIn` (SPEC §8: the body bytes to and from the client) and
     /// `datamode_bytes_total` count what an h2 client receives and sends, its DATA: not the HTTP/1.1 chunk framing the
     /// stream's exchange carries a body in, which the client never sees. A chunked origin body of 3,000,000 bytes is
