@@ -224,12 +224,21 @@ final class HTTP2Stream {
         }
         switch result {
         case .incomplete:
+            // A head longer than the window the pair fills (`responseWindow`) never completes within it: the window
+            // widens to the longest head read here, and narrows again once the head is read (the pair moved nothing
+            // more than the window unless it was widened).
+            if evbuffer_get_length(input) >= Self.responseWindow, let end {
+                bufferevent_setwatermark(end, Int16(EV_READ), 0, Flow.maxRelayedResponseHeadBytes)
+            }
             return false
         case .invalid(let error):
             fail("the exchange's response head is not valid HTTP/1.1: \(error)")
             return false
         case .complete(let head, let length):
             evbuffer_drain(input, length)
+            if length >= Self.responseWindow, let end {
+                bufferevent_setwatermark(end, Int16(EV_READ), 0, Self.responseWindow)
+            }
             return relay(head)
         }
     }

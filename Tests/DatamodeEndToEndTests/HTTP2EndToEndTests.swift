@@ -362,6 +362,19 @@ import Testing
         #expect(probe.line == "streams 200:12 200:15", "\(probe.output)")
     }
 
+    /// A head longer than the stream's pair window (64 KiB), written to the pair as text (as every head is while the
+    /// response may be held back, here for image transcoding in the mode), reaches the h2 client whole. The pair
+    /// stopped at the window with the head unfinished: logged 200, never sent, curl waited for ever.
+    @Test func aHeadLongerThanTheStreamsWindowArrivesWhenWrittenAsText() throws {
+        let rig = try Rig("mode: expensive\nimages: {transcode: {when: expensive}}")
+        let result = try Self.h2(rig, ["--max-time", "10", "-D", rig.directory + "/heads.txt",
+                                       "-w", "%{http_code} %{size_download}\n", "-o", "/dev/null", rig.url("/big-head/70000"),
+                                       "-o", "/dev/null", rig.url("/hello.txt")])
+        #expect(result.stdout == "200 9\n200 15\n" && result.status == 0, "\(result.output)")
+        let heads = (try? String(contentsOfFile: rig.directory + "/heads.txt", encoding: .utf8)) ?? ""
+        #expect(heads.contains("x-filler-139: "), "every field: \(heads.suffix(300))")
+    }
+
     /// The access log's `bytesOut` and `bytesIn` (SPEC §8: the body bytes to and from the client) and
     /// `datamode_bytes_total` count what an h2 client receives and sends, its DATA: not the HTTP/1.1 chunk framing the
     /// stream's exchange carries a body in, which the client never sees. A chunked origin body of 3,000,000 bytes is
