@@ -179,7 +179,17 @@ final class HTTP2Session: ClientSession {
             try codec.finishResponse(id)
         } catch {
             try? codec.resetStream(id, code: .internalError)
+            return
         }
+        // Its line, as an HTTP/1.1 request the parser refuses gets one (SPEC §8: one line per request): no method or
+        // URL was taken from a head past the limits.
+        let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: worker.clock.nowNanoseconds())
+        exchange.overHTTP2 = true
+        exchange.source = transparent != nil ? .transparent : .intercepted
+        exchange.outcome = .error
+        exchange.status = error.clientErrorCode.status
+        exchange.bytesOut = UInt64(body.count)
+        worker.record(exchange, client: peerText)
     }
 
     // MARK: writing

@@ -296,6 +296,11 @@ import Testing
             let next = http == "--http2" ? "hello over tls\ncode=200 connects=0" : "hello over tls\ncode=200"
             #expect(result.stdout.contains(next), "\(http), then the next request: \(result.output)")
         }
+        // Each 414 leaves its access-log line, as every request does (SPEC §8), whichever side refused the head: over
+        // h2 the codec refuses a :path past the limit itself, before any exchange exists.
+        let refused = rig.proxy.accessLog(atLeast: 2) { $0["status"] as? Int == 414 }
+        #expect(Set(refused.compactMap { $0["proto"] as? String }) == ["h2", "http/1.1"], "\(refused)")
+        #expect(refused.allSatisfy { $0["outcome"] as? String == "error" && $0["source"] as? String == "intercepted" }, "\(refused)")
     }
 
     /// A chunked origin body with trailers behind a 103 (SPEC §17: 1xx and trailers relayed): the h2 client gets
