@@ -77,7 +77,8 @@ public struct HeadWriter {
 
     /// A token (RFC 9110 §5.6.2): method and field names.
     public static func isValidToken(_ s: String) -> Bool {
-        !s.isEmpty && s.utf8.allSatisfy(ByteClass.isTchar)
+        var s = s
+        return s.withUTF8 { FieldBytes.isToken(UnsafeRawBufferPointer($0)) }
     }
 
     public static func isValidFieldName(_ s: String) -> Bool { isValidToken(s) }
@@ -85,11 +86,8 @@ public struct HeadWriter {
     /// A field value the parser would accept back unchanged: VCHAR / SP / HTAB / obs-text, no CR, LF or NUL,
     /// no leading or trailing whitespace (it would be trimmed on the way back).
     public static func isValidFieldValue(_ s: String) -> Bool {
-        let u = s.utf8
-        guard u.allSatisfy(ByteClass.isFieldValueByte) else { return false }
-        if let f = u.first, ByteClass.isOWS(f) { return false }
-        if let l = u.last, ByteClass.isOWS(l) { return false }
-        return true
+        var s = s
+        return s.withUTF8 { FieldBytes.checkValue(UnsafeRawBufferPointer($0)) != nil }
     }
 }
 
