@@ -385,6 +385,48 @@ elif scenario == "slow-reader":
             return "reset %s" % h2.errors.ErrorCodes(event.error_code).name
         return None
     print(pump(until))
+elif scenario == "upload-stalled":
+    # Uploads SIZE bytes (no content-length) as fast as the proxy's windows let it, to an origin that reads nothing
+    # for a while: what the client could send by MARK seconds is what the proxy took meanwhile. Then every byte.
+    import hashlib
+    path, size, mark = extra[0], int(extra[1]), float(extra[2])
+    conn.send_headers(1, request_headers(path, "POST"), end_stream=False)
+    tls.sendall(conn.data_to_send())
+    digest, sent, at_mark, status, body, ended = hashlib.sha256(), 0, None, None, b"", False
+    block = bytes(range(256)) * 64
+    started = time.time()
+    tls.settimeout(0.05)
+    while not ended and time.time() - started < 60:
+        if at_mark is None and time.time() - started >= mark:
+            at_mark = sent
+        room = min(conn.local_flow_control_window(1), conn.max_outbound_frame_size, len(block), size - sent)
+        if room > 0:
+            conn.send_data(1, block[:room], end_stream=sent + room == size)
+            digest.update(block[:room])
+            sent += room
+            tls.sendall(conn.data_to_send())
+            continue
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            data = b""
+        if not data:
+            print("closed after %d" % sent); sys.exit(0)
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                status = dict(event.headers).get(b":status", b"?").decode()
+            elif isinstance(event, h2.events.DataReceived):
+                body += event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                ended = True
+            elif isinstance(event, h2.events.StreamReset):
+                print("reset %s after %d" % (h2.errors.ErrorCodes(event.error_code).name, sent)); sys.exit(0)
+        tls.sendall(conn.data_to_send())
+    print("by-mark %s sent %d sha256 %s response %s %s" % (at_mark, sent, digest.hexdigest(), status,
+                                                         body.decode(errors="replace").strip()))
 elif scenario == "drain":
     # SIGTERM to the proxy (pid in extra[1]) while a large body is on its way: GOAWAY comes, the stream finishes.
     # Read raw after the request: a client library closes its state at GOAWAY and would refuse the DATA after it.

@@ -158,6 +158,9 @@ public final class HTTPSOrigin: @unchecked Sendable {
             return bytes(out)
 
         def do_POST(self):
+            if self.path.startswith("/stall-read/"):
+                # An origin that reads nothing of the body for N milliseconds, then all of it.
+                time.sleep(int(self.path.rsplit("/", 1)[1]) / 1000)
             if self.path == "/answer-early" or self.path.startswith("/answer-after/"):
                 # As nginx's `return 200`: the whole response first (after N bytes of the body for
                 # /answer-after/N), then the rest of the body read and discarded.

@@ -208,6 +208,22 @@ import Testing
         #expect(outcome.line == "body \(size) sha256 \(digest.stdout.prefix(64))", "\(outcome.output)")
     }
 
+    /// SPEC §17 "flow control is backpressure", the request way: an upload to an origin that reads nothing for three
+    /// seconds is held at the client by the windows the proxy does not give back, not taken into the proxy's buffers;
+    /// then every byte arrives. What the client can send meanwhile: its stream window (1 MiB), the exchange's input
+    /// (512 KiB), the upstream's buffers and the loopback sockets' (a few MB); not the 48 MB it has.
+    @Test func anUploadToAnOriginThatReadsNothingIsHeldByTheWindows() throws {
+        let rig = try Rig()
+        let size = 48_000_000
+        let outcome = try Self.probe(rig, "upload-stalled", ["/stall-read/3000", String(size), "2.0"])
+        let words = outcome.line.split(separator: " ").map(String.init)
+        try #require(words.count >= 9 && words[0] == "by-mark", "\(outcome.output)")
+        let byMark = try #require(Int(words[1]))
+        #expect(byMark < 16_000_000, "the proxy took \(byMark) bytes while the origin read nothing")
+        #expect(words[3] == String(size) && words[7] == "200", "\(outcome.output)")
+        #expect(outcome.line.hasSuffix("received \(size) bytes sha256 \(words[5])"), "\(outcome.output)")
+    }
+
     /// SIGTERM (SPEC §17): GOAWAY (NO_ERROR) goes out, and the stream in flight finishes whole.
     @Test func aDrainSendsGoawayAndTheStreamInFlightFinishes() throws {
         let rig = try Rig()
