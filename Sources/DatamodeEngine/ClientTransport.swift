@@ -15,11 +15,12 @@ import Glibc
 /// (`HTTP1Session`), through the context pointer given at `configure`.
 final class ClientTransport {
     unowned let worker: Worker
-    /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it.
-    private(set) var bev: OpaquePointer
+    /// The bufferevent the session reads and writes: the socket's, or the TLS filter over it. None for an HTTP/2
+    /// stream's exchange (`isStream`), which never takes a path that uses it.
+    private(set) var bev: OpaquePointer!
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
-    /// The socket (-1 for a stream's end).
+    /// The socket (-1 for a stream's exchange).
     let fd: Int32
     /// Writes are speculative on plain TCP (`SpeculativeWriter`); TLS keeps libevent's own write path.
     private(set) var writer = SpeculativeWriter()
@@ -35,11 +36,15 @@ final class ClientTransport {
     /// The owner's context pointer, for the callbacks, and which callbacks.
     private var owner: UnsafeMutableRawPointer?
     private var callbacks = ClientCallbacks.http1
-    /// One HTTP/2 stream's exchange (SPEC §17): `bev` is the session's end of a bufferevent pair whose other end
-    /// the stream holds (`HTTP2Stream`). No socket: no splice, bulk reads, parking or speculative writes.
+    /// One HTTP/2 stream's exchange (SPEC §17): `input` and `output` are the stream's own buffers (`HTTP2Stream`),
+    /// which it fills and empties and whose changes it reports here (`streamInputArrived`, `streamOutputTaken`).
+    /// No socket and no bufferevent: no splice, bulk reads, parking or speculative writes.
     let isStream: Bool
     /// The stream told when the session lets go of its end (`release`): whether the end was clean.
     private weak var stream: HTTP2Stream?
+    /// A stream's exchange: the session's write callback runs when the stream took the output down to this, as a
+    /// bufferevent's does at its write low watermark (0 once the session closes when written).
+    private var streamWriteLowWater = Flow.lowWater
     /// The HTTP/2 stream this exchange's end belongs to (nil for a connection).
     var http2Stream: HTTP2Stream? { stream }
     /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
@@ -58,12 +63,12 @@ final class ClientTransport {
         isStream = false
     }
 
-    /// The exchange's end of an HTTP/2 stream's pair.
-    init(worker: Worker, streamEnd bev: OpaquePointer, stream: HTTP2Stream) {
+    /// The exchange of an HTTP/2 stream: it reads `input` and writes `output`, both the stream's.
+    init(worker: Worker, stream: HTTP2Stream, input: OpaquePointer, output: OpaquePointer) {
         self.worker = worker
-        self.bev = bev
-        input = bufferevent_get_input(bev)
-        output = bufferevent_get_output(bev)
+        bev = nil
+        self.input = input
+        self.output = output
         fd = -1
         isStream = true
         self.stream = stream
@@ -78,6 +83,7 @@ final class ClientTransport {
     func configure(owner: UnsafeMutableRawPointer, callbacks: ClientCallbacks = .http1) {
         self.owner = owner
         self.callbacks = callbacks
+        if isStream { return }
         bufferevent_setcb(bev, callbacks.read, callbacks.write, callbacks.event, owner)
         // Read high watermark: a client cannot make us buffer more than this while we are busy with its
         // previous request (pipelining) or while the upstream is slower than the client (request bodies).
@@ -125,6 +131,21 @@ final class ClientTransport {
     var unsentOutput: Int {
         guard !socketHandedOff else { return 0 }
         return evbuffer_get_length(output) + (socketOutput.map { evbuffer_get_length($0) } ?? 0)
+    }
+
+    // MARK: a stream's exchange
+
+    /// The stream added to `input` (request bytes, or a head as text): the session reads, as from its read callback.
+    func streamInputArrived() {
+        guard let owner else { return }
+        callbacks.read(nil, owner)
+    }
+
+    /// The stream took bytes out of `output`: at the low watermark the session's write callback runs, as a
+    /// bufferevent's does after a write.
+    func streamOutputTaken() {
+        guard let owner, evbuffer_get_length(output) <= streamWriteLowWater else { return }
+        callbacks.write(nil, owner)
     }
 
     /// Takes bytes out of the front of the output (a response taken back before any of it was written). The front
@@ -183,7 +204,7 @@ final class ClientTransport {
     /// After an HTTP/1 read callback: an input left at its high watermark (a request body or a tunnel waiting on a
     /// slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) holds reading (`ReadHold`).
     func holdReadingIfFull() {
-        guard !socketHandedOff else { return }
+        guard !socketHandedOff, !isStream else { return }
         if readHold.holdIfFull(input: input, owner: context(self)) { reader.setReading(false, bev: bev) }
     }
 
@@ -302,6 +323,10 @@ final class ClientTransport {
     /// is watched too (`socketOutputDrained`).
     func closeWhenWritten() {
         guard !socketHandedOff else { return }
+        if isStream {
+            streamWriteLowWater = 0
+            return
+        }
         bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, 0)
         if let socketOutput, !watchingSocketOutput {
             watchingSocketOutput = true
@@ -319,10 +344,15 @@ final class ClientTransport {
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
         reader.stop()
+        // A stream's exchange says how it ended (a close-delimited response ends cleanly, a cut one does not); the
+        // stream keeps its buffers and relays what is still in `output`.
+        if isStream {
+            owner = nil
+            stream?.exchangeSessionEnded(clean: cleanTLSEnd)
+            return
+        }
         // A parked connection's socket and bufferevent are not this transport's any more.
         if !socketHandedOff { bufferevent_free(bev) }
-        // A stream's end says how it ended: a close-delimited response ends cleanly, a cut one does not.
-        if isStream { stream?.exchangeSessionEnded(clean: cleanTLSEnd) }
     }
 }
 

@@ -62,15 +62,15 @@ final class HTTP1Session: ClientSession {
         machine = StateMachine(timeouts: worker.settings.clientTimeouts)
     }
 
-    /// The exchange of one HTTP/2 stream (SPEC §17): its HTTP/1.1 translation arrives on `end`, the session's end
-    /// of the stream's bufferevent pair, as a request inside `tunnel` (the connection's interception), and the
-    /// response goes back the same way. Everything above the transport is the HTTP/1 path, unchanged.
+    /// The exchange of one HTTP/2 stream (SPEC §17): its HTTP/1.1 translation arrives in `input`, a buffer of the
+    /// stream's, as a request inside `tunnel` (the connection's interception), and the response goes to `output`, the
+    /// stream's other buffer. Everything above the transport is the HTTP/1 path, unchanged.
     /// On a transparent connection (SPEC §16) the stream's upstreams are pinned to its original destination and its
     /// line says `transparent`, as its connection's requests would.
-    init(worker: Worker, stream: HTTP2Stream, end: OpaquePointer, peerAddress: IPAddress?, peerText: String,
-         tunnel: InterceptedTunnel, transparent: TransparentConnection?) {
+    init(worker: Worker, stream: HTTP2Stream, input: OpaquePointer, output: OpaquePointer, peerAddress: IPAddress?,
+         peerText: String, tunnel: InterceptedTunnel, transparent: TransparentConnection?) {
         self.worker = worker
-        transport = ClientTransport(worker: worker, streamEnd: end, stream: stream)
+        transport = ClientTransport(worker: worker, stream: stream, input: input, output: output)
         self.peerAddress = peerAddress
         self.peerText = peerText
         machine = StateMachine(timeouts: worker.settings.clientTimeouts)

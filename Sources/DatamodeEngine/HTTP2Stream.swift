@@ -5,8 +5,10 @@ import DatamodeHTTP2
 
 /// One HTTP/2 stream of a client connection (SPEC §17), carried to its exchange as an HTTP/1.1 message.
 ///
-/// Every stream is an exchange of the engine: an `HTTP1Session` of its own, whose transport is one end of a
-/// bufferevent pair (`ClientTransport(streamEnd:)`); this type holds the other end. The request the codec
+/// Every stream is an exchange of the engine: an `HTTP1Session` of its own, whose transport reads and writes two
+/// buffers this type owns (`ClientTransport(stream:)`): the session's input, which this type fills, and its output,
+/// which this type empties. Their changes are reported from the loop (evbuffer callbacks deferred to it), as a
+/// bufferevent's would be; no socket, no bufferevent. The request the codec
 /// translated strictly (`HTTP2Request`) goes in as an HTTP/1.1 request for the tunnel's authority, framed by the
 /// stream (`content-length` when the client declared it, chunked otherwise), so tags, rules, the decision,
 /// variants, Save-Data, sessions, budgets, shaping, manifests and images, the access log and metrics are the
@@ -14,15 +16,15 @@ import DatamodeHTTP2
 /// (`HTTP1Parser`, `BodyFraming`, `ChunkedDecoder`) and handed to the codec as HEADERS and DATA; a head relayed from
 /// the origin skips the text when the parser would read it back unchanged (`take`, `HeadHandoff`). This is the shape
 /// of HAProxy 1.8's HTTP/2 (a mux that turned streams into HTTP/1 messages for the analysers behind it); the cost is
-/// the pair, a session per stream, the bodies' HTTP/1.1 framing, and the heads that cannot skip their text.
+/// a session per stream, the bodies' HTTP/1.1 framing, and the heads that cannot skip their text.
 ///
 /// Backpressure both ways (SPEC §17 "flow control is backpressure"):
-/// - request body: DATA is written to the pair; its bytes are given back to the client's windows
-///   (`consumeRequestBody`) only once the pair moved them into the session's input, whose read watermark stops the
-///   pair when the origin is slower than the client;
-/// - response body: the pair moves at most `Self.responseWindow` into this end; the codec's queue says when to stop
-///   reading it (`sendResponseBody` false) and when to go on (`resumeResponse`); meanwhile the session's output
-///   fills, and its own watermark stops it reading the origin.
+/// - request body: DATA is written to the session's input; its bytes are given back to the client's windows
+///   (`consumeRequestBody`) only while that input is below its read watermark (`Flow.highWater`), so a client faster
+///   than the origin fills its window and waits;
+/// - response body: the codec's queue says when to stop taking the session's output (`sendResponseBody` false) and
+///   when to go on (`resumeResponse`); meanwhile the output fills, and its watermark stops the session reading the
+///   origin.
 ///
 /// A response is complete only when its framing says so: a length met, a last chunk, or the session ending cleanly
 /// after a close-delimited body. Anything else resets the stream: a cut response is never presented as whole.
@@ -32,13 +34,15 @@ final class HTTP2Stream {
     let id: HTTP2StreamID
     /// The request's method: a response to HEAD has no body whatever its fields say.
     let method: String
-    /// This stream's end of the pair (nil once freed).
-    private var end: OpaquePointer?
+    /// The session's input: the request as HTTP/1.1 (nil before `start` and once freed).
+    private var exchangeInput: OpaquePointer?
+    /// The session's output: its HTTP/1.1 response, relayed from here (nil before `start` and once freed).
+    private var exchangeOutput: OpaquePointer?
     /// The exchange's session (nil once it ended).
     private(set) var session: HTTP1Session?
     /// The request body goes in chunked (no `content-length` from the client).
     private var requestChunked = false
-    /// Request body bytes written to the pair and not yet given back to the client's windows.
+    /// Request body bytes written to the session's input and not yet given back to the client's windows.
     private var unconsumed = 0
 
     private enum ResponsePhase {
@@ -51,14 +55,11 @@ final class HTTP2Stream {
     private var phase = ResponsePhase.head
     /// The codec's queue for this stream is full: read nothing more until `resumeResponse`.
     private var paused = false
-    /// The session let go of its end: nil while it runs, then whether it ended cleanly (a close-delimited body is
+    /// The session let go of the buffers: nil while it runs, then whether it ended cleanly (a close-delimited body is
     /// complete only then).
     private var sessionEnd: Bool?
     /// Inside `take`: the exchange handing its head in is on the stack.
     private var handing = false
-
-    /// The most response bytes the pair moves into this end at once.
-    static let responseWindow = 64 * 1024
 
     init(connection: HTTP2Session, id: HTTP2StreamID, method: String) {
         self.connection = connection
@@ -68,17 +69,22 @@ final class HTTP2Stream {
 
     // MARK: the request
 
-    /// Makes the pair and the exchange's session, and writes the request head. False when no pair could be made.
+    /// Makes the buffers and the exchange's session, and gives it the request head. False when no buffer could be
+    /// made.
     func start(_ request: HTTP2Request, endStream: Bool) -> Bool {
         let worker = connection.worker
-        var pair: [OpaquePointer?] = [nil, nil]
-        guard bufferevent_pair_new(worker.base, Int32(BEV_OPT_DEFER_CALLBACKS.rawValue), &pair) == 0,
-              let sessionEnd = pair[0], let end = pair[1] else { return false }
-        self.end = end
-        bufferevent_setcb(end, http2StreamReadCallback, http2StreamWriteCallback, nil, context(self))
-        bufferevent_setwatermark(end, Int16(EV_READ), 0, Self.responseWindow)
-        bufferevent_setwatermark(end, Int16(EV_WRITE), 0, 0)
-        bufferevent_enable(end, Int16(EV_READ | EV_WRITE))
+        guard let input = evbuffer_new() else { return false }
+        guard let output = evbuffer_new() else {
+            evbuffer_free(input)
+            return false
+        }
+        exchangeInput = input
+        exchangeOutput = output
+        // Their callbacks run from the loop, never inside the call that changed them (see `CallbackNesting`).
+        evbuffer_defer_callbacks(input, worker.base)
+        evbuffer_defer_callbacks(output, worker.base)
+        evbuffer_add_cb(input, http2StreamInputCallback, context(self))
+        evbuffer_add_cb(output, http2StreamOutputCallback, context(self))
 
         // CONNECT (RFC 9113 §8.5) goes in authority-form, for admission to refuse as inside any interception.
         let target = request.method == "CONNECT" ? request.authority : request.path
@@ -92,9 +98,9 @@ final class HTTP2Stream {
         }
         let head = RequestHead(method: request.method, target: target, version: .http11, fields: fields)
 
-        let session = HTTP1Session(worker: worker, stream: self, end: sessionEnd, peerAddress: connection.peerAddress,
-                                   peerText: connection.peerText, tunnel: connection.tunnel,
-                                   transparent: connection.transparent)
+        let session = HTTP1Session(worker: worker, stream: self, input: input, output: output,
+                                   peerAddress: connection.peerAddress, peerText: connection.peerText,
+                                   tunnel: connection.tunnel, transparent: connection.transparent)
         self.session = session
         // The head goes in memory when the session's parser would read exactly it back from its text, within the
         // session's limits (`HeadHandoff`); otherwise as the text, and the parser answers it (a 431, a 400).
@@ -102,8 +108,10 @@ final class HTTP2Stream {
         if HeadHandoff.request(head, limits: settings.limits, maxHeadBytes: settings.maxHeadBytes) != nil {
             session.handedHead = head
             session.start()
-            // Read from the loop, as the text would have been (the pair defers its callbacks).
-            bufferevent_trigger(sessionEnd, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue | BEV_TRIG_DEFER_CALLBACKS.rawValue))
+            // Read now, as the session's read callback would: the connection calls this from its own read callback,
+            // once the codec returned (never inside nghttp2).
+            session.clientReadable()
+            session.flushPendingWrites()
         } else {
             write(head)
             session.start()
@@ -127,7 +135,7 @@ final class HTTP2Stream {
     func requestBody(_ bytes: [UInt8]) {
         var responded = false
         if case .over = phase { responded = true }
-        guard end != nil, session != nil, !responded else {
+        guard exchangeInput != nil, session != nil, !responded else {
             // Nobody reads it any more: give the windows back at once.
             connection.codec.consumeRequestBody(id, count: bytes.count)
             return
@@ -146,38 +154,48 @@ final class HTTP2Stream {
     /// END_STREAM: a chunked body gets its last chunk, and the trailers if any (HTTP/1.1 carries trailers only in
     /// a chunked body; with `content-length` they are dropped, RFC 9110 §6.5 lets a recipient discard them).
     func requestEnded(trailers: [HTTPField]) {
-        guard requestChunked, end != nil else { return }
+        guard requestChunked, exchangeInput != nil else { return }
         var tail = "0\r\n"
         for field in trailers { tail += field.name + ": " + field.value + "\r\n" }
         tail += "\r\n"
         write(tail)
     }
 
-    /// The pair moved what was written into the session's input: the client may send as much again.
+    /// The session's input changed: while it is below its read watermark, the client may send as much again as
+    /// was written to it.
     func requestBodyMovedOn() {
-        guard unconsumed > 0 else { return }
+        guard unconsumed > 0, let exchangeInput, evbuffer_get_length(exchangeInput) < Flow.highWater else { return }
         let count = unconsumed
         unconsumed = 0
         connection.codec.consumeRequestBody(id, count: count)
     }
 
     private func write(_ text: String) {
-        guard let end else { return }
+        guard let exchangeInput else { return }
         var text = text
-        text.withUTF8 { _ = evbuffer_add(bufferevent_get_output(end), $0.baseAddress, $0.count) }
+        text.withUTF8 { _ = evbuffer_add(exchangeInput, $0.baseAddress, $0.count) }
     }
 
     private func write(_ bytes: [UInt8]) {
-        guard let end else { return }
-        bytes.withUnsafeBytes { _ = evbuffer_add(bufferevent_get_output(end), $0.baseAddress, $0.count) }
+        guard let exchangeInput else { return }
+        bytes.withUnsafeBytes { _ = evbuffer_add(exchangeInput, $0.baseAddress, $0.count) }
+    }
+
+    /// The stream wrote to the session's input (a head as text, body bytes, a last chunk): the session reads it.
+    func exchangeInputArrived() {
+        session?.transport.streamInputArrived()
+    }
+
+    /// The stream took bytes of the session's output: the session may write more (its write callback).
+    func exchangeOutputTaken() {
+        session?.transport.streamOutputTaken()
     }
 
     // MARK: the response
 
     /// The session wrote part of the response: relay what is whole to the codec.
     func responseReadable() {
-        guard let end else { return }
-        let input = bufferevent_get_input(end)!
+        guard let input = exchangeOutput else { return }
         relay: while !paused {
             switch phase {
             case .over:
@@ -192,7 +210,7 @@ final class HTTP2Stream {
         settleAfterSessionEnd(input)
     }
 
-    /// Once the session has ended and every byte it wrote went to the codec (not paused, this end's input empty),
+    /// Once the session has ended and every byte it wrote went to the codec (not paused, its output empty),
     /// the response is what it is: a close-delimited body whose session ended cleanly is complete; anything else
     /// not complete by its framing was cut, and the stream is reset (never ended as if whole). Until then the bytes
     /// waiting here (the codec's queue was full when the session ended, as when a drain closes it) go out first.
@@ -224,32 +242,21 @@ final class HTTP2Stream {
         }
         switch result {
         case .incomplete:
-            // A head longer than the window the pair fills (`responseWindow`) never completes within it: the window
-            // widens to the longest head read here, and narrows again once the head is read (the pair moved nothing
-            // more than the window unless it was widened).
-            if evbuffer_get_length(input) >= Self.responseWindow, let end {
-                bufferevent_setwatermark(end, Int16(EV_READ), 0, Flow.maxRelayedResponseHeadBytes)
-            }
             return false
         case .invalid(let error):
             fail("the exchange's response head is not valid HTTP/1.1: \(error)")
             return false
         case .complete(let head, let length):
             evbuffer_drain(input, length)
-            if length >= Self.responseWindow, let end {
-                bufferevent_setwatermark(end, Int16(EV_READ), 0, Self.responseWindow)
-            }
             return relay(head)
         }
     }
 
     /// The exchange hands its response head over in memory (`OriginResponse`), in place of the text this stream
-    /// would read back: taken only while a head is awaited and nothing the session wrote waits in the pair before it
-    /// (`pairEmpty`: the session's end output, checked by the caller, and this end's input), so heads and bytes keep
-    /// their order. False when not taken: the caller writes the text.
-    func take(_ head: ResponseHead, pairEmpty: Bool) -> Bool {
-        guard pairEmpty, let end, case .head = phase, !paused,
-              evbuffer_get_length(bufferevent_get_input(end)) == 0 else { return false }
+    /// would read back: taken only while a head is awaited and nothing the session wrote waits in its output before
+    /// it, so heads and bytes keep their order. False when not taken: the caller writes the text.
+    func take(_ head: ResponseHead) -> Bool {
+        guard let exchangeOutput, case .head = phase, !paused, evbuffer_get_length(exchangeOutput) == 0 else { return false }
         handing = true
         _ = relay(head)
         handing = false
@@ -376,7 +383,7 @@ final class HTTP2Stream {
         return true
     }
 
-    /// The response is over, or nobody reads the pair any more: the request body bytes written to it and not
+    /// The response is over, or nobody reads the session's input any more: the request body bytes written to it and not
     /// taken go back to the client's windows. The exchange is done with the request either way (an origin that
     /// answered before reading the whole body gets no more of it), and what the client still sends is given back
     /// as it comes (`requestBody`), so its upload runs to the end instead of waiting on a window that never
@@ -413,7 +420,7 @@ final class HTTP2Stream {
 
     // MARK: ends
 
-    /// The session let go of its end (`ClientTransport.release`). `clean`: it ended gracefully, so a body delimited
+    /// The session let go of the buffers (`ClientTransport.release`). `clean`: it ended gracefully, so a body delimited
     /// by the close is complete; otherwise whatever is not complete is cut and the stream is reset. A session ends
     /// cleanly with its response still on its way here (a drain closes it as soon as its own output is empty).
     func exchangeSessionEnded(clean: Bool) {
@@ -428,7 +435,7 @@ final class HTTP2Stream {
     }
 
     /// The codec closed the stream (both sides done, or reset by either side): the exchange ends if it has not,
-    /// and the pair is freed.
+    /// and the buffers are freed.
     func closed(_ end: HTTP2StreamEnd) {
         phase = .over
         if let session {
@@ -440,7 +447,7 @@ final class HTTP2Stream {
                 Self.abort(session, detail: "the client reset the HTTP/2 stream")
             }
         }
-        freeEnd()
+        freeBuffers()
     }
 
     /// The connection is going away: everything of this stream with it.
@@ -450,7 +457,7 @@ final class HTTP2Stream {
             self.session = nil
             session.abort(.clientAborted, detail: "the HTTP/2 connection closed")
         }
-        freeEnd()
+        freeBuffers()
     }
 
     /// Ends the exchange as the client's abort. A stream reset in the same read as its HEADERS finds its session not
@@ -463,9 +470,18 @@ final class HTTP2Stream {
         session.abort(.clientAborted, detail: detail)
     }
 
-    private func freeEnd() {
-        guard let end else { return }
-        self.end = nil
-        bufferevent_free(end)
+    /// Frees the buffers (the session let go of them before: it ended first). Their callbacks go first: a deferred one
+    /// already scheduled would otherwise still run once the buffer is freed for good.
+    private func freeBuffers() {
+        if let exchangeInput {
+            evbuffer_remove_cb(exchangeInput, http2StreamInputCallback, context(self))
+            evbuffer_free(exchangeInput)
+            self.exchangeInput = nil
+        }
+        if let exchangeOutput {
+            evbuffer_remove_cb(exchangeOutput, http2StreamOutputCallback, context(self))
+            evbuffer_free(exchangeOutput)
+            self.exchangeOutput = nil
+        }
     }
 }

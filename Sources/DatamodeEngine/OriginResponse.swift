@@ -91,12 +91,12 @@ final class OriginResponse {
 
     /// An HTTP/2 stream's exchange hands the relayed head to the stream in memory (`HTTP2Stream.take`) when its text
     /// would parse back to it (`HeadHandoff`, with the limits the stream reads the text with) and nothing written
-    /// before it waits in the pair. Returns the text's length, or nil: the caller writes the text.
+    /// before it waits in the output. Returns the text's length, or nil: the caller writes the text.
     private static func handToStream(_ driver: ExchangeDriver, _ relayed: ResponseHead) -> Int? {
         guard let stream = driver.transport.http2Stream,
               let length = HeadHandoff.response(relayed, limits: Flow.relayedResponseLimits,
                                                 maxHeadBytes: Flow.maxRelayedResponseHeadBytes),
-              stream.take(relayed, pairEmpty: driver.outputLength == 0) else { return nil }
+              stream.take(relayed) else { return nil }
         return length
     }
 

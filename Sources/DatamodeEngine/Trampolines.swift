@@ -170,21 +170,26 @@ let http2FlushCallback: event_callback_fn = { _, _, ctx in
     defer { CallbackNesting.leave() }
     owner(ctx, as: HTTP2Session.self).flushEventRan()
 }
-let http2StreamReadCallback: bufferevent_data_cb = { _, ctx in
-    CallbackNesting.enter("http2StreamReadCallback")
-    defer { CallbackNesting.leave() }
+/// The stream's buffers changed (deferred evbuffer callbacks, from the loop): the exchange's read and write callbacks
+/// run as a bufferevent's would (each with its own nesting check), and the stream relays and gives windows back.
+let http2StreamInputCallback: evbuffer_cb_func = { _, info, ctx in
     let stream = owner(ctx, as: HTTP2Stream.self)
-    let session = stream.connection
-    stream.responseReadable()
-    session.scheduleFlush()
-}
-let http2StreamWriteCallback: bufferevent_data_cb = { _, ctx in
-    CallbackNesting.enter("http2StreamWriteCallback")
+    if info!.pointee.n_added > 0 { stream.exchangeInputArrived() }
+    CallbackNesting.enter("http2StreamInputCallback")
     defer { CallbackNesting.leave() }
-    let stream = owner(ctx, as: HTTP2Stream.self)
-    let session = stream.connection
     stream.requestBodyMovedOn()
-    session.scheduleFlush()
+    stream.connection.scheduleFlush()
+}
+let http2StreamOutputCallback: evbuffer_cb_func = { _, info, ctx in
+    let stream = owner(ctx, as: HTTP2Stream.self)
+    let (added, taken) = (info!.pointee.n_added, info!.pointee.n_deleted)
+    if added > 0 {
+        CallbackNesting.enter("http2StreamOutputCallback")
+        defer { CallbackNesting.leave() }
+        stream.responseReadable()
+        stream.connection.scheduleFlush()
+    }
+    if taken > 0 { stream.exchangeOutputTaken() }
 }
 
 // MARK: HTTP/2 origin side (SPEC §17)
