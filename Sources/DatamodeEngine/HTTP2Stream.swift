@@ -172,8 +172,7 @@ final class HTTP2Stream {
 
     private func write(_ text: String) {
         guard let exchangeInput else { return }
-        var text = text
-        text.withUTF8 { _ = evbuffer_add(exchangeInput, $0.baseAddress, $0.count) }
+        text.withUTF8Bytes { _ = evbuffer_add(exchangeInput, $0.baseAddress, $0.count) }
     }
 
     private func write(_ bytes: [UInt8]) {

@@ -11,8 +11,7 @@ enum KnownField: Equatable {
     case other
 
     static func of(_ name: String) -> KnownField {
-        var name = name
-        return name.withUTF8 { of(utf8: $0) }
+        return name.withUTF8Bytes { of(utf8: $0) }
     }
 
     static func of(utf8 u: UnsafeBufferPointer<UInt8>) -> KnownField {

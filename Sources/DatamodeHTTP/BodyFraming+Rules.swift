@@ -101,8 +101,7 @@ struct FramingFields {
     static let framingFieldNames = ["Content-Length", "Transfer-Encoding", "Host"]
 
     static func framingFieldNamed(inConnection value: String) -> String? {
-        var value = value
-        return value.withUTF8 { u -> String? in
+        return value.withUTF8Bytes { u -> String? in
             var start = 0
             for i in 0...u.count where i == u.count || u[i] == 0x2C {
                 let (a, b) = ASCII.trimOWS(u, start, i)
@@ -119,8 +118,7 @@ struct FramingFields {
     /// Counts the comma-separated codings of one Transfer-Encoding field value. An empty element counts as a
     /// coding that is not `chunked`, so `chunked,` and an empty copy next to `chunked` are both refused.
     private static func scanCodings(_ value: String, count: inout Int, allChunked: inout Bool) {
-        var value = value
-        value.withUTF8 { u in
+        value.withUTF8Bytes { u in
             var start = 0
             var i = 0
             while i <= u.count {
@@ -148,8 +146,7 @@ struct FramingFields {
     /// CL.CL smuggling vector and is refused. Signs, hex, inner spaces and empty elements are refused too:
     /// `parseInt`-style parsers accept them and would disagree with us.
     private mutating func scanContentLength(_ value: String) {
-        var value = value
-        let result: Result<UInt64, HTTPWireError> = value.withUTF8 { u in
+        let result: Result<UInt64, HTTPWireError> = value.withUTF8Bytes { u in
             var agreed: UInt64?
             var start = 0
             var i = 0

@@ -82,9 +82,8 @@ enum ASCII {
     static func equalsIgnoringCase(_ a: String, _ b: String) -> Bool {
         // Lengths first: O(1) for native strings, and almost every mismatch is decided there.
         guard a.utf8.count == b.utf8.count else { return false }
-        var a = a, b = b
-        return a.withUTF8 { ua in
-            b.withUTF8 { ub in
+        return a.withUTF8Bytes { ua in
+            b.withUTF8Bytes { ub in
                 guard ua.count == ub.count else { return false }
                 for i in 0..<ua.count where ByteClass.lower(ua[i]) != ByteClass.lower(ub[i]) {
                     return false
@@ -96,8 +95,7 @@ enum ASCII {
 
     /// ASCII-lowercased copy (non-ASCII bytes unchanged).
     static func lowercased(_ s: String) -> String {
-        var s = s
-        return s.withUTF8 { u in
+        return s.withUTF8Bytes { u in
             if !u.contains(where: { $0 &- 0x41 < 26 }) { return String(decoding: u, as: UTF8.self) }
             return String(unsafeUninitializedCapacity: u.count) { out in
                 for i in 0..<u.count { out[i] = ByteClass.lower(u[i]) }

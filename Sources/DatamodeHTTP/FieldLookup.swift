@@ -27,8 +27,7 @@ enum FieldLookup {
     static func connectionOptions(_ fields: [HTTPField]) -> ConnectionOptions {
         var options = ConnectionOptions()
         for f in fields where f.name.utf8.count == 10 && ASCII.equalsIgnoringCase(f.name, "connection") {
-            var value = f.value
-            value.withUTF8 { u in
+            f.value.withUTF8Bytes { u in
                 var start = 0
                 for i in 0...u.count where i == u.count || u[i] == 0x2C {
                     let (a, b) = ASCII.trimOWS(u, start, i)

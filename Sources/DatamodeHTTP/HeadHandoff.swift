@@ -50,8 +50,7 @@ public enum HeadHandoff {
     /// generic `String.UTF8View` walk cost as much as parsing the text (callgrind, issue 26).
     @inline(__always)
     private static func bytes(_ s: String, _ valid: (UnsafeBufferPointer<UInt8>) -> Bool) -> Int? {
-        var s = s
-        return s.withUTF8 { valid($0) ? $0.count : nil }
+        return s.withUTF8Bytes { valid($0) ? $0.count : nil }
     }
 
     /// A reason phrase is any run of field-value bytes, kept as it is (spaces included).

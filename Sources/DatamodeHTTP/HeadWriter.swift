@@ -44,12 +44,10 @@ public struct HeadWriter {
     public mutating func field(_ name: String, _ value: String) {
         assert(Self.isValidFieldName(name) && Self.isValidFieldValue(value), "invalid field line")
         // Through the strings' contiguous UTF-8: appending a `String.UTF8View` copies through its generic path.
-        var name = name
-        var value = value
-        name.withUTF8 { bytes.append(contentsOf: $0) }
+        name.withUTF8Bytes { bytes.append(contentsOf: $0) }
         bytes.append(ByteClass.colon)
         bytes.append(ByteClass.sp)
-        value.withUTF8 { bytes.append(contentsOf: $0) }
+        value.withUTF8Bytes { bytes.append(contentsOf: $0) }
         appendCRLF()
     }
 
@@ -77,8 +75,7 @@ public struct HeadWriter {
 
     /// A token (RFC 9110 §5.6.2): method and field names.
     public static func isValidToken(_ s: String) -> Bool {
-        var s = s
-        return s.withUTF8 { FieldBytes.isToken(UnsafeRawBufferPointer($0)) }
+        return s.withUTF8Bytes { FieldBytes.isToken(UnsafeRawBufferPointer($0)) }
     }
 
     public static func isValidFieldName(_ s: String) -> Bool { isValidToken(s) }
@@ -86,8 +83,7 @@ public struct HeadWriter {
     /// A field value the parser would accept back unchanged: VCHAR / SP / HTAB / obs-text, no CR, LF or NUL,
     /// no leading or trailing whitespace (it would be trimmed on the way back).
     public static func isValidFieldValue(_ s: String) -> Bool {
-        var s = s
-        return s.withUTF8 { FieldBytes.checkValue(UnsafeRawBufferPointer($0)) != nil }
+        return s.withUTF8Bytes { FieldBytes.checkValue(UnsafeRawBufferPointer($0)) != nil }
     }
 }
 

@@ -49,8 +49,7 @@ public struct RequestTarget: Hashable, Sendable {
 
     /// Parses `target` as the request-target of a request with `method` (methods are case-sensitive).
     public static func parse(_ target: String, method: String) -> Result<RequestTarget, HTTPWireError> {
-        var target = target
-        return target.withUTF8 { u in parse(u, method: method) }
+        return target.withUTF8Bytes { u in parse(u, method: method) }
     }
 
     static func parse(_ u: UnsafeBufferPointer<UInt8>, method: String) -> Result<RequestTarget, HTTPWireError> {
@@ -138,8 +137,7 @@ public struct RequestTarget: Hashable, Sendable {
     /// authority (no userinfo, reg-name characters or an IPv6 literal, a port of 1–65535 or none).
     public static func httpOnHost(_ host: String, origin: RequestTarget) -> RequestTarget? {
         guard origin.form == .origin else { return nil }
-        var host = host
-        let parsed: Result<Authority, HTTPWireError> = host.withUTF8 { u in
+        let parsed: Result<Authority, HTTPWireError> = host.withUTF8Bytes { u in
             // The authority ends at the first "/" or "?" in `parse`; such a Host would move the path.
             for b in u where b == 0x2F || b == 0x3F || b == 0x23 || !ByteClass.isVisible(b) {
                 return .failure(.malformed("invalid character in host"))
@@ -294,21 +292,20 @@ public struct RequestTarget: Hashable, Sendable {
     /// Concatenation with one allocation (chained `+` allocates an intermediate String per step), the parts copied
     /// as bytes: `String.append` costs ~250 instructions a part (callgrind).
     private static func joined(_ a: String, _ b: String, _ c: String = "", _ d: String = "") -> String {
-        var parts = (a, b, c, d)
         let count = a.utf8.count + b.utf8.count + c.utf8.count + d.utf8.count
         return String(unsafeUninitializedCapacity: count) { out in
             var at = 0
-            func copy(_ part: inout String) {
-                part.withUTF8 { src in
+            func copy(_ part: String) {
+                part.withUTF8Bytes { src in
                     guard let base = src.baseAddress, src.count > 0 else { return }
                     (out.baseAddress! + at).initialize(from: base, count: src.count)
                     at += src.count
                 }
             }
-            copy(&parts.0)
-            copy(&parts.1)
-            copy(&parts.2)
-            copy(&parts.3)
+            copy(a)
+            copy(b)
+            copy(c)
+            copy(d)
             return at
         }
     }

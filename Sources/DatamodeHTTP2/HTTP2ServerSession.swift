@@ -437,9 +437,8 @@ public final class HTTP2ServerSession {
     /// Copies `text`'s UTF-8 into `storage` at `offset` (advanced past it).
     private static func put(_ text: String, _ storage: UnsafeMutableBufferPointer<UInt8>,
                             _ offset: inout Int) -> (start: UnsafeMutablePointer<UInt8>, count: Int) {
-        var text = text
         let start = storage.baseAddress! + offset
-        let count = text.withUTF8 { bytes in
+        let count = text.withUTF8Bytes { bytes in
             if let base = bytes.baseAddress { start.update(from: base, count: bytes.count) }
             return bytes.count
         }

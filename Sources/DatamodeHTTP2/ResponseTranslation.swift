@@ -45,16 +45,14 @@ public enum HTTP2ResponseTranslation {
     /// `problem(with:)` for a field whose name is known not to be connection-specific.
     static func problem(name: String, value: String) -> String? {
         guard isLowercaseToken(name) else { return "field name \"\(name)\" is not a lowercase token" }
-        var value = value
-        let valid = value.withUTF8 { HTTP2RequestBuilder.isValidValue(UnsafeRawBufferPointer($0)) }
+        let valid = value.withUTF8Bytes { HTTP2RequestBuilder.isValidValue(UnsafeRawBufferPointer($0)) }
         guard valid else { return "invalid value for \(name)" }
         return nil
     }
 
     private static func isLowercaseToken(_ name: String) -> Bool {
         // Over the contiguous bytes: iterating a String's UTF8View byte by byte costs several times as much.
-        var name = name
-        return name.withUTF8 { FieldBytes.isLowercaseToken(UnsafeRawBufferPointer($0)) }
+        return name.withUTF8Bytes { FieldBytes.isLowercaseToken(UnsafeRawBufferPointer($0)) }
     }
 
     /// The fields RFC 9113 §8.2.2 forbids in HTTP/2 (`te` is allowed only as `te: trailers`, which no response
@@ -74,10 +72,9 @@ public enum HTTP2ResponseTranslation {
     /// `s` with ASCII uppercase letters lowercased; `s` itself when it has none. One buffer, no intermediate
     /// array: a name of up to 15 bytes stays a small string (no allocation at all).
     static func lowercased(_ s: String) -> String {
-        var s = s
         // Over the contiguous bytes, as `isLowercaseToken`: the generic UTF8View walk was most of a head's
         // translation (callgrind, issue 26).
-        return s.withUTF8 { utf8 in
+        return s.withUTF8Bytes { utf8 in
             guard FieldBytes.hasUppercase(UnsafeRawBufferPointer(utf8)) else { return nil }
             return String(unsafeUninitializedCapacity: utf8.count) { buffer in
                 for i in utf8.indices {
