@@ -301,7 +301,8 @@ import Testing
         let rig = try Rig()
         let result = try rig.curl(["-o", rig.directory + "/cut.bin", "-w", "%{http_code}", rig.url(path)], http: http)
         #expect(result.status != 0, "a cut body must not look complete: \(result.output)")
-        let line = rig.proxy.accessLog.first { $0["method"] as? String == "GET" }
+        // The access log's writer thread may still hold the line when curl is done: wait for it.
+        let line = rig.proxy.accessLog(atLeast: 1) { $0["method"] as? String == "GET" }.first
         #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
         // The proxy is fine afterwards: the next request (over the same origin connection, or a new one) works.
         let next = try rig.curl([rig.url("/hello")], http: http)
