@@ -76,15 +76,17 @@ struct FramingFields {
     init(_ fields: [HTTPField]) {
         var codings = 0
         var allChunked = true
-        for field in fields {
-            let nameCount = field.name.utf8.count
-            if nameCount == 17 && ASCII.equalsIgnoringCase(field.name, "transfer-encoding") {
+        // By index: `for field in fields` copied each field (a retain and a release per string) around the calls
+        // below, which take an `inout` (callgrind: ~46 each per HTTP/2 request).
+        for i in fields.indices {
+            let nameCount = fields[i].name.utf8.count
+            if nameCount == 17 && ASCII.equalsIgnoringCase(fields[i].name, "transfer-encoding") {
                 hasTransferEncoding = true
-                Self.scanCodings(field.value, count: &codings, allChunked: &allChunked)
-            } else if nameCount == 14 && ASCII.equalsIgnoringCase(field.name, "content-length") {
-                if error == nil { scanContentLength(field.value) }
-            } else if nameCount == 10 && ASCII.equalsIgnoringCase(field.name, "connection") {
-                if error == nil, let named = Self.framingFieldNamed(inConnection: field.value) {
+                Self.scanCodings(fields[i].value, count: &codings, allChunked: &allChunked)
+            } else if nameCount == 14 && ASCII.equalsIgnoringCase(fields[i].name, "content-length") {
+                if error == nil { scanContentLength(fields[i].value) }
+            } else if nameCount == 10 && ASCII.equalsIgnoringCase(fields[i].name, "connection") {
+                if error == nil, let named = Self.framingFieldNamed(inConnection: fields[i].value) {
                     error = .malformed("Connection names \(named)")
                 }
             }

@@ -38,9 +38,10 @@ public enum HeadHandoff {
     private static func section(_ fields: [HTTPField], limits: HTTPLimits) -> Int? {
         guard fields.count <= limits.headerCount else { return nil }
         var length = 2
-        for field in fields {
-            guard let name = bytes(field.name, isToken), name > 0,
-                  let value = bytes(field.value, isUnchangedValue) else { return nil }
+        // By index: `for field in fields` copied each field (a retain and a release per string) around the checks.
+        for i in fields.indices {
+            guard let name = bytes(fields[i].name, isToken), name > 0,
+                  let value = bytes(fields[i].value, isUnchangedValue) else { return nil }
             length += name + value + 4
         }
         return length <= limits.headerSection ? length : nil

@@ -14,10 +14,11 @@ public enum HTTP2ResponseTranslation {
         let named = head.connectionTokens
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.fields.count)
-        for field in head.fields {
-            let name = lowercased(field.name)
+        // By index: `for field in head.fields` copied each field (a retain and a release per string).
+        for i in head.fields.indices {
+            let name = lowercased(head.fields[i].name)
             if isConnectionSpecific(name) || named.fieldNames.contains(name) { continue }
-            fields.append(HTTPField(name: name, value: field.value))
+            fields.append(HTTPField(name: name, value: head.fields[i].value))
         }
         return fields
     }
