@@ -47,6 +47,7 @@ struct HTTP2RequestBuilder {
         self.part = part
         self.limits = limits
         self.scheme = scheme
+        fields.reserveCapacity(16)
     }
 
     /// One decoded field, as nghttp2 emitted it (bytes, no assumption about their content).
@@ -95,7 +96,8 @@ struct HTTP2RequestBuilder {
         guard let first = name.first else { return .malformed(.invalidFieldName) }
         if first == UInt8(ascii: ":") { return pseudoHeader(name: name, value: value) }
         sawRegularField = true
-        guard name.allSatisfy(Self.isLowercaseTchar) else { return .malformed(.invalidFieldName) }
+        // One call for the name (a call per byte across the module boundary otherwise).
+        guard FieldBytes.isLowercaseToken(name) else { return .malformed(.invalidFieldName) }
         let nameString = String(decoding: name, as: UTF8.self)
         guard let valueString = Self.validValue(value) else { return .malformed(.invalidFieldValue(name: nameString)) }
 
@@ -150,7 +152,7 @@ struct HTTP2RequestBuilder {
         switch nameString {
         case ":method":
             guard method == nil else { return .malformed(.duplicatePseudoHeader(nameString)) }
-            guard value.allSatisfy(Self.isTchar) else { return .malformed(.invalidMethod) }
+            guard FieldBytes.isToken(value) else { return .malformed(.invalidMethod) }
             method = valueString
         case ":scheme":
             guard requestScheme == nil else { return .malformed(.duplicatePseudoHeader(nameString)) }
@@ -181,9 +183,6 @@ struct HTTP2RequestBuilder {
     /// tchar (RFC 9110 §5.6.2) without uppercase letters: HTTP/2 field names are lowercase (RFC 9113 §8.2.1).
     @inline(__always)
     static func isLowercaseTchar(_ b: UInt8) -> Bool { FieldBytes.isLowercaseTchar(b) }
-
-    @inline(__always)
-    static func isTchar(_ b: UInt8) -> Bool { FieldBytes.isTchar(b) }
 
     /// A field value the HTTP/1.1 side can carry unchanged (RFC 9110 §5.5, RFC 9113 §8.2.1): VCHAR, SP, HTAB and
     /// UTF-8 obs-text; no NUL, CR, LF or other control; no leading or trailing SP/HTAB. nil when invalid.
