@@ -7,8 +7,8 @@ import DatamodePolicy
 import Glibc
 #endif
 
-/// Forwarding an exchange: the upstream connection, the request body towards it, the response head and body
-/// back, and the exchange machine's actions carried out.
+/// Forwarding an exchange: the forwarded head to its upstream lease (`UpstreamLease`), the request body towards it,
+/// the response body back, and the exchange machine's actions carried out.
 extension ExchangeDriver {
     // MARK: forwarding
 
@@ -17,10 +17,10 @@ extension ExchangeDriver {
         let settings = worker.settings
         let tokens = connectionTokens
         let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
-        headBytes = MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
-                                                           mode: exchange.mode, upgrade: upgrade,
-                                                           framing: requestFraming, connectionTokens: tokens,
-                                                           variantTarget: variant != nil)
+        let forwardedHead = MessageHeads.forwardedRequest(head, target: target, tags: tags,
+                                                          settings: settings.tagSettings, mode: exchange.mode,
+                                                          upgrade: upgrade, framing: requestFraming,
+                                                          connectionTokens: tokens, variantTarget: variant != nil)
         exchange.variant = variant
         if head.method == "GET" {
             // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
@@ -35,23 +35,10 @@ extension ExchangeDriver {
         }
         upgradeRequested = upgrade
         session.machine.forward(self)
-        connectUpstream(key: session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
-                                                 own: variant == nil || session.transparent != nil
-                                                     && TransparentConnection.isSameOrigin(exchange.url, target)),
-                        reuse: true)
-    }
-
-    func connectUpstream(key: UpstreamKey, reuse: Bool) {
-        let upstream = UpstreamConnection.forExchange(worker: worker, key: key, reuse: reuse, upgrade: upgradeRequested)
-        self.upstream = upstream
-        upstreamReused = upstream.isReused
-        upstream.attach(self)
-        upstream.send(headBytes, responseTimeoutMs: worker.settings.upstreamResponseMs)
-        allowance.charge(.up, headBytes.count, session: session)
-        upstream.start()
-        guard isForwarding(upstream) else { return }
-        if upstream.isConnected { perform(machine.upstreamConnected()) }
-        if requestBody.isComplete { upstream.requestComplete() } else { pumpRequestBody() }
+        let key = session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
+                                      own: variant == nil || session.transparent != nil
+                                          && TransparentConnection.isSameOrigin(exchange.url, target))
+        lease.forward(forwardedHead, to: key)
     }
 
     /// Carries out an exchange-level action.
@@ -72,13 +59,11 @@ extension ExchangeDriver {
             // chunks are still only queued: libevent writes them after this callback returns (for a fresh
             // connection, right after the CONNECTED callback that brought us here), so drop them first.
             upstream?.discardPendingOutput()
-            upstream?.close()
-            self.upstream = nil
+            heldLease?.close()
             let error = wireError ?? .malformed("invalid chunked request body")
             respondError(error.clientErrorCode, detail: error.detail, close: true)
         case .retractAndAnswerBadGateway:
-            upstream?.close()
-            self.upstream = nil
+            heldLease?.close()
             response?.retract()
             let detail = wireError.map(\.detail) ?? "invalid framing"
             respondError(.upstreamProtocolError, detail: "invalid chunked response body: " + detail,
@@ -150,116 +135,6 @@ extension ExchangeDriver {
             wireError = error
             return RelayStep(result: .invalid, before: before, left: left)
         }
-    }
-
-    // MARK: upstream events (called by UpstreamConnection)
-
-    /// Whether `upstream` is this exchange's lease and the exchange is still being forwarded (an upstream's
-    /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
-    func isForwarding(_ upstream: UpstreamConnection) -> Bool {
-        guard case .forwarding(let driver) = session.machine.state else { return false }
-        return driver === self && self.upstream === upstream
-    }
-
-    /// The same for a CONNECT or Upgrade tunnel.
-    func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
-        guard case .tunnel(let driver) = session.machine.state else { return false }
-        return driver === self && self.upstream === upstream
-    }
-
-    /// A CONNECT's upstream is up (`Tunnel.connected`).
-    func tunnelConnected(_ upstream: UpstreamConnection) {
-        guard isTunnelling(upstream) else { return }
-        tunnel?.connected()
-    }
-
-    func upstreamConnected(_ upstream: UpstreamConnection) {
-        guard isForwarding(upstream) else { return }
-        perform(machine.upstreamConnected())
-    }
-
-    func upstreamWritable(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { tunnel?.pump(fromClient: true); return }
-        guard isForwarding(upstream) else { return }
-        pumpRequestBody()
-    }
-
-    func upstreamReadable(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { tunnel?.pump(fromClient: false); return }
-        guard isForwarding(upstream) else { return }
-        if response == nil {
-            OriginResponse.readHead(self, upstream)
-        } else {
-            pumpResponseBody()
-        }
-    }
-
-    /// The upstream failed before or while answering.
-    func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
-        if isTunnelling(upstream) {
-            if tunnel?.machine.phase == .connecting && !connectAnswered {
-                self.upstream = nil
-                respondError(code, detail: detail, close: true)
-            } else {
-                session.abort(.upstreamAborted, detail: detail)
-            }
-            return
-        }
-        guard isForwarding(upstream) else { return }
-        self.upstream = nil
-        switch machine.upstreamFailed(reusedConnection: upstreamReused || upstream.requestNotProcessed,
-                                               bodyBytesConsumed: requestBody.transferred,
-                                               timedOut: code == .upstreamTimeout) {
-        case .retryOnNewConnection:
-            connectUpstream(key: upstream.key, reuse: false)
-        case .answer(let close):
-            respondError(code, detail: detail, close: close)
-        case .abort:
-            session.abort(.upstreamAborted, detail: detail)
-        }
-    }
-
-    /// The upstream's connection failed (reset, TLS error, a record cut short) while it was busy. If its response
-    /// has begun, or bytes of it wait unread, they are relayed as after an EOF and the response then ends
-    /// truncated (`ExchangeStateMachine.originBrokeOffAfterSending`); returns false when there is nothing to relay
-    /// and the failure is answered as such (`upstreamFailed`).
-    func upstreamBrokeOff(_ upstream: UpstreamConnection) -> Bool {
-        guard isForwarding(upstream),
-              response != nil || upstream.hasResponseBytes else { return false }
-        if response != nil {
-            perform(machine.originBrokeOffAfterSending())
-            return true
-        }
-        // No head relayed yet (held for a link profile's latency, or not read): mark the break, then take the
-        // EOF path, which reads the head when it may and relays the body behind it.
-        _ = machine.originBrokeOffAfterSending()
-        upstreamClosed(upstream)
-        return true
-    }
-
-    /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than
-    /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
-    /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).
-    func upstreamClosed(_ upstream: UpstreamConnection) {
-        if isTunnelling(upstream) { tunnel?.peerClosed(client: false); return }
-        guard isForwarding(upstream) else { return }
-        // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
-        if response == nil, upstream.hasResponseBytes,
-           !allowance.latencyElapsed(arrived: true, session: session) {
-            originClosedWhileHeld = true
-            return
-        }
-        let action = machine.originSentEOF()
-        guard response == nil else {
-            perform(action)
-            return
-        }
-        // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
-        OriginResponse.readHead(self, upstream)
-        guard isForwarding(upstream), response == nil else { return }
-        // Closed first, as on every failure path: left open, it kept its socket and this driver as its owner.
-        upstream.close()
-        upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
     }
 
     /// Moves what the origin sent of the response body on (`OriginResponse.pump`).

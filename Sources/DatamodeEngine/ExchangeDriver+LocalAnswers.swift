@@ -45,10 +45,7 @@ extension ExchangeDriver {
         // RFC 9110 §10.1.1: a client that sent `Expect: 100-continue` waits for a 100 that will not come now; it
         // will not send the body, so waiting to discard it would hang both sides. Close after the answer.
         if expectsContinue && !requestBody.isComplete { machine.closeAfter() }
-        if let upstream {
-            upstream.close()
-            self.upstream = nil
-        }
+        heldLease?.close()
         var fields = answer.fields
         if let held = exchange.heldMilliseconds { fields.append(("Data-Mode-Held", String(held))) }
         let head = MessageHeads.local(status: answer.status, reason: answer.reason, fields: fields,

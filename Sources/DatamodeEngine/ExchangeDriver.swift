@@ -9,9 +9,9 @@ import Glibc
 #endif
 
 /// Drives one exchange from admission to its log line: carries out admission's verdict, holds the upstream's
-/// lease and receives that upstream's events itself, relays the request body (the response goes through its
-/// `OriginResponse`), and answers locally when it must. What to do next is decided by `ExchangeStateMachine`;
-/// this class feeds it and carries its actions out.
+/// lease (`UpstreamLease`, which hears that upstream's events and passes them here), relays the request body (the
+/// response goes through its `OriginResponse`), and answers locally when it must. What to do next is decided by
+/// `ExchangeStateMachine`; this class feeds it and carries its actions out.
 ///
 /// The session it belongs to (`HTTP1Session`, HTTP/1) reads heads in order and gives each one a driver; the
 /// driver reads the request body from, and writes the response to, that session's buffers, and tells the session
@@ -33,12 +33,17 @@ final class ExchangeDriver {
 
     /// The exchange's lifecycle: phases, EOFs, keep-alive, upstream reuse (see `ExchangeStateMachine`).
     var machine = ExchangeStateMachine(requestComplete: true, keepAlive: true)
-    /// The upstream this exchange holds (its lease): it reports its events here, and goes back to the pool or is
-    /// closed when the exchange ends.
-    var upstream: UpstreamConnection?
-    var upstreamReused = false
-    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
-    var headBytes: [UInt8] = []
+    /// The exchange's hold on its upstream (its lease): chosen, retried, given back to the pool or closed; it hears
+    /// the connection's events and passes them here. Made when the exchange first takes a connection (`lease`).
+    private(set) var heldLease: UpstreamLease?
+    var lease: UpstreamLease {
+        if let heldLease { return heldLease }
+        let lease = UpstreamLease(driver: self)
+        heldLease = lease
+        return lease
+    }
+    /// The lease's connection, while it holds one.
+    @inline(__always) var upstream: UpstreamConnection? { heldLease?.upstream }
     var requestFraming: BodyFraming = .none
     /// The request's `Connection` tokens, computed once per request (keep-alive, upgrade, hop-by-hop removal).
     var connectionTokens = ConnectionOptions()
@@ -73,11 +78,6 @@ final class ExchangeDriver {
     init(session: HTTP1Session, exchange: Exchange) {
         self.session = session
         self.exchange = exchange
-    }
-
-    deinit {
-        // The upstream's back-reference is not counted: it must not outlive the driver (see `UpstreamConnection.owner`).
-        if let upstream, upstream.owner === self { upstream.detach() }
     }
 
     /// Whether this driver is still the one its session is busy with (an upstream callback may arrive for one
@@ -207,21 +207,9 @@ final class ExchangeDriver {
     /// The exchange is over: its upstream goes back to the pool (or is closed), its line is written, and the
     /// session goes on with the next request (or closes).
     func finishExchange(recycleUpstream: Bool) {
-        releaseUpstream(recycle: recycleUpstream)
+        heldLease?.release(recycle: recycleUpstream)
         logExchange()
         session.exchangeFinished(self)
-    }
-
-    /// Gives the upstream lease back: to the pool at a clean message boundary, else closed.
-    func releaseUpstream(recycle: Bool) {
-        guard let upstream else { return }
-        upstream.detach()
-        self.upstream = nil
-        if recycle && !upstream.hasResponseBytes {
-            worker.pool.put(upstream)
-        } else {
-            upstream.close()
-        }
     }
 
     func logExchange() {
@@ -237,8 +225,7 @@ final class ExchangeDriver {
         response?.splice?.stop()
         response?.splice = nil
         tunnel?.stop()
-        upstream?.close()
-        upstream = nil
+        heldLease?.close()
         logExchange()
     }
 
@@ -303,7 +290,7 @@ final class ExchangeDriver {
             OriginResponse.readHead(self, upstream)
             if originClosedWhileHeld, case .none = allowance.latency, self.upstream === upstream {
                 originClosedWhileHeld = false
-                upstreamClosed(upstream)
+                lease.upstreamClosed(upstream)
             }
         } else if let splice = response?.splice, splice.relay != nil {
             splice.resume()

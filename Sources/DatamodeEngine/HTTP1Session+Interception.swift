@@ -58,11 +58,7 @@ extension HTTP1Session {
         apply(.disarmTimer)
         Tunnel.start(driver, established: false)
         machine.tunnel(driver)
-        let upstream = UpstreamConnection(worker: worker, key: upstreamKey(host: tunnel.host, port: tunnel.port, tls: false, own: true))
-        driver.upstream = upstream
-        upstream.attach(driver)
-        upstream.send([], responseTimeoutMs: -1)
-        upstream.start()
+        driver.lease.connectTunnel(key: upstreamKey(host: tunnel.host, port: tunnel.port, tls: false, own: true))
     }
 
     private func startTLS(_ driver: ExchangeDriver) {

@@ -37,13 +37,13 @@ final class OriginResponse {
     static func readHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
         guard driver.allowance.latencyElapsed(arrived: upstream.hasResponseBytes, session: driver.session)
         else { return }
-        while driver.isForwarding(upstream), driver.response == nil {
+        while driver.lease.isForwarding(upstream), driver.response == nil {
             switch upstream.takeResponseHead() {
             case .incomplete:
                 return
             case .invalid(let error):
                 upstream.close()
-                driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+                driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError,
                                       detail: "invalid response head: " + error.detail)
                 return
             case .complete(var head, let length):
@@ -66,7 +66,7 @@ final class OriginResponse {
         if head.status == 101 {
             guard driver.upgradeRequested else {
                 upstream.close()
-                driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+                driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError,
                                       detail: "101 Switching Protocols without an Upgrade request")
                 return
             }
@@ -109,7 +109,7 @@ final class OriginResponse {
         case .success(let f): framing = f
         case .failure(let error):
             upstream.close()
-            driver.upstreamFailed(upstream, code: .upstreamProtocolError,
+            driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError,
                                   detail: "invalid response framing: " + error.detail)
             return
         }
@@ -124,7 +124,7 @@ final class OriginResponse {
                                              connectionTokens: upstreamTokens, heldMilliseconds: exchange.heldMilliseconds)
         }) {
             upstream.close()
-            driver.upstreamFailed(upstream, code: .upstreamProtocolError, detail: refusal)
+            driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError, detail: refusal)
             return
         }
         let action = driver.machine.responseHead(

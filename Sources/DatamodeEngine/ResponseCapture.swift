@@ -324,7 +324,7 @@ extension ResponseCapture {
             return
         }
         // The origin's part is over: its connection goes back to the pool while the image is transcoded.
-        driver.releaseUpstream(recycle: recycle)
+        driver.heldLease?.release(recycle: recycle)
         pendingImage = (body, key, output)
         let job = ImageJob(input: body, probe: probe, maxWidth: settings.maxWidth, quality: settings.quality,
                            output: output, worker: driver.worker, token: ImageJobToken(driver: driver))

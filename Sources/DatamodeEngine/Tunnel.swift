@@ -51,11 +51,7 @@ final class Tunnel {
         start(driver, established: false)
         driver.session.machine.tunnel(driver)
         let key = driver.session.upstreamKey(host: target.host, port: target.port, tls: false, own: true)
-        let upstream = UpstreamConnection(worker: driver.worker, key: key)
-        driver.upstream = upstream
-        upstream.attach(driver)
-        upstream.send([], responseTimeoutMs: -1)
-        upstream.start()
+        driver.lease.connectTunnel(key: key)
     }
 
     /// `101 Switching Protocols`: the exchange's upstream becomes the other end of a tunnel.

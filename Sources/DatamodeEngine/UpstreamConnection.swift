@@ -52,12 +52,12 @@ final class UpstreamConnection {
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
     private var timer: OpaquePointer?
-    /// The exchange holding this connection's lease: it receives the connection's events (nil while idle in the
+    /// The exchange's lease on this connection: it receives the connection's events (nil while idle in the
     /// pool, or flushing after its tunnel's client went away). Not reference-counted: a weak reference to a
     /// per-request object cost a side table, slow loads and a slow deinit on every request (~2,000 instructions,
-    /// bench/instructions.py). Every way the lease ends clears it (`detach`, `close`), and a driver that goes away
-    /// still holding the lease detaches it in its `deinit`.
-    private(set) unowned(unsafe) var owner: ExchangeDriver?
+    /// bench/instructions.py). Every way the lease ends clears it (`detach`, `close`), and a lease that goes away
+    /// still holding the connection detaches it in its `deinit`.
+    private(set) unowned(unsafe) var owner: UpstreamLease?
     private var lookup: DNSLookup?
     private var addresses: [SocketAddress] = []
     private var nextAddress = 0
@@ -80,7 +80,7 @@ final class UpstreamConnection {
     /// connection. A stream's other failures (a reset, a malformed answer) are not retried.
     private(set) var requestNotProcessed = false
     /// The client connection of the exchange this connection serves now (for flushing after an upstream callback).
-    var attachedClient: HTTP1Session? { owner?.session }
+    var attachedClient: HTTP1Session? { owner?.driver.session }
     /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
     private var readHold = ReadHold(drained: upstreamInputDrainedCallback)
     /// `suspendIO` turned reading off (a body splice, or its drain): only `resumeIO` turns it back on.
@@ -101,17 +101,6 @@ final class UpstreamConnection {
         if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
         timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
         worker.upstreamOpened(self)
-    }
-
-    /// The upstream for an exchange to `key`: when `reuse` allows, a stream of the origin's HTTP/2 connection (SPEC
-    /// §17; never for an Upgrade, HTTP/2 has none) or an idle keep-alive connection from the pool; else a new
-    /// connection, offering h2 to a TLS origin when `http2.upstream` says so.
-    static func forExchange(worker: Worker, key: UpstreamKey, reuse: Bool, upgrade: Bool) -> UpstreamConnection {
-        if reuse && key.tls && !upgrade, let session = worker.originSessions.session(for: key) {
-            return UpstreamConnection(worker: worker, key: key, session: session)
-        }
-        if reuse, let pooled = worker.pool.take(key) { return pooled }
-        return UpstreamConnection(worker: worker, key: key, offersH2: !upgrade && worker.settings.http2.upstream)
     }
 
     /// A stream of an HTTP/2 connection the origin already has (SPEC §17: requests to it share one connection):
@@ -309,7 +298,7 @@ final class UpstreamConnection {
     var acceptsRequestBytes: Bool { state == .busy || state == .resolving || state == .connecting }
 
     /// Leases the connection to an exchange (before `start`): its events go to `owner` from now on.
-    func attach(_ owner: ExchangeDriver) {
+    func attach(_ owner: UpstreamLease) {
         self.owner = owner
         if state == .idle { state = .busy }
     }

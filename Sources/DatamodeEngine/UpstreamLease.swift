@@ -1,0 +1,214 @@
+import DatamodeHTTP
+import DatamodePolicy
+
+/// An exchange's hold on its upstream connection (its lease), from choosing the connection to giving it back: a
+/// stream of the origin's HTTP/2 connection, an idle keep-alive connection from the pool or a new one; the forwarded
+/// head queued on it and kept, so that a stale reused connection can be retried on a new one; the connection's
+/// events, checked to be for the exchange's current lease and carried to its driver; at the end, the connection
+/// parked in the pool at a clean message boundary, or closed.
+///
+/// Its `ExchangeDriver` owns it (one per driver, made when first needed) and decides everything about the exchange;
+/// the connection reports to the lease (`UpstreamConnection.owner`), and the lease to the driver.
+final class UpstreamLease {
+    /// The driver whose exchange holds the lease. Not counted: the driver owns the lease. Each event handler holds
+    /// the driver in a local for its whole run (an answer it gives may end the exchange, and the session let go of
+    /// the driver).
+    unowned(unsafe) let driver: ExchangeDriver
+    /// The connection held: it reports its events here, and goes back to the pool or is closed when the exchange ends.
+    private(set) var upstream: UpstreamConnection?
+    /// The connection came from the pool (a failure on it may be a stale keep-alive, retried on a new connection).
+    private(set) var isReused = false
+    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
+    private(set) var forwardedHead: [UInt8] = []
+
+    init(driver: ExchangeDriver) {
+        self.driver = driver
+    }
+
+    deinit {
+        // The connection's back-reference is not counted: it must not outlive the lease (see `UpstreamConnection.owner`).
+        if let upstream, upstream.owner === self { upstream.detach() }
+    }
+
+    // MARK: taking and giving back
+
+    /// Forwards `head` (the request's forwarded head) to `key`: on a connection chosen by `connect`.
+    func forward(_ head: [UInt8], to key: UpstreamKey) {
+        forwardedHead = head
+        connect(key: key, reuse: true)
+    }
+
+    /// Takes a connection to `key` (reused when `reuse` allows, see `choose`), queues the forwarded head on it and
+    /// starts it; then the request's body follows, or its end is marked.
+    func connect(key: UpstreamKey, reuse: Bool) {
+        let driver = self.driver
+        let upstream = choose(key: key, reuse: reuse, upgrade: driver.upgradeRequested)
+        self.upstream = upstream
+        isReused = upstream.isReused
+        upstream.attach(self)
+        upstream.send(forwardedHead, responseTimeoutMs: driver.worker.settings.upstreamResponseMs)
+        driver.allowance.charge(.up, forwardedHead.count, session: driver.session)
+        upstream.start()
+        guard isForwarding(upstream) else { return }
+        if upstream.isConnected { driver.perform(driver.machine.upstreamConnected()) }
+        if driver.requestBody.isComplete { upstream.requestComplete() } else { driver.pumpRequestBody() }
+    }
+
+    /// The upstream for an exchange to `key`: when `reuse` allows, a stream of the origin's HTTP/2 connection (SPEC
+    /// §17; never for an Upgrade, HTTP/2 has none) or an idle keep-alive connection from the pool; else a new
+    /// connection, offering h2 to a TLS origin when `http2.upstream` says so.
+    private func choose(key: UpstreamKey, reuse: Bool, upgrade: Bool) -> UpstreamConnection {
+        let worker = driver.worker
+        if reuse && key.tls && !upgrade, let session = worker.originSessions.session(for: key) {
+            return UpstreamConnection(worker: worker, key: key, session: session)
+        }
+        if reuse, let pooled = worker.pool.take(key) { return pooled }
+        return UpstreamConnection(worker: worker, key: key, offersH2: !upgrade && worker.settings.http2.upstream)
+    }
+
+    /// A CONNECT (or a blind relay of an intercepted one): a new plain TCP connection to `key`, with no request and
+    /// no response timer; its bytes are the tunnel's.
+    func connectTunnel(key: UpstreamKey) {
+        let upstream = UpstreamConnection(worker: driver.worker, key: key)
+        self.upstream = upstream
+        upstream.attach(self)
+        upstream.send([], responseTimeoutMs: -1)
+        upstream.start()
+    }
+
+    /// Gives the connection back: to the pool at a clean message boundary, else closed.
+    func release(recycle: Bool) {
+        guard let upstream else { return }
+        upstream.detach()
+        self.upstream = nil
+        if recycle && !upstream.hasResponseBytes {
+            driver.worker.pool.put(upstream)
+        } else {
+            upstream.close()
+        }
+    }
+
+    /// Closes the connection, whatever it was doing, and lets it go.
+    func close() {
+        upstream?.close()
+        upstream = nil
+    }
+
+    // MARK: upstream events (called by UpstreamConnection)
+
+    /// Whether `upstream` is this exchange's lease and the exchange is still being forwarded (an upstream's
+    /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
+    func isForwarding(_ upstream: UpstreamConnection) -> Bool {
+        guard case .forwarding(let current) = driver.session.machine.state else { return false }
+        return current === driver && self.upstream === upstream
+    }
+
+    /// The same for a CONNECT or Upgrade tunnel.
+    func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
+        guard case .tunnel(let current) = driver.session.machine.state else { return false }
+        return current === driver && self.upstream === upstream
+    }
+
+    /// A CONNECT's upstream is up (`Tunnel.connected`).
+    func tunnelConnected(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        guard isTunnelling(upstream) else { return }
+        driver.tunnel?.connected()
+    }
+
+    func upstreamConnected(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        guard isForwarding(upstream) else { return }
+        driver.perform(driver.machine.upstreamConnected())
+    }
+
+    func upstreamWritable(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        if isTunnelling(upstream) { driver.tunnel?.pump(fromClient: true); return }
+        guard isForwarding(upstream) else { return }
+        driver.pumpRequestBody()
+    }
+
+    func upstreamReadable(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        if isTunnelling(upstream) { driver.tunnel?.pump(fromClient: false); return }
+        guard isForwarding(upstream) else { return }
+        if driver.response == nil {
+            OriginResponse.readHead(driver, upstream)
+        } else {
+            driver.pumpResponseBody()
+        }
+    }
+
+    /// The upstream failed before or while answering: the request goes again on a new connection when the
+    /// exchange machine says it may (a stale reused connection), else the failure is answered.
+    func upstreamFailed(_ upstream: UpstreamConnection, code: ProxyErrorCode, detail: String) {
+        let driver = self.driver
+        if isTunnelling(upstream) {
+            if driver.tunnel?.machine.phase == .connecting && !driver.connectAnswered {
+                self.upstream = nil
+                driver.respondError(code, detail: detail, close: true)
+            } else {
+                driver.session.abort(.upstreamAborted, detail: detail)
+            }
+            return
+        }
+        guard isForwarding(upstream) else { return }
+        self.upstream = nil
+        switch driver.machine.upstreamFailed(reusedConnection: isReused || upstream.requestNotProcessed,
+                                             bodyBytesConsumed: driver.requestBody.transferred,
+                                             timedOut: code == .upstreamTimeout) {
+        case .retryOnNewConnection:
+            connect(key: upstream.key, reuse: false)
+        case .answer(let close):
+            driver.respondError(code, detail: detail, close: close)
+        case .abort:
+            driver.session.abort(.upstreamAborted, detail: detail)
+        }
+    }
+
+    /// The upstream's connection failed (reset, TLS error, a record cut short) while it was busy. If its response
+    /// has begun, or bytes of it wait unread, they are relayed as after an EOF and the response then ends
+    /// truncated (`ExchangeStateMachine.originBrokeOffAfterSending`); returns false when there is nothing to relay
+    /// and the failure is answered as such (`upstreamFailed`).
+    func upstreamBrokeOff(_ upstream: UpstreamConnection) -> Bool {
+        let driver = self.driver
+        guard isForwarding(upstream),
+              driver.response != nil || upstream.hasResponseBytes else { return false }
+        if driver.response != nil {
+            driver.perform(driver.machine.originBrokeOffAfterSending())
+            return true
+        }
+        // No head relayed yet (held for a link profile's latency, or not read): mark the break, then take the
+        // EOF path, which reads the head when it may and relays the body behind it.
+        _ = driver.machine.originBrokeOffAfterSending()
+        upstreamClosed(upstream)
+        return true
+    }
+
+    /// The upstream closed its side. Everything it sent before is in `upstream.input` and may be far more than
+    /// the client's buffer takes now (a slow reader): the exchange machine keeps the response draining it, and
+    /// ends it only when it is empty. Ending it here lost the tail of large responses (SPEC §6).
+    func upstreamClosed(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        if isTunnelling(upstream) { driver.tunnel?.peerClosed(client: false); return }
+        guard isForwarding(upstream) else { return }
+        // A response held back for a link profile's latency is relayed when the hold ends, its EOF with it.
+        if driver.response == nil, upstream.hasResponseBytes,
+           !driver.allowance.latencyElapsed(arrived: true, session: driver.session) {
+            driver.originClosedWhileHeld = true
+            return
+        }
+        let action = driver.machine.originSentEOF()
+        guard driver.response == nil else {
+            driver.perform(action)
+            return
+        }
+        // Bytes may have arrived with the EOF: read a head first (it starts the body relay, which sees the EOF).
+        OriginResponse.readHead(driver, upstream)
+        guard isForwarding(upstream), driver.response == nil else { return }
+        // Closed first, as on every failure path: left open, it kept its socket and this lease as its owner.
+        upstream.close()
+        upstreamFailed(upstream, code: .upstreamProtocolError, detail: "the origin closed the connection without a response")
+    }
+}
