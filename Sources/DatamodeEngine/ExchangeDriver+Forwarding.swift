@@ -17,10 +17,6 @@ extension ExchangeDriver {
         let settings = worker.settings
         let tokens = connectionTokens
         let upgrade = head.contains("upgrade") && tokens.contains("upgrade")
-        let forwardedHead = MessageHeads.forwardedRequest(head, target: target, tags: tags,
-                                                          settings: settings.tagSettings, mode: exchange.mode,
-                                                          upgrade: upgrade, framing: requestFraming,
-                                                          connectionTokens: tokens, variantTarget: variant != nil)
         exchange.variant = variant
         if head.method == "GET" {
             // SPEC §13 by the request's own mode (a session's, SPEC §12); precomputed for the global one.
@@ -38,7 +34,12 @@ extension ExchangeDriver {
         let key = session.upstreamKey(host: target.host, port: target.port, tls: target.scheme == "https",
                                       own: variant == nil || session.transparent != nil
                                           && TransparentConnection.isSameOrigin(exchange.url, target))
-        lease.forward(forwardedHead, to: key)
+        let framing = requestFraming
+        lease.forward(to: key) { forOriginStream in
+            MessageHeads.forwardedRequest(head, target: target, tags: tags, settings: settings.tagSettings,
+                                          mode: exchange.mode, upgrade: upgrade, framing: framing,
+                                          connectionTokens: tokens, variantTarget: variant != nil, asHead: forOriginStream)
+        }
     }
 
     /// Carries out an exchange-level action.

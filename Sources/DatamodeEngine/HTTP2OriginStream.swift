@@ -36,6 +36,9 @@ final class HTTP2OriginStream {
         case over
     }
     private var request = RequestPhase.head
+    /// The request head the exchange handed over in memory (`take`) in place of its text: read from the loop, as
+    /// the text would have been, before the pair's input (which has the body behind it).
+    private var handedHead: RequestHead?
     /// The method: a response to HEAD has no body whatever its fields say.
     private var method = ""
     /// The codec's queue for this stream is full: read no more request bytes until `requestBodyDrained`.
@@ -59,6 +62,13 @@ final class HTTP2OriginStream {
 
     /// The largest request head read back (the exchange wrote it; its own limits already applied).
     static let requestLimits = HTTPLimits(requestLine: 64 * 1024, headerSection: 256 * 1024, headerCount: 1000)
+
+    /// The length of `head`'s text when this stream's parser would read exactly `head` back from it (`HeadHandoff`,
+    /// with `requestLimits`): the head may be handed over in memory (`take`). nil: it goes as the text, and the
+    /// parser answers it (refuses it, as before).
+    static func handedLength(of head: RequestHead) -> Int? {
+        HeadHandoff.request(head, limits: requestLimits, maxHeadBytes: requestLimits.maxRequestHeadBytes)
+    }
 
     init(session: HTTP2OriginSession, end: OpaquePointer, upstream: UpstreamConnection) {
         self.session = session
@@ -91,7 +101,24 @@ final class HTTP2OriginStream {
         }
     }
 
+    /// The exchange hands its request head over in memory (`UpstreamConnection.handRequestHead`): the head its text
+    /// would parse to (`HeadHandoff`, with `requestLimits`). Taken only while no head has come yet and nothing of
+    /// the request waits in the pair (`pairEmpty`: the exchange's side; then this side's input), so that it comes
+    /// first, as its text would; false otherwise, and the exchange writes the text.
+    func take(_ head: RequestHead, pairEmpty: Bool) -> Bool {
+        guard pairEmpty, let end, case .head = request, handedHead == nil,
+              evbuffer_get_length(bufferevent_get_input(end)) == 0 else { return false }
+        handedHead = head
+        // Read from the loop, as the text would have been (the pair defers its callbacks).
+        bufferevent_trigger(end, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue | BEV_TRIG_DEFER_CALLBACKS.rawValue))
+        return true
+    }
+
     private func readHead(_ input: OpaquePointer) -> Bool {
+        if let head = handedHead {
+            handedHead = nil
+            return begin(head)
+        }
         let limits = Self.requestLimits
         let parsed = FrontParse.parse(input, limit: limits.maxRequestHeadBytes, incomplete: .incomplete,
                                       isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
@@ -105,21 +132,26 @@ final class HTTP2OriginStream {
             return false
         case .complete(let head, let length):
             evbuffer_drain(input, length)
-            method = head.method
-            guard case .success(let framing) = head.bodyFraming() else {
-                refuse("the exchange's request is not framed")
-                return false
-            }
-            let authority = session.key.port == 443 ? session.key.host : "\(session.key.host):\(session.key.port)"
-            switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: authority) {
-            case .failure(let error):
-                refuse("the request cannot go out in HTTP/2: \(error)")
-                return false
-            case .success(let translated):
-                request = .waiting(translated, framing)
-                session.streamReady(self)
-                return true
-            }
+            return begin(head)
+        }
+    }
+
+    /// The request's head, read back or handed over: framed, translated, and ready to start.
+    private func begin(_ head: RequestHead) -> Bool {
+        method = head.method
+        guard case .success(let framing) = head.bodyFraming() else {
+            refuse("the exchange's request is not framed")
+            return false
+        }
+        let authority = session.key.port == 443 ? session.key.host : "\(session.key.host):\(session.key.port)"
+        switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: authority) {
+        case .failure(let error):
+            refuse("the request cannot go out in HTTP/2: \(error)")
+            return false
+        case .success(let translated):
+            request = .waiting(translated, framing)
+            session.streamReady(self)
+            return true
         }
     }
 

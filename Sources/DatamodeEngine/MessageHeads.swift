@@ -49,10 +49,30 @@ enum MessageHeads {
     /// client's preconditions about its cached original are dropped, and with `If-Range` the `Range` it guards
     /// (those bytes would be spliced onto the original's): the client gets the variant whole. A plain `Range`
     /// (a player seeking in what it is being served) is kept.
+    /// `asHead`: the head, not its text, for a stream of an origin's HTTP/2 connection, which takes it in memory
+    /// (`HTTP2OriginStream.take`). The same function writes both, so the head is what the text would parse to
+    /// (`HeadHandoff` checks that it would, field by field, before the head is handed).
     static func forwardedRequest(_ head: RequestHead, target: RequestTarget, tags: RequestTags,
                                  settings: TagSettings, mode: DataMode, upgrade: Bool, framing: BodyFraming,
-                                 connectionTokens listed: ConnectionOptions, variantTarget: Bool = false) -> [UInt8] {
+                                 connectionTokens listed: ConnectionOptions, variantTarget: Bool = false,
+                                 asHead: Bool = false) -> ForwardedHead {
+        if asHead {
+            var builder = RequestHeadBuilder(capacity: head.fields.count + 8)
+            forwardedRequest(head, target: target, tags: tags, settings: settings, mode: mode, upgrade: upgrade,
+                             framing: framing, connectionTokens: listed, variantTarget: variantTarget, into: &builder)
+            return .head(builder.head)
+        }
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
+        forwardedRequest(head, target: target, tags: tags, settings: settings, mode: mode, upgrade: upgrade,
+                         framing: framing, connectionTokens: listed, variantTarget: variantTarget, into: &writer)
+        return .text(writer.bytes)
+    }
+
+    private static func forwardedRequest<Sink: RequestHeadSink>(_ head: RequestHead, target: RequestTarget,
+                                                                tags: RequestTags, settings: TagSettings,
+                                                                mode: DataMode, upgrade: Bool, framing: BodyFraming,
+                                                                connectionTokens listed: ConnectionOptions,
+                                                                variantTarget: Bool, into writer: inout Sink) {
         writer.requestLine(method: head.method, target: target.path, version: .http11)
         writer.field("Host", target.hostHeaderValue)
         let addSaveData = settings.saveData && mode.constrained
@@ -87,7 +107,6 @@ enum MessageHeads {
         }
         if addSaveData { writer.field("Save-Data", "on") }
         writer.end()
-        return writer.bytes
     }
 
     /// The response relayed to the client: hop-by-hop fields removed, our `Via`, the connection's fate, and
@@ -194,6 +213,43 @@ protocol HeadSink {
 }
 
 extension HeadWriter: HeadSink {}
+
+/// Where a request head is written: HTTP/1.1 text (`HeadWriter`) or a head in memory (`RequestHeadBuilder`).
+protocol RequestHeadSink {
+    mutating func requestLine(method: String, target: String, version: HTTPVersion)
+    mutating func field(_ name: String, _ value: String)
+    mutating func end()
+}
+
+extension HeadWriter: RequestHeadSink {}
+
+/// Collects a request head as `HeadWriter` would write it.
+struct RequestHeadBuilder: RequestHeadSink {
+    private(set) var head = RequestHead(method: "", target: "", version: .http11, fields: [])
+
+    init(capacity: Int) {
+        head.fields.reserveCapacity(capacity)
+    }
+
+    mutating func requestLine(method: String, target: String, version: HTTPVersion) {
+        head.method = method
+        head.target = target
+        head.version = version
+    }
+
+    mutating func field(_ name: String, _ value: String) {
+        head.fields.append(HTTPField(name: name, value: value))
+    }
+
+    mutating func end() {}
+}
+
+/// The request head forwarded to an origin, in the form its connection takes: HTTP/1.1 text, or the head itself
+/// for a stream of the origin's HTTP/2 connection, which takes it in memory (`HTTP2OriginStream.take`).
+enum ForwardedHead {
+    case text([UInt8])
+    case head(RequestHead)
+}
 
 /// Collects a response head as `HeadWriter` would write it.
 struct ResponseHeadBuilder: HeadSink {

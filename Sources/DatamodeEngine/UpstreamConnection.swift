@@ -312,6 +312,20 @@ final class UpstreamConnection {
     func send(_ head: [UInt8], responseTimeoutMs: Int64) {
         guard state != .closed else { return }
         if !head.isEmpty { evbuffer_add(output, head, head.count) }
+        requestStarted(responseTimeoutMs: responseTimeoutMs)
+    }
+
+    /// `send` for a stream of an origin's HTTP/2 connection, in memory: the head goes to the stream as it is
+    /// (`HTTP2OriginStream.take`) when nothing written before it waits in the pair. False: not taken (not a
+    /// stream, or something is in the pair), and the caller sends the text.
+    func handRequestHead(_ head: RequestHead, responseTimeoutMs: Int64) -> Bool {
+        guard state != .closed, let originStream,
+              originStream.take(head, pairEmpty: evbuffer_get_length(output) == 0) else { return false }
+        requestStarted(responseTimeoutMs: responseTimeoutMs)
+        return true
+    }
+
+    private func requestStarted(responseTimeoutMs: Int64) {
         responseTimer = OriginResponseTimer(timeoutMs: responseTimeoutMs)
         carryOut(responseTimer.requestStarted(connected: state == .busy, pending: evbuffer_get_length(output)))
     }

@@ -18,8 +18,9 @@ final class UpstreamLease {
     private(set) var upstream: UpstreamConnection?
     /// The connection came from the pool (a failure on it may be a stale keep-alive, retried on a new connection).
     private(set) var isReused = false
-    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried.
-    private(set) var forwardedHead: [UInt8] = []
+    /// The forwarded head, kept until a response arrives so a stale pooled connection can be retried: its text, or
+    /// the head an origin stream took in memory (written as text for a retry).
+    private(set) var forwardedHead = ForwardedHead.text([])
 
     init(driver: ExchangeDriver) {
         self.driver = driver
@@ -32,26 +33,54 @@ final class UpstreamLease {
 
     // MARK: taking and giving back
 
-    /// Forwards `head` (the request's forwarded head) to `key`: on a connection chosen by `connect`.
-    func forward(_ head: [UInt8], to key: UpstreamKey) {
-        forwardedHead = head
-        connect(key: key, reuse: true)
+    /// Forwards the request to `key` (on a connection reused when it may be, see `choose`), its head made by
+    /// `makeHead` in the form that connection takes: in memory for a stream of the origin's HTTP/2 connection.
+    func forward(to key: UpstreamKey, head makeHead: (_ forOriginStream: Bool) -> ForwardedHead) {
+        let upstream = take(key: key, reuse: true)
+        forwardedHead = makeHead(upstream.originStream != nil)
+        start(upstream)
     }
 
     /// Takes a connection to `key` (reused when `reuse` allows, see `choose`), queues the forwarded head on it and
     /// starts it; then the request's body follows, or its end is marked.
     func connect(key: UpstreamKey, reuse: Bool) {
-        let driver = self.driver
+        start(take(key: key, reuse: reuse))
+    }
+
+    private func take(key: UpstreamKey, reuse: Bool) -> UpstreamConnection {
         let upstream = choose(key: key, reuse: reuse, upgrade: driver.upgradeRequested)
         self.upstream = upstream
         isReused = upstream.isReused
         upstream.attach(self)
-        upstream.send(forwardedHead, responseTimeoutMs: driver.worker.settings.upstreamResponseMs)
-        driver.allowance.charge(.up, forwardedHead.count, session: driver.session)
+        return upstream
+    }
+
+    private func start(_ upstream: UpstreamConnection) {
+        let driver = self.driver
+        let length = queueHead(on: upstream)
+        driver.allowance.charge(.up, length, session: driver.session)
         upstream.start()
         guard isForwarding(upstream) else { return }
         if upstream.isConnected { driver.perform(driver.machine.upstreamConnected()) }
         if driver.requestBody.isComplete { upstream.requestComplete() } else { driver.pumpRequestBody() }
+    }
+
+    /// Queues the forwarded head on `upstream`: handed to its origin stream in memory when the stream's parser would
+    /// read exactly that head back from the text (`HTTP2OriginStream.handedLength`, `HeadHandoff`) and the
+    /// stream takes it (nothing of the request waits in the pair before it); else as the text, which the stream
+    /// parses as before (and refuses what the parser refuses). Returns the text's length: what the link is charged.
+    private func queueHead(on upstream: UpstreamConnection) -> Int {
+        let timeoutMs = driver.worker.settings.upstreamResponseMs
+        if case .head(let head) = forwardedHead {
+            if upstream.originStream != nil, let length = HTTP2OriginStream.handedLength(of: head),
+               upstream.handRequestHead(head, responseTimeoutMs: timeoutMs) {
+                return length
+            }
+            forwardedHead = .text(head.serialized())
+        }
+        guard case .text(let text) = forwardedHead else { preconditionFailure("the forwarded head is text by now") }
+        upstream.send(text, responseTimeoutMs: timeoutMs)
+        return text.count
     }
 
     /// The upstream for an exchange to `key`: when `reuse` allows, a stream of the origin's HTTP/2 connection (SPEC

@@ -192,6 +192,12 @@ class Connection:
         elif path.startswith("/stream/"):
             self.conn.send_headers(sid, [(":status", "200"), ("content-type", "application/octet-stream")])
             self.queue(sid, pattern(int(path.split("/")[2])), None)
+        elif path == "/request-head":
+            # The request's fields as they arrived, in order, one `name: value` a line.
+            payload = "".join("%s: %s\n" % (n.decode() if isinstance(n, bytes) else n,
+                                             v.decode() if isinstance(v, bytes) else v) for n, v in headers).encode()
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))])
+            self.queue(sid, payload, None)
         elif path == "/echo":
             self.conn.send_headers(sid, [(":status", "200"), ("x-request-fields", names)])
             self.queue(sid, bytes(body), ("trailers", [("x-body-length", str(len(body)))]))

@@ -282,6 +282,29 @@ import Testing
     /// whole, the proxy's `via` as field 301, and an h2 client the same 200: the stream reads the relayed head back with
     /// room for the proxy's own fields (`Flow.relayedResponseLimits`). It used to read it with the origin's limits and
     /// reset the stream (curl exit 92), before the head handoff too.
+    /// The forwarded request head reaches an h2 origin the same whether its stream read it back from the text (the
+    /// first request, on the connection that chose h2) or took it in memory (the next ones, streams of that shared
+    /// connection: `HTTP2OriginStream.take`): every field, in order, with its value.
+    @Test(arguments: clients)
+    func theOriginSeesTheSameHeadWhetherReadBackOrHanded(http: String) throws {
+        let rig = try Rig()
+        let fields = ["X-Alpha: 1", "x-beta: two  words", "Accept: */*;q=0.5, text/html", "Cookie: a=b; c=\"d e\"",
+                      "X-Empty;", "X-Long: " + String(repeating: "l", count: 3000)]
+        let arguments = fields.flatMap { ["-H", $0] } + Array(repeating: rig.url("/request-head?q=1"), count: 3)
+        let result = try rig.curl(arguments, http: http)
+        #expect(result.status == 0, "\(result.output)")
+        let bodies = result.stdout
+        let one = bodies.count / 3
+        let first = String(bodies.prefix(one))
+        #expect(one > 0 && bodies == first + first + first, "\(bodies)")
+        for expected in [":path: /request-head?q=1", "x-alpha: 1\n", "x-beta: two  words\n", "cookie: a=b; c=\"d e\"\n",
+                         "x-empty: \n", "via: ", "allow-constrained: ?", "x-long: " + String(repeating: "l", count: 3000)] {
+            #expect(first.contains(expected), "\(expected) in \(first)")
+        }
+        // One connection from the proxy (the stats request is the other): the later requests were its streams.
+        #expect(try rig.originStats()["connections"] == 2)
+    }
+
     @Test
     func aHeadAtTheFieldLimitReachesAnH2ClientAsAnHTTP1One() throws {
         let rig = try Rig()
