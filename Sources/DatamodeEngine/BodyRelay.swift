@@ -121,6 +121,13 @@ package struct BodyRelay {
         }
     }
 
+    /// From here on a chunked body's framing (chunk-size lines, the last chunk, trailers) is dropped instead of
+    /// moved: the destination gets the payload alone. For a body that is kept rather than relayed (a stored upload,
+    /// SPEC §18.3), which is sent on later with a `Content-Length` of its own. Other framings carry no framing bytes.
+    mutating func stripChunkFraming() {
+        if case .chunked(let decoder, _) = mode { mode = .chunked(decoder, stripFraming: true) }
+    }
+
     /// `n` bytes of a length-delimited body were moved outside the relay (splice(2), kernel to kernel).
     mutating func movedElsewhere(_ n: UInt64) {
         guard case .length(let remaining) = mode else { return }

@@ -52,6 +52,9 @@ final class DeferralIntake {
         let maxBody = driver.worker.settings.deferral.maxBody
         if case .contentLength(let length) = driver.requestFraming, length > UInt64(maxBody) { return false }
         let intake = DeferralIntake(driver: driver, head: head, refusal: refusal, maxBody: maxBody)
+        // What is stored is the payload: a chunked body's framing belongs to the client's hop, and `max-body`
+        // counts the payload (the delivery sends it with its own `Content-Length`).
+        driver.requestBody.stripChunkFraming()
         driver.intake = intake
         driver.session.machine.store(driver)
         if driver.expectsContinue && !driver.requestBody.isComplete {

@@ -141,6 +141,35 @@ struct DeferredUploadEndToEndTests {
         }
     }
 
+    /// A chunked upload is its payload: the chunk framing belongs to the client's hop. It used to be stored with its
+    /// framing and delivered with a `Content-Length` counting it, so the origin got `3e8\r\n…\r\n0\r\n\r\n` as the
+    /// body (and `max-body` counted the framing: a body of exactly `max-body` was refused).
+    @Test("a chunked upload is stored and delivered as its payload, and max-body counts the payload alone")
+    func chunkedUploadIsItsPayload() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        try withAdminProxy(config: "mode: constrained\ndeferral: {max-body: 3000}\n") { proxy, admin in
+            let client = try RawHTTPClient(port: proxy.port)
+            let body = SeededUploadBody.bytes(seed: 7, count: 3000)
+            var request = Array("POST \(origin.url("/chunked")) HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n".utf8)
+            request += Array("Allow-Constrained: ?0\r\nPrefer: respond-async\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+            for start in stride(from: 0, to: body.count, by: 1000) {
+                request += Array("3e8;ext=1\r\n".utf8) + body[start..<start + 1000] + Array("\r\n".utf8)
+            }
+            request += Array("0\r\nX-Trailer: t\r\n\r\n".utf8)
+            try client.send(request)
+            let response = try client.readFinalResponse(method: "POST")
+            #expect(response.status == 202, "a body of exactly max-body is stored: \(response.headText)\(response.bodyText)")
+            let id = try #require(response.value(of: "Data-Mode-Deferred"))
+            #expect(try admin.get("/deferred/\(id)").object["bytes"] as? Int == 3000)
+            #expect(try admin.put("/mode", #"{"mode": "normal"}"#).status == 200)
+            let received = origin.waitForRequests(1, timeout: .seconds(10))
+            try #require(received.count == 1)
+            #expect(received[0].values(of: "Content-Length") == ["3000"])
+            #expect(received[0].payload == body, "byte-exact: \(received[0].bodyLength) bytes arrived")
+        }
+    }
+
     @Test("max-age expires an upload; DELETE cancels one; POST /deferred/flush delivers whatever the mode")
     func expireCancelFlush() throws {
         let origin = try RecordingOrigin { _ in .ok() }
