@@ -54,7 +54,8 @@ public final class DeferredDelivery: @unchecked Sendable {
     struct LoopState {
         var stopping = false
         var woken = false
-        var flushRequested = false
+        /// The flush under way, until every upload it covers has been started.
+        var flush: Flush?
         var running = 0
         var lastExpiry: Int64 = 0
         var lastPurge: Int64 = 0
@@ -93,10 +94,22 @@ public final class DeferredDelivery: @unchecked Sendable {
         pthread_join(thread, nil)
     }
 
+    /// A flush covers the uploads queued when it was asked for (`queuedAt` up to `cutoff`): each is started once,
+    /// whatever the mode and the backoff, within `concurrency` per origin; those `concurrency` holds back start as
+    /// the running deliveries end, in later passes.
+    struct Flush: Sendable {
+        var cutoff: Int64
+        /// The covered uploads started so far: one that fails goes back to the backoff, not straight back out.
+        var started: Set<String> = []
+
+        func covers(_ entry: DeferredEntry) -> Bool { entry.queuedAt <= cutoff && !started.contains(entry.id) }
+    }
+
     /// `POST /deferred/flush`: every queued upload is delivered now, whatever the mode and the backoff. Returns
     /// how many are queued.
     public func flush() -> Int {
-        state.withLock { $0.flushRequested = true }
+        let now = nowMilliseconds
+        state.withLock { $0.flush = Flush(cutoff: now) }
         wake()
         return store.totals.entries
     }
@@ -131,13 +144,12 @@ public final class DeferredDelivery: @unchecked Sendable {
         let now = nowMilliseconds
         let snapshot = runtime.load().snapshot
         let deferral = snapshot.configuration.deferral
-        let (expireDue, purgeDue, flush) = state.withLock { state -> (Bool, Bool, Bool) in
+        let (expireDue, purgeDue, flush) = state.withLock { state -> (Bool, Bool, Flush?) in
             let expire = now - state.lastExpiry >= 1000
             let purge = now - state.lastPurge >= 3_600_000
             if expire { state.lastExpiry = now }
             if purge { state.lastPurge = now }
-            defer { state.flushRequested = false }
-            return (expire, purge, state.flushRequested)
+            return (expire, purge, state.flush)
         }
         if expireDue {
             if case .success(let expired) = wait({ self.store.expire(now: now, maxAge: deferral.maxAge, completion: $0) }) {
@@ -150,20 +162,35 @@ public final class DeferredDelivery: @unchecked Sendable {
         if purgeDue { _ = wait({ self.store.purgeFinished(now: now, completion: $0) }) }
 
         let judge = DeferredJudge(runtime: runtime, budgets: budgets, clock: clock)
-        var admit: (@Sendable (DeferredEntry) -> Bool)?
-        if !flush { admit = { @Sendable entry in judge.allows(entry) } }
+        // While a flush is under way the store is asked for everything queued: what it covers goes, the rest only
+        // when its backoff is over and its mode lets it through, as in any pass.
+        let admit: @Sendable (DeferredEntry) -> Bool = { entry in
+            if let flush, flush.covers(entry) { return true }
+            return flush == nil || entry.nextAttemptAt <= now ? judge.allows(entry) : false
+        }
         let due: Result<[DeferredEntry], DeferredStoreError> = wait { completion in
-            self.store.nextDue(now: flush ? .max : now, concurrency: deferral.concurrency, limit: Self.batch,
+            self.store.nextDue(now: flush == nil ? now : .max, concurrency: deferral.concurrency, limit: Self.batch,
                                admit: admit, completion: completion)
         }
         guard case .success(let entries) = due else {
             if case .failure(let error) = due { logger.error("deferral store", metadata: ["error": "\(error)"]) }
             return
         }
+        var flushed: [String] = []
         for entry in entries {
             guard case .success(let started) = wait({ self.store.markDelivering(entry.id, now: now, completion: $0) })
             else { continue }
+            if flush?.covers(entry) == true { flushed.append(entry.id) }
             deliver(started, settings: snapshot.configuration)
+        }
+        if let flush {
+            state.withLock { state in
+                // A newer flush replaced this one meanwhile: it covers these again, and starts over.
+                guard state.flush?.cutoff == flush.cutoff else { return }
+                state.flush?.started.formUnion(flushed)
+                // Nothing covered was left to start and nothing runs: every upload the flush covered has gone.
+                if entries.isEmpty && state.running == 0 { state.flush = nil }
+            }
         }
     }
 

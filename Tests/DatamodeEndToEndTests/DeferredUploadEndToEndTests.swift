@@ -199,6 +199,30 @@ struct DeferredUploadEndToEndTests {
         }
     }
 
+    /// A flush is for every upload queued when it is asked for, not one pass's worth: `concurrency` still bounds how
+    /// many are sent at once, and the rest follow as those end. It used to start one pass (`concurrency` per origin)
+    /// and leave the others queued for as long as the mode refused them, while answering `{"flushing": 5}`.
+    @Test("POST /deferred/flush delivers every queued upload, more than concurrency, while the mode still refuses them")
+    func flushDeliversBeyondConcurrency() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        try withAdminProxy(config: "mode: constrained\ndeferral: {concurrency: 1}\n") { proxy, admin in
+            let client = try RawHTTPClient(port: proxy.port)
+            for index in 0..<5 {
+                #expect(try upload(client, origin.url("/flush/\(index)"), body: Array("upload \(index)".utf8)).status == 202)
+            }
+            let flush = try admin.request("POST", "/deferred/flush")
+            #expect(flush.status == 202 && flush.object["flushing"] as? Int == 5)
+            let received = origin.waitForRequests(5, timeout: .seconds(10))
+            #expect(received.map(\.target) == (0..<5).map { "/flush/\($0)" }, "oldest first, one at a time")
+            #expect(AdminPolling.until { (try? admin.get("/deferred").array ?? [])?.allSatisfy { $0["status"] as? String == "delivered" } == true })
+            // An upload stored after the flush waits for the mode, as before.
+            #expect(try upload(client, origin.url("/later"), body: Array("later".utf8)).status == 202)
+            Thread.sleep(forTimeInterval: 0.8)
+            #expect(origin.requests.count == 5, "the flush was for what was queued when it was asked for")
+        }
+    }
+
     @Test("sessions: a session's mode lifts only its own uploads")
     func sessions() throws {
         let origin = try RecordingOrigin { _ in .ok() }
