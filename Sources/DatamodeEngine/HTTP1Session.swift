@@ -412,12 +412,14 @@ final class HTTP1Session: ClientSession {
         worker.clientChangedHands(from: self, to: successor)
     }
 
-    /// Drain: close now if idle between requests; otherwise close after the current response.
+    /// Drain: close if idle between requests, once what is queued for the client is written; otherwise close after
+    /// the current response.
     func drain() {
         if machine.isReadingHead && evbuffer_get_length(input) == 0 {
-            // Idle between requests: an intercepted client is told with close_notify that nothing was cut.
-            machine.closed()
-            release(graceful: unsentOutput == 0)
+            // Idle between requests, though the last response may still be on its way to a slow reader: the
+            // connection closes once that is written (SPEC §6), and an intercepted client is told with close_notify
+            // that nothing was cut. Freeing it at once dropped what was queued.
+            apply(machine.closeWhenFlushed(outputBacklog: unsentOutput))
         } else {
             machine.exchange?.machine.closeAfter()
         }

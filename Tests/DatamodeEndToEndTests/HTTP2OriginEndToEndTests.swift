@@ -352,6 +352,48 @@ import Testing
         }
     }
 
+    /// SIGTERM with a response still on its way to an intercepted HTTP/1.1 client (SPEC §8: in-flight requests finish;
+    /// §6: no byte is lost). The client asks for N bytes and reads nothing for 2 s, then the proxy is told to stop,
+    /// then the client reads. For N between what the kernel's socket buffers take and that plus the proxy's own, the
+    /// exchange is over (its connection idle between requests) while bytes are still queued in the proxy: the drain
+    /// used to free such a connection at once, dropping them (the client got a chunked body without its last chunk).
+    /// Where that window lies depends on the machine's buffers, so N walks through 1.5 MB to 6.5 MB.
+    @Test func aDrainWaitsForAResponseStillQueuedForAnIdleClient() throws {
+        let script = """
+            import os, signal, socket, ssl, sys, time
+            port, origin, ca, pid, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(("CONNECT localhost:%s HTTP/1.1\\r\\nHost: localhost:%s\\r\\n\\r\\n" % (origin, origin)).encode())
+            head = b""
+            while b"\\r\\n\\r\\n" not in head: head += s.recv(1)
+            context = ssl.create_default_context(cafile=ca); context.set_alpn_protocols(["http/1.1"])
+            t = context.wrap_socket(s, server_hostname="localhost")
+            t.sendall(b"GET /stream/%d HTTP/1.1\\r\\nHost: localhost:%s\\r\\n\\r\\n" % (n, origin.encode()))
+            time.sleep(2)
+            os.kill(pid, signal.SIGTERM)
+            data = b""
+            try:
+                while True:
+                    more = t.recv(1 << 20)
+                    if not more: break
+                    data += more
+            except (ssl.SSLError, OSError):
+                pass
+            body = data.partition(b"\\r\\n\\r\\n")[2]
+            print("whole" if body.endswith(b"\\r\\n0\\r\\n\\r\\n") else "cut after %d bytes" % len(body))
+            """
+        for size in stride(from: 1_500_000, through: 6_500_000, by: 500_000) {
+            let rig = try Rig()
+            let path = rig.directory + "/drain-client.py"
+            try script.write(toFile: path, atomically: true, encoding: .utf8)
+            let result = try ExternalCommand.run("/usr/bin/env", [
+                "python3", path, String(rig.proxy.port), String(rig.origin.port), rig.caPath,
+                String(rig.proxy.process.processIdentifier), String(size),
+            ], timeout: 60)
+            #expect(result.stdout == "whole\n", "\(size) bytes: \(result.output)")
+        }
+    }
+
     /// An origin's REFUSED_STREAM (RFC 9113 §8.7: nothing was done) sends the request again: the client never sees it.
     @Test func aRefusedStreamIsSentAgain() throws {
         let rig = try Rig()
