@@ -295,9 +295,16 @@ public final class HTTP2ServerSession {
 
     /// Resets a stream (RST_STREAM): an origin that failed mid-body, an exchange the engine abandons, or
     /// `noError` after a complete response to stop a request body it does not want (RFC 9113 §8.1).
+    /// Body bytes already queued go out before the reset (SPEC §6: what the origin sent before it failed reaches the
+    /// client), as the peer's windows let them: `readResponseBody` submits the reset once they are taken.
     public func resetStream(_ id: HTTP2StreamID, code: HTTP2ErrorCode) throws(HTTP2SessionError) {
         guard !isDead, connectionError == nil else { throw .connectionClosed }
         guard streams[id]?.engineKnows == true else { throw .unknownStream(id) }
+        if code != .noError, let body = streams[id]!.outbound, body.count > 0, !body.finished {
+            streams[id]!.outbound!.resetAfter = code.rawValue
+            resumeIfDeferred(id)
+            return
+        }
         let rv = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, code.rawValue)
         guard rv == 0 else { throw .nghttp2(Self.libraryError(rv)) }
     }

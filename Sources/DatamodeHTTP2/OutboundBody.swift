@@ -12,6 +12,9 @@ struct OutboundBody {
     var deferred = false
     /// The engine was told "stop": a drained event is owed below the low watermark.
     var paused = false
+    /// The engine reset the stream with bytes still queued here: they go out first, then RST_STREAM with this code
+    /// (nghttp2 would send a reset ahead of them and drop them).
+    var resetAfter: UInt32?
     var count: Int { bytes.count - start }
 
     /// nghttp2's data source read: copies what is queued into `buffer` (as much as fits), calls `drained` once the

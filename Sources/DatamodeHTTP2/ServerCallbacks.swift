@@ -405,12 +405,18 @@ extension HTTP2ServerSession {
         var body = streams[id]!.outbound!
         streams[id]!.outbound = nil
         defer { streams[id]!.outbound = body }
-        return body.read(into: buffer, flags: flags, lowWatermark: configuration.responseBodyLowWatermark,
-                         drained: { events.append(.responseBodyDrained(id)) },
-                         submitTrailers: { trailers in
-                             Self.withNameValues(pseudo: [], fields: trailers) { list, count in
-                                 nghttp2_submit_trailer(session, id, list, count)
-                             }
-                         })
+        let read = body.read(into: buffer, flags: flags, lowWatermark: configuration.responseBodyLowWatermark,
+                             drained: { events.append(.responseBodyDrained(id)) },
+                             submitTrailers: { trailers in
+                                 Self.withNameValues(pseudo: [], fields: trailers) { list, count in
+                                     nghttp2_submit_trailer(session, id, list, count)
+                                 }
+                             })
+        // The last of what was queued before the engine's reset is in this frame: the reset follows it.
+        if body.count == 0, let code = body.resetAfter {
+            body.resetAfter = nil
+            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, code)
+        }
+        return read
     }
 }

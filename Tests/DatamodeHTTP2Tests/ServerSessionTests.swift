@@ -244,6 +244,26 @@ struct ServerSessionTests {
         #expect(link.events.contains(.streamClosed(id, .resetByProxy(.internalError))))
     }
 
+    /// SPEC §6 "No byte is lost": body bytes queued before the engine resets the stream (an origin cut mid-body)
+    /// reach the client before the RST_STREAM. nghttp2 sends a reset ahead of the stream's queued DATA and drops
+    /// that DATA, so the reset used to overtake them: the client lost the end of what the origin had sent.
+    @Test("A reset behind queued body bytes: the bytes go out first, then RST_STREAM with the code")
+    func resetBehindQueuedBodySendsTheBytesFirst() throws {
+        let link = try Link()
+        let id = link.client.request()
+        let body = Self.bytes(100_000, seed: 5)
+        try link.pump { event in
+            guard case .request(let stream, _, _) = event else { return }
+            try link.server.sendResponseHead(stream, status: 200, fields: [], endStream: false)
+            try body.withUnsafeBytes { _ = try link.server.sendResponseBody(stream, $0) }
+            try link.server.resetStream(stream, code: .internalError)
+        }
+        try link.pump()
+        #expect(link.client.responses[id]?.body == body, "\(link.client.responses[id]?.body.count ?? 0) of 100000")
+        #expect(link.client.responses[id]?.resetByServer == HTTP2ErrorCode.internalError.rawValue)
+        #expect(link.events.contains(.streamClosed(id, .resetByProxy(.internalError))))
+    }
+
     @Test("Drain: GOAWAY with the last stream id, open streams finish, then the session is done")
     func drain() throws {
         let link = try Link()
