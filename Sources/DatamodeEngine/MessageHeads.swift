@@ -78,20 +78,23 @@ enum MessageHeads {
         let addSaveData = settings.saveData && mode.constrained
         let dropRange = variantTarget && head.fields.contains { KnownField.of($0.name) == .ifRange }
         let checkListed = !listed.isEmpty && listsOtherFields(listed, request: true)
-        for field in head.fields {
-            let known = KnownField.of(field.name)
+        // By index, as the response's loop below: `for field in head.fields` copied every field (a retain and a
+        // release per string) around the calls in the body.
+        let fields = head.fields
+        for i in fields.indices {
+            let known = KnownField.of(fields[i].name)
             if known.isRequestHopByHop {
-                if upgrade && known == .upgrade { writer.field(field.name, field.value) }
+                if upgrade && known == .upgrade { writer.field(fields[i].name, fields[i].value) }
                 continue
             }
-            if checkListed && listed.contains(field.name) { continue }
+            if checkListed && listed.contains(fields[i].name) { continue }
             if variantTarget && known.isConditional { continue }
             if dropRange && known == .range { continue }
             if addSaveData && known == .saveData { continue }
             // The framing sent is always our own, written from the parse below, never what survived filtering:
             // `Connection: Transfer-Encoding` once removed the header but not the chunks (request smuggling).
             if known == .contentLength || known == .transferEncoding { continue }
-            writer.field(field.name, field.value)
+            writer.field(fields[i].name, fields[i].value)
         }
         switch framing {
         case .contentLength(let length): writer.field("Content-Length", String(length))
@@ -152,18 +155,21 @@ enum MessageHeads {
         }
         let inPlace = variant != nil && !upgrade
         let checkListed = !listed.isEmpty && listsOtherFields(listed, request: false)
-        for field in head.fields {
-            let known = KnownField.of(field.name)
+        // By index: `for field in head.fields` copied every field (a retain and a release per string; callgrind, 19
+        // per plain 1 KiB exchange in `OriginResponse.start`).
+        let fields = head.fields
+        for i in fields.indices {
+            let known = KnownField.of(fields[i].name)
             if known.isResponseHopByHop {
-                if upgrade && known == .upgrade { writer.field(field.name, field.value) }
+                if upgrade && known == .upgrade { writer.field(fields[i].name, fields[i].value) }
                 continue
             }
-            if checkListed && listed.contains(field.name) { continue }
+            if checkListed && listed.contains(fields[i].name) { continue }
             if stripTransferEncoding && known == .transferEncoding { continue }
             if variant != nil && known == .dataModeVariant { continue }
             if inPlace && known.isCaching { continue }
             if ownFraming && (known == .contentLength || known == .transferEncoding) { continue }
-            writer.field(field.name, field.value)
+            writer.field(fields[i].name, fields[i].value)
         }
         switch framing {
         case .contentLength(let length)?: writer.field("Content-Length", String(length))

@@ -6,7 +6,8 @@
 enum FieldLookup {
     static func values(_ fields: [HTTPField], _ name: String) -> [String] {
         var result: [String] = []
-        for f in fields where ASCII.equalsIgnoringCase(f.name, name) { result.append(f.value) }
+        // By index here and below: `for f in fields` copied every field (a retain and a release per string).
+        for i in fields.indices where ASCII.equalsIgnoringCase(fields[i].name, name) { result.append(fields[i].value) }
         return result
     }
 
@@ -17,7 +18,7 @@ enum FieldLookup {
     /// How many fields are named `name` (any case), without collecting their values.
     static func count(_ fields: [HTTPField], _ name: String) -> Int {
         var n = 0
-        for f in fields where ASCII.equalsIgnoringCase(f.name, name) { n += 1 }
+        for i in fields.indices where ASCII.equalsIgnoringCase(fields[i].name, name) { n += 1 }
         return n
     }
 
@@ -26,8 +27,9 @@ enum FieldLookup {
     /// would leak a hop-by-hop field to the next hop.
     static func connectionOptions(_ fields: [HTTPField]) -> ConnectionOptions {
         var options = ConnectionOptions()
-        for f in fields where f.name.utf8.count == 10 && ASCII.equalsIgnoringCase(f.name, "connection") {
-            f.value.withUTF8Bytes { u in
+        for i in fields.indices
+        where fields[i].name.utf8.count == 10 && ASCII.equalsIgnoringCase(fields[i].name, "connection") {
+            fields[i].value.withUTF8Bytes { u in
                 var start = 0
                 for i in 0...u.count where i == u.count || u[i] == 0x2C {
                     let (a, b) = ASCII.trimOWS(u, start, i)
