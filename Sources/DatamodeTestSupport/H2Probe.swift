@@ -173,6 +173,22 @@ if scenario == "get":
     conn.send_headers(1, request_headers(extra[0] if extra else "/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
     print(pump(outcome_of(1)))
+elif scenario == "body-before-reset":
+    # A GET whose response may be reset: how many body bytes came before the end, whichever it is (curl drops what it
+    # buffered when a stream is reset, so its count says nothing about what the proxy sent).
+    conn.send_headers(1, request_headers(extra[0]), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    body = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            body["n"] += len(event.data)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+        elif isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
+            return "ended after %d" % body["n"]
+        elif isinstance(event, h2.events.StreamReset) and event.stream_id == 1:
+            return "reset %s after %d" % (h2.errors.ErrorCodes(event.error_code).name, body["n"])
+        return goaway(event)
+    print(pump(until))
 elif scenario == "field":
     # One request with a field given as raw bytes (name, value), unvalidated: the smuggling class.
     name, value = extra[0].encode().decode("unicode_escape"), extra[1].encode().decode("unicode_escape")
