@@ -173,6 +173,35 @@ if scenario == "get":
     conn.send_headers(1, request_headers(extra[0] if extra else "/hello.txt"), end_stream=True)
     tls.sendall(conn.data_to_send())
     print(pump(outcome_of(1)))
+elif scenario == "data-past-length":
+    # POST with content-length 5: "hello", half a second, then 5 bytes more with END_STREAM. What came back in the
+    # pause (a response means the request was whole at the origin), then how the stream ended.
+    conn.send_headers(1, request_headers(extra[0], "POST", [("content-length", "5")]), end_stream=False)
+    conn.send_data(1, b"hello")
+    tls.sendall(conn.data_to_send())
+    seen = []
+    tls.settimeout(0.1)
+    pause_ends = time.time() + 0.5
+    while time.time() < pause_ends:
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                seen.append("response-in-pause %s" % dict(event.headers).get(b":status", b"?").decode())
+            elif isinstance(event, h2.events.StreamReset):
+                seen.append("reset-in-pause %s" % h2.errors.ErrorCodes(event.error_code).name)
+        tls.sendall(conn.data_to_send())
+    try:
+        conn.send_data(1, b"world", end_stream=True)
+        tls.sendall(conn.data_to_send())
+        seen.append(pump(outcome_of(1)))
+    except Exception as error:
+        seen.append("send-failed %s" % type(error).__name__)
+    print(" ".join(seen))
 elif scenario == "body-before-reset":
     # A GET whose response may be reset: how many body bytes came before the end, whichever it is (curl drops what it
     # buffered when a stream is reset, so its count says nothing about what the proxy sent).

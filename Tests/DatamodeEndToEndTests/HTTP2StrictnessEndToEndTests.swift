@@ -50,6 +50,17 @@ import Testing
         #expect(rig.proxy.accessLog.allSatisfy { $0["method"] as? String == "CONNECT" })
     }
 
+    /// The same with the excess in a later DATA frame (review15): the origin used to receive the 5 declared bytes as a
+    /// whole request and answer it in the pause. The last byte now waits for END_STREAM, so the excess resets the
+    /// stream before the request is whole anywhere.
+    @Test func dataPastContentLengthInALaterFrameIsAStreamErrorBeforeTheRequestIsWhole() throws {
+        let rig = try Rig()
+        let outcome = try Self.probe(rig, "data-past-length", ["/upload"])
+        #expect(outcome.line == "reset PROTOCOL_ERROR", "\(outcome.output)")
+        #expect(!rig.proxy.accessLog.contains { $0["method"] as? String == "POST" && $0["status"] as? Int == 200 },
+                "\(rig.proxy.accessLog)")
+    }
+
     @Test func contentLengthThatDisagreesWithDataIsAStreamError() throws {
         let rig = try Rig()
         let outcome = try Self.probe(rig, "content-length-mismatch")
