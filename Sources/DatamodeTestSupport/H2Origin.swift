@@ -89,7 +89,7 @@ public final class H2Origin: @unchecked Sendable {
     public static func patternByte(_ i: Int) -> UInt8 { UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
 
     static let script = #"""
-import json, select, socket, ssl, sys, threading
+import json, select, socket, ssl, sys, threading, time
 import h2.config, h2.connection, h2.events, h2.errors, h2.settings
 
 cert, key, max_streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -232,6 +232,10 @@ class Connection:
         elif path.startswith("/reset-after/"):
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, pattern(int(path.split("/")[2])), ("reset", h2.errors.ErrorCodes.INTERNAL_ERROR))
+        elif path.startswith("/excess-data/"):
+            n = int(path.split("/")[2])
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(n))])
+            self.queue(sid, pattern(n), ("excess", b"0123456789"))
         elif path.startswith("/cut-length/"):
             n = int(path.split("/")[2])
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(2 * n))])
@@ -299,6 +303,11 @@ class Connection:
                 self.conn.end_stream(sid)
             elif after[0] == "trailers":
                 self.conn.send_headers(sid, after[1], end_stream=True)
+            elif after[0] == "excess":
+                # The whole body its content-length declared, a pause, then more DATA and END_STREAM.
+                self.send()
+                time.sleep(0.3)
+                self.conn.send_data(sid, after[1], end_stream=True)
             elif after[0] == "end-reset":
                 self.conn.end_stream(sid)
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)

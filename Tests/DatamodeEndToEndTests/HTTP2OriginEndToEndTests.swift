@@ -347,6 +347,19 @@ import Testing
         #expect(next.stdout == "hello over h2\n", "\(next.output)")
     }
 
+    /// DATA past `content-length` in a later frame (review15): the response is malformed (RFC 9113 §8.1.1), so no
+    /// client may see it whole. Its last byte used to reach the client before the excess came, a complete 200
+    /// logged `forwarded`; the last byte now waits for END_STREAM, and the excess cuts the response.
+    @Test(arguments: ["--http1.1", "--http2"])
+    func dataPastContentLengthFromAnH2OriginIsNeverPresentedAsWhole(http: String) throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-o", "/dev/null", "-w", "%{http_code} %{size_download}", rig.url("/excess-data/100000")],
+                                  http: http)
+        #expect(result.status != 0, "a malformed response must not look complete: \(result.output)")
+        let line = rig.proxy.accessLog(atLeast: 1) { $0["method"] as? String == "GET" }.first
+        #expect(line?["outcome"] as? String == "error", "\(String(describing: line))")
+    }
+
     /// A slow reader behind an h2 origin (SPEC §17 flow control as backpressure): the origin's windows open only as
     /// the client takes the bytes, nothing is lost, and the proxy holds a bounded amount meanwhile.
     @Test(arguments: clients)
