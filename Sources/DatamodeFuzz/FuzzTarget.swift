@@ -8,7 +8,8 @@
 ///   and a prefix never completes differently from the whole;
 /// - round trip: a parsed head, serialised and re-parsed, is the same head (what we forward means what we checked);
 /// - request targets normalise idempotently;
-/// - the transparent listener's `Host` fast path (`RequestTarget.httpOnHost`) agrees with parsing the joined URL;
+/// - the transparent listener's `Host` fast path (`RequestTarget.httpOnHost`) and the HTTP/2 codec's `:authority` and
+///   `:path` check (`RequestTarget.isAbsolute`) agree with parsing the joined URL;
 /// - chunked framing gives the same outcome whether the bytes arrive at once or in two reads;
 /// - the engine's in-place paths agree with the reference parsers: the input, arriving in pieces (derived from
 ///   the input, so a finding reproduces) in an evbuffer's chains, through `FrontParse` (request and response
@@ -73,6 +74,14 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
             guard fast == reference else {
                 fatalError("httpOnHost \(host.debugDescription) \(path.debugDescription): \(String(describing: fast)) vs \(String(describing: reference))")
             }
+        }
+        // The same two parts as an HTTP/2 request's :authority and :path (`RequestTarget.isAbsolute`).
+        var joinedKeepsPath = false
+        if case .success(let absolute) = RequestTarget.parse("https://" + host + path, method: "GET") {
+            joinedKeepsPath = absolute.path == path
+        }
+        guard RequestTarget.isAbsolute(scheme: "https", authority: host, path: path) == joinedKeepsPath else {
+            fatalError("isAbsolute \(host.debugDescription) \(path.debugDescription): reference \(joinedKeepsPath)")
         }
     }
 
@@ -394,3 +403,4 @@ func checkTransparentOpening(_ bytes: UnsafeRawBufferPointer, split: Int) {
         fatalError("needMore at EOF")
     }
 }
+

@@ -151,6 +151,30 @@ public struct RequestTarget: Hashable, Sendable {
                              hostHeaderValue: hostHeader, absoluteURL: joined("http://", hostHeader, origin.path))
     }
 
+    /// Whether `parse(scheme + "://" + authority + path)` gives an absolute-form target whose path is `path`: an
+    /// HTTP/2 request's `:scheme`, `:authority` and `:path` (RFC 9113 §8.3.1), which arrive apart, held to the
+    /// absolute form's grammar without the joined string or the target being built (`HTTP2RequestBuilder`, on
+    /// every h2 request). Read as `parse` reads them: visible ASCII and no fragment anywhere; an authority with no
+    /// "/" or "?" (the joined URL's authority would end there and the path move) read by `parseAuthority`; a path
+    /// that starts with "/". `RequestTargetPartsDifferentialTests` and the fuzz target hold it to the reference.
+    public static func isAbsolute(scheme: String, authority: String, path: String) -> Bool {
+        let knownScheme = scheme.withUTF8Bytes { u in
+            equalsLower(u, 0, u.count, "http") || equalsLower(u, 0, u.count, "https")
+        }
+        guard knownScheme else { return false }
+        let pathIsValid = path.withUTF8Bytes { u in
+            guard u.first == 0x2F else { return false }
+            for b in u where b == 0x23 || !ByteClass.isVisible(b) { return false }
+            return true
+        }
+        guard pathIsValid else { return false }
+        return authority.withUTF8Bytes { u in
+            for b in u where b == 0x2F || b == 0x3F || b == 0x23 || !ByteClass.isVisible(b) { return false }
+            if case .success = parseAuthority(u, 0, u.count, requirePort: false) { return true }
+            return false
+        }
+    }
+
     struct Authority {
         var host: String
         var bracketedHost: String

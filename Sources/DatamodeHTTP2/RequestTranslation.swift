@@ -227,14 +227,11 @@ struct HTTP2RequestBuilder {
             return nil
         }
         guard path.utf8.first == UInt8(ascii: "/") else { return .invalidTarget(path) }
-        switch RequestTarget.parse(scheme + "://" + authority + path, method: method) {
-        case .failure: return .invalidTarget(authority + path)
-        case .success(let target):
-            // The absolute form's authority ends at the first "/": an authority with "/" or "?" in it would be
-            // read as part of the path here and as an authority by whoever sees :authority alone.
-            guard target.path == path else { return .invalidTarget(authority + path) }
-            return nil
-        }
+        // The joined URL's parse, without joining it or building the target (`RequestTarget.isAbsolute`): its
+        // authority ends at the first "/" or "?", so an authority with either in it would be read as part of the
+        // path here and as an authority by whoever sees :authority alone; such a request is refused.
+        return RequestTarget.isAbsolute(scheme: scheme, authority: authority, path: path)
+            ? nil : .invalidTarget(authority + path)
     }
 
     static func equalsIgnoringASCIICase(_ a: String, _ b: String) -> Bool {
