@@ -187,7 +187,7 @@ let package = Package(
 // (the -Xswiftc form is needed: SwiftPM passes the two sanitizers in random order and the driver keeps the last)
 if Context.environment["DATAMODE_FUZZ"] != nil {
     // DatamodeEngine: the in-place paths (FrontParse, BodyRelay) are fuzzed against the DatamodeHTTP references.
-    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP", "DatamodeEngine", "CLibevent"]))
+    package.targets.append(.executableTarget(name: "DatamodeFuzz", dependencies: ["DatamodeHTTP", "DatamodeHTTP2", "DatamodeEngine", "CLibevent"]))
     package.products.append(.executable(name: "DatamodeFuzz", targets: ["DatamodeFuzz"]))
     package.targets.append(.executableTarget(name: "DatamodeMediaFuzz", dependencies: ["DatamodeMedia"]))
     package.products.append(.executable(name: "DatamodeMediaFuzz", targets: ["DatamodeMediaFuzz"]))

@@ -142,7 +142,8 @@ final class HTTP2OriginStream {
         }
     }
 
-    /// The request's head, read back or handed over: framed, translated, and ready to start.
+    /// The request's head, read back (`HTTP1Parser`) or handed over (`HeadHandoff.request`): framed, translated
+    /// (its fields need no second check), and ready to start.
     private func begin(_ head: RequestHead) -> Bool {
         method = head.method
         guard case .success(let framing) = head.bodyFraming() else {
@@ -150,7 +151,7 @@ final class HTTP2OriginStream {
             return false
         }
         let authority = session.key.port == 443 ? session.key.host : "\(session.key.host):\(session.key.port)"
-        switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: authority) {
+        switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: authority, from: .translatedFromHTTP1Head) {
         case .failure(let error):
             refuse("the request cannot go out in HTTP/2: \(error)")
             return false

@@ -299,14 +299,15 @@ final class HTTP2Stream {
     }
 
     /// Sends a response head (1xx or final) to the codec and sets up the body's relay; false when the stream is
-    /// over (no body, or failed).
+    /// over (no body, or failed). `head` was read by `HTTP1Parser` (`readHead`) or accepted by `HeadHandoff.response`
+    /// (`take`, from `OriginResponse.handToStream`): its translated fields need no second check in the codec.
     private func relay(_ head: ResponseHead) -> Bool {
         let fields = HTTP2ResponseTranslation.fields(of: head)
         let codec = connection.codec
         if head.status < 200 {
             // 100 and 103 are relayed; 101 cannot be (HTTP/2 has no Upgrade, RFC 9113 §8.6).
             do throws(HTTP2SessionError) {
-                try codec.sendInformational(id, status: head.status, fields: fields)
+                try codec.sendInformational(id, status: head.status, fields: fields, from: .translatedFromHTTP1Head)
             } catch .headerListTooLarge(let problem) {
                 // A hint the client cannot take is left out; the final response follows as it would have.
                 connection.worker.logger.debug("http2 interim response not relayed",
@@ -327,7 +328,7 @@ final class HTTP2Stream {
         default: noBody = false
         }
         do throws(HTTP2SessionError) {
-            try codec.sendResponseHead(id, status: head.status, fields: fields, endStream: noBody)
+            try codec.sendResponseHead(id, status: head.status, fields: fields, endStream: noBody, from: .translatedFromHTTP1Head)
         } catch {
             fail("the response head cannot go out in HTTP/2: \(error)")
             return false

@@ -16,10 +16,12 @@
 ///   heads) and `BodyRelay` (chunked bodies, framing kept and stripped, with small backpressure budgets), reaches
 ///   the same verdict at the same byte, with the same head or the same bytes forwarded, as `HTTP1Parser` and
 ///   `ChunkedDecoder` on the whole input;
-/// - a head that `HeadHandoff` lets skip its text (the HTTP/2 streams' seams) is what the parser reads from that text.
+/// - a head that `HeadHandoff` lets skip its text (the HTTP/2 streams' seams) is what the parser reads from that text;
+/// - a parsed head translates to HTTP/2 fields the codecs' checks accept (`HTTP2FieldSource.translatedFromHTTP1Head`).
 import CLibevent
 import DatamodeEngine
 import DatamodeHTTP
+import DatamodeHTTP2
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -42,6 +44,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
                     expectComplete: split >= length ? (head, length) : nil, what: "request prefix half")
         _ = head.bodyFraming()
         _ = head.connectionTokens
+        checkFieldSource(head)
         if case .success(let target) = RequestTarget.parse(head.target, method: head.method) {
             checkTarget(target, method: head.method)
         }
@@ -96,6 +99,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
                     expectComplete: nil, what: "response prefix length-1")
         _ = head.bodyFraming(requestMethod: "GET")
         _ = head.bodyFraming(requestMethod: "HEAD")
+        checkFieldSource(head)
         let wire = head.serialized()
         let again = wire.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: HTTPLimits()) }
         guard case .complete(let head2, let length2) = again, head2 == head, length2 == wire.count else {
@@ -404,3 +408,19 @@ func checkTransparentOpening(_ bytes: UnsafeRawBufferPointer, split: Int) {
     }
 }
 
+/// A head `HTTP1Parser` read needs no second field check once translated to HTTP/2 (`HTTP2FieldSource`).
+func checkFieldSource(_ head: ResponseHead) {
+    for field in HTTP2ResponseTranslation.fields(of: head) {
+        if let problem = HTTP2ResponseTranslation.problem(with: field) {
+            fatalError("parsed response head \(head) translates to a field the codec refuses: \(problem)")
+        }
+    }
+}
+
+func checkFieldSource(_ head: RequestHead) {
+    if case .failure(.invalidField(let problem)) = HTTP2OriginRequestTranslation.request(
+        of: head, defaultAuthority: "origin.test", from: .unchecked),
+       problem.hasPrefix("field name") || problem.hasPrefix("invalid value") {
+        fatalError("parsed request head \(head) translates to a field the codec refuses: \(problem)")
+    }
+}

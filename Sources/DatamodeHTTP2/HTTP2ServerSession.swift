@@ -223,12 +223,14 @@ public final class HTTP2ServerSession {
 
     /// A 1xx response (`103 Early Hints`, `100 Continue`) before the final one (RFC 9113 §8.1). 101 is refused:
     /// HTTP/2 has no Upgrade (RFC 9113 §8.6).
-    public func sendInformational(_ id: HTTP2StreamID, status: Int, fields: [HTTPField] = []) throws(HTTP2SessionError) {
+    public func sendInformational(_ id: HTTP2StreamID, status: Int, fields: [HTTPField] = [],
+                                  from source: HTTP2FieldSource = .unchecked) throws(HTTP2SessionError) {
         guard (100...199).contains(status), status != 101 else { throw .invalidStatus(status) }
         try checkRespondable(id)
         guard streams[id]!.informationalAllowed else { throw .invalidState("1xx after the final response") }
-        try checkHeaderList(pseudo: [(":status", String(status))], fields: fields)
-        let rv = try withHeaderList(status: status, fields: fields) { list, count in
+        let statusText = String(status)
+        try checkHeaderList(pseudo: [(":status", statusText)], fields: fields)
+        let rv = try withHeaderList(status: statusText, fields: fields, from: source) { list, count in
             nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, nil, list, count, nil)
         }
         guard rv >= 0 else { throw .nghttp2(Self.libraryError(rv)) }
@@ -236,20 +238,21 @@ public final class HTTP2ServerSession {
 
     /// The final response head. `endStream`: no body (HEAD, 204, 304, an empty refusal). Otherwise the body follows
     /// through `sendResponseBody` and `finishResponse`.
-    public func sendResponseHead(_ id: HTTP2StreamID, status: Int, fields: [HTTPField],
-                                 endStream: Bool) throws(HTTP2SessionError) {
+    public func sendResponseHead(_ id: HTTP2StreamID, status: Int, fields: [HTTPField], endStream: Bool,
+                                 from source: HTTP2FieldSource = .unchecked) throws(HTTP2SessionError) {
         guard (200...999).contains(status) else { throw .invalidStatus(status) }
         try checkRespondable(id)
         guard !streams[id]!.finalResponseSubmitted else { throw .invalidState("a second final response") }
-        try checkHeaderList(pseudo: [(":status", String(status))], fields: fields)
+        let statusText = String(status)
+        try checkHeaderList(pseudo: [(":status", statusText)], fields: fields)
         let rv: Int32
         if endStream {
-            rv = try withHeaderList(status: status, fields: fields) { list, count in
+            rv = try withHeaderList(status: statusText, fields: fields, from: source) { list, count in
                 nghttp2_submit_response(session, id, list, count, nil)
             }
         } else {
             var provider = ServerCallbacks.responseBodyProvider()
-            rv = try withHeaderList(status: status, fields: fields) { list, count in
+            rv = try withHeaderList(status: statusText, fields: fields, from: source) { list, count in
                 nghttp2_submit_response(session, id, list, count, &provider)
             }
             if rv == 0 { streams[id]!.outbound = OutboundBody() }
@@ -403,15 +406,22 @@ public final class HTTP2ServerSession {
                 UInt8(code.rawValue & 0xff)]
     }
 
-    /// `:status` and the fields as nghttp2 name/value pairs over one buffer; each field checked first.
-    func withHeaderList(status: Int, fields: [HTTPField],
+    /// `:status` and the fields as nghttp2 name/value pairs over one buffer; each field checked first, unless
+    /// `source` says the checks hold already (debug builds check those too, and stop on a field that fails).
+    func withHeaderList(status: String, fields: [HTTPField], from source: HTTP2FieldSource,
                         _ body: (UnsafePointer<nghttp2_nv>, Int) -> Int32) throws(HTTP2SessionError) -> Int32 {
         // By index, here and below: `for field in fields` copied each field (a retain and a release per string) around
         // the calls in its body.
-        for i in fields.indices {
-            if let problem = HTTP2ResponseTranslation.problem(with: fields[i]) { throw .invalidField(problem) }
+        switch source {
+        case .unchecked:
+            for i in fields.indices {
+                if let problem = HTTP2ResponseTranslation.problem(with: fields[i]) { throw .invalidField(problem) }
+            }
+        case .translatedFromHTTP1Head:
+            assert(fields.indices.allSatisfy { HTTP2ResponseTranslation.problem(with: fields[$0]) == nil },
+                   "a field translated from a checked HTTP/1.1 head fails the HTTP/2 field checks")
         }
-        return Self.withNameValues(pseudo: [(":status", String(status))], fields: fields, body)
+        return Self.withNameValues(pseudo: [(":status", status)], fields: fields, body)
     }
 
     /// `pseudo` (in order), then `fields`, as the name/value list nghttp2 takes (it copies them before returning).

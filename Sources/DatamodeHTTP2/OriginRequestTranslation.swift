@@ -25,8 +25,11 @@ public struct HTTP2OriginRequest: Hashable, Sendable {
 
 public enum HTTP2OriginRequestTranslation {
     /// `head` as an HTTP/2 request; `defaultAuthority` when it has no `Host` (HTTP/1.0). The error says why it
-    /// cannot go out in HTTP/2.
-    public static func request(of head: RequestHead, defaultAuthority: String) -> Result<HTTP2OriginRequest, HTTP2SessionError> {
+    /// cannot go out in HTTP/2. `source` `.translatedFromHTTP1Head`: `head` is one `HTTP1Parser` read or
+    /// `HeadHandoff.request` accepted, and its fields' names and values need no second check (debug builds check
+    /// them anyway, and stop on one that fails).
+    public static func request(of head: RequestHead, defaultAuthority: String,
+                               from source: HTTP2FieldSource = .unchecked) -> Result<HTTP2OriginRequest, HTTP2SessionError> {
         guard head.method != "CONNECT" else { return .failure(.invalidField("CONNECT is not forwarded over HTTP/2")) }
         var path = head.target
         var targetAuthority: String?
@@ -47,12 +50,13 @@ public enum HTTP2OriginRequestTranslation {
         var host: String?
         var hostCount = 0
         var hasConnection = false
-        for field in head.fields {
-            switch field.name.utf8.count {
-            case 4 where HTTP2RequestBuilder.equalsIgnoringASCIICase(field.name, "host"):
+        // By index, here and below: `for field in head.fields` copied each field (a retain and a release per string).
+        for i in head.fields.indices {
+            switch head.fields[i].name.utf8.count {
+            case 4 where HTTP2RequestBuilder.equalsIgnoringASCIICase(head.fields[i].name, "host"):
                 hostCount += 1
-                if host == nil { host = field.value }
-            case 10 where HTTP2RequestBuilder.equalsIgnoringASCIICase(field.name, "connection"):
+                if host == nil { host = head.fields[i].value }
+            case 10 where HTTP2RequestBuilder.equalsIgnoringASCIICase(head.fields[i].name, "connection"):
                 hasConnection = true
             default:
                 break
@@ -64,12 +68,12 @@ public enum HTTP2OriginRequestTranslation {
         let named = hasConnection ? head.connectionTokens.fieldNames : []
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.fields.count)
-        for field in head.fields {
-            let name = HTTP2ResponseTranslation.lowercased(field.name)
+        for i in head.fields.indices {
+            let name = HTTP2ResponseTranslation.lowercased(head.fields[i].name)
             if name == "host" || (!named.isEmpty && named.contains(name)) { continue }
             if name == "te" {
                 // `te: trailers` is the one TE HTTP/2 carries (RFC 9113 §8.2.2).
-                if field.value.split(separator: ",").contains(where: {
+                if head.fields[i].value.split(separator: ",").contains(where: {
                     HTTP2RequestBuilder.equalsIgnoringASCIICase($0.trimmingSpaces, "trailers")
                 }) {
                     fields.append(HTTPField(name: "te", value: "trailers"))
@@ -77,10 +81,16 @@ public enum HTTP2OriginRequestTranslation {
                 continue
             }
             if HTTP2ResponseTranslation.isConnectionSpecific(name) { continue }
-            if let problem = HTTP2ResponseTranslation.problem(name: name, value: field.value) {
-                return .failure(.invalidField(problem))
+            switch source {
+            case .unchecked:
+                if let problem = HTTP2ResponseTranslation.problem(name: name, value: head.fields[i].value) {
+                    return .failure(.invalidField(problem))
+                }
+            case .translatedFromHTTP1Head:
+                assert(HTTP2ResponseTranslation.problem(name: name, value: head.fields[i].value) == nil,
+                       "a field of a checked HTTP/1.1 head fails the HTTP/2 field checks")
             }
-            fields.append(HTTPField(name: name, value: field.value))
+            fields.append(HTTPField(name: name, value: head.fields[i].value))
         }
         return .success(HTTP2OriginRequest(method: head.method, authority: authority, path: path, fields: fields))
     }

@@ -4,6 +4,20 @@
 /// nghttp2 does not validate the fields an application submits, so the codec does, before it submits them.
 import DatamodeHTTP
 
+/// Where the fields of a head the codecs send come from, for the checks before they are submitted (nghttp2
+/// submits what it is given).
+public enum HTTP2FieldSource: Sendable {
+    /// Anything: every field is checked (`HTTP2ResponseTranslation.problem(with:)`), and one that fails is refused.
+    case unchecked
+    /// Translated from an HTTP/1.1 head that `HTTP1Parser` read or that `HeadHandoff` accepted
+    /// (`HTTP2ResponseTranslation.fields(of:)`, `HTTP2OriginRequestTranslation.request(of:)`): every name is a
+    /// token and every value a field value by `FieldBytes`' scans, the same scans `problem(with:)` runs; the
+    /// translations lowercase the names, keep the values (or write `te: trailers`) and drop the
+    /// connection-specific fields. Nothing is left for the checks to find (`FieldSourceTests` holds it on random
+    /// and mutated heads).
+    case translatedFromHTTP1Head
+}
+
 public enum HTTP2ResponseTranslation {
     /// The fields of an HTTP/1.1 response head (RFC 9112) as HTTP/2 carries them (RFC 9113 §8.2): names
     /// lowercased; the connection-specific fields (`connection`, `keep-alive`, `proxy-connection`,
