@@ -201,7 +201,7 @@ public final class DeferredDelivery: @unchecked Sendable {
         let client = DeliveryClient(store: store, connectTimeout: settings.timeouts.upstreamConnect.milliseconds,
                                     responseTimeout: settings.timeouts.upstreamResponse.milliseconds,
                                     tags: settings.tags.forward ? judge.tags(entry) : nil,
-                                    verifyTLS: settings.tls.upstreamVerify)
+                                    verifyTLS: settings.tls.upstreamVerify, offerH2: settings.http2.upstream)
         let job = DeliveryJob { [self] in
             let outcome = client.deliver(entry)
             record(entry, outcome)

@@ -1,6 +1,7 @@
 import COpenSSL
 import DatamodeDeferral
 import DatamodeHTTP
+import DatamodeHTTP2
 import DatamodePolicy
 #if canImport(Glibc)
 import Glibc
@@ -14,6 +15,9 @@ import Glibc
 ///
 /// `https://` uploads go over TLS (blocking OpenSSL on the same socket), verified as the engine verifies origins
 /// (`TLSClientContext`: the system trust store or `SSL_CERT_FILE`, SNI, the host name; `tls.upstream-verify`).
+/// As the engine does with TLS origins (SPEC §17, `http2.upstream`), it offers ALPN `h2, http/1.1`, and an origin
+/// that picks `h2` gets the upload over HTTP/2 (`deliverOverH2`): an origin that speaks only h2 could otherwise
+/// never take a stored upload, which the proxy answered `202` for.
 struct DeliveryClient {
     enum Outcome: CustomStringConvertible {
         /// The origin answered with this final status.
@@ -39,6 +43,8 @@ struct DeliveryClient {
     let tags: RequestTags?
     /// `tls.upstream-verify` (SPEC §9): whether an `https://` origin's certificate is verified.
     let verifyTLS: Bool
+    /// `http2.upstream` (SPEC §17): whether ALPN `h2, http/1.1` is offered to an `https://` origin.
+    let offerH2: Bool
     /// Body bytes read from the store at a time.
     static let piece = 256 << 10
 
@@ -88,36 +94,175 @@ struct DeliveryClient {
         }
         defer { wire.close() }
 
-        var head = "\(entry.method) \(target.path) HTTP/1.1\r\nHost: \(target.hostHeaderValue)\r\n"
-        for field in entry.headers {
-            switch KnownField.of(field.name) {
-            case .allowConstrained, .allowExpensive, .allowUltraConstrained: continue
-            default: head += "\(field.name): \(field.value)\r\n"
+        let fields = requestFields(entry)
+        if let ssl = wire.ssl, TLSClientContext.negotiatedH2(ssl) {
+            let head = RequestHead(method: entry.method, target: entry.url, version: .http11,
+                                   fields: fields + [HTTPField(name: "content-length", value: "\(entry.bytes)")])
+            switch HTTP2OriginRequestTranslation.request(of: head, defaultAuthority: target.hostHeaderValue) {
+            case .success(let request): return deliverOverH2(entry, request, wire)
+            case .failure(let error): return .unusable("cannot be sent over HTTP/2: \(error)")
             }
         }
-        if let tags {
-            head += "Allow-Constrained: \(tags.allowConstrained ? "?1" : "?0")\r\n"
-            head += "Allow-Expensive: \(tags.allowExpensive ? "?1" : "?0")\r\n"
-            head += "Allow-Ultra-Constrained: \(tags.allowUltraConstrained ? "?1" : "?0")\r\n"
-        }
-        if !entry.clientSentIdempotencyKey { head += "Idempotency-Key: \(entry.id)\r\n" }
-        head += "Content-Length: \(entry.bytes)\r\nVia: \(MessageHeads.viaValue)\r\nConnection: close\r\n\r\n"
+        var head = "\(entry.method) \(target.path) HTTP/1.1\r\nHost: \(target.hostHeaderValue)\r\n"
+        for field in fields { head += "\(field.name): \(field.value)\r\n" }
+        head += "Content-Length: \(entry.bytes)\r\nConnection: close\r\n\r\n"
         if let error = sendAll(wire, Array(head.utf8)) { return .failed(error) }
         var offset = 0
         while offset < entry.bytes {
-            let box = DeliveryResultBox<[UInt8]>()
-            store.readBody(entry.id, offset: offset, count: Self.piece) { box.put($0) }
-            switch box.take() {
-            case .success(let bytes) where !bytes.isEmpty:
+            switch readPiece(entry, offset: offset) {
+            case .success(let bytes):
                 if let error = sendAll(wire, bytes) { return .failed(error) }
                 offset += bytes.count
-            case .success:
-                return .unusable("the stored body ended at \(offset) of \(entry.bytes) bytes")
-            case .failure(let error):
-                return .failed("reading the stored body: \(error)")
+            case .failure(let outcome):
+                return outcome.value
             }
         }
         return readStatus(wire)
+    }
+
+    /// The fields the upload is sent with, either version: the stored ones but the client's tags, the tags
+    /// resolved now (when tags are forwarded), `Idempotency-Key` (unless the client sent one) and `Via`.
+    /// Not `Host` nor the framing: each version writes its own.
+    private func requestFields(_ entry: DeferredEntry) -> [HTTPField] {
+        var fields: [HTTPField] = []
+        for field in entry.headers {
+            switch KnownField.of(field.name) {
+            case .allowConstrained, .allowExpensive, .allowUltraConstrained: continue
+            default: fields.append(field)
+            }
+        }
+        if let tags {
+            fields.append(HTTPField(name: "Allow-Constrained", value: tags.allowConstrained ? "?1" : "?0"))
+            fields.append(HTTPField(name: "Allow-Expensive", value: tags.allowExpensive ? "?1" : "?0"))
+            fields.append(HTTPField(name: "Allow-Ultra-Constrained", value: tags.allowUltraConstrained ? "?1" : "?0"))
+        }
+        if !entry.clientSentIdempotencyKey { fields.append(HTTPField(name: "Idempotency-Key", value: entry.id)) }
+        fields.append(HTTPField(name: "Via", value: MessageHeads.viaValue))
+        return fields
+    }
+
+    /// An outcome as an error, to return from a `Result`.
+    struct Stop: Error { let value: Outcome }
+
+    /// The next piece of the stored body from `offset` (never empty: a body shorter than its entry is unusable).
+    private func readPiece(_ entry: DeferredEntry, offset: Int) -> Result<[UInt8], Stop> {
+        let box = DeliveryResultBox<[UInt8]>()
+        store.readBody(entry.id, offset: offset, count: Self.piece) { box.put($0) }
+        switch box.take() {
+        case .success(let bytes) where !bytes.isEmpty: return .success(bytes)
+        case .success: return .failure(Stop(value: .unusable("the stored body ended at \(offset) of \(entry.bytes) bytes")))
+        case .failure(let error): return .failure(Stop(value: .failed("reading the stored body: \(error)")))
+        }
+    }
+
+    /// The upload as one HTTP/2 stream (RFC 9113) on the TLS connection the origin chose `h2` on: `request` is the
+    /// stored request translated strictly (`HTTP2OriginRequestTranslation`: lowercase names, no connection-specific
+    /// field, `:authority` from the URL), its body fed from the store as the session's queue drains — nghttp2 sends
+    /// DATA only within the origin's windows, and the queue stops at its high watermark until WINDOW_UPDATEs open
+    /// them (`requestBodyDrained`), so a large body is never in memory whole. The final status (1xx skipped) ends
+    /// it; a reset stream, a GOAWAY that leaves it unprocessed, a broken response or a cut connection before it is
+    /// a failure, retried.
+    private func deliverOverH2(_ entry: DeferredEntry, _ request: HTTP2OriginRequest, _ wire: Wire) -> Outcome {
+        let session: HTTP2ClientSession
+        let stream: HTTP2StreamID
+        do {
+            session = try HTTP2ClientSession()
+            stream = try session.startRequest(method: request.method, scheme: "https", authority: request.authority,
+                                              path: request.path, fields: request.fields, endStream: entry.bytes == 0,
+                                              checked: true)
+        } catch {
+            return .unusable("cannot be sent over HTTP/2: \(error)")
+        }
+        var offset = 0
+        var feeding = entry.bytes > 0
+        var finished = entry.bytes == 0
+
+        /// What the session reported, as an outcome when it ends the delivery.
+        func outcome(of events: [HTTP2ClientEvent]) -> Outcome? {
+            for event in events {
+                switch event {
+                case .response(stream, let status, _, _):
+                    return .answered(status)
+                case .requestBodyDrained(stream):
+                    feeding = true
+                case .malformedResponse(stream, let why):
+                    return .failed("upstream-protocol-error: \(why)")
+                case .streamClosed(stream, let end):
+                    return .failed("upstream-protocol-error: the stream closed before a response (\(end))")
+                case .goaway(let last, let code) where last < stream:
+                    return .failed("upstream-unreachable: the origin went away (GOAWAY \(code)) before the upload")
+                case .connectionError(let error):
+                    return .failed("upstream-protocol-error: \(error.detail)")
+                default:
+                    continue
+                }
+            }
+            return nil
+        }
+
+        var buffer = [UInt8](repeating: 0, count: 16 << 10)
+        while true {
+            while feeding && offset < entry.bytes {
+                switch readPiece(entry, offset: offset) {
+                case .success(let bytes):
+                    offset += bytes.count
+                    do {
+                        feeding = try bytes.withUnsafeBytes { try session.sendRequestBody(stream, $0) }
+                    } catch {
+                        return .failed("upstream-protocol-error: the stream closed while sending (\(error))")
+                    }
+                case .failure(let stop):
+                    return stop.value
+                }
+            }
+            if offset == entry.bytes && !finished {
+                finished = true
+                do { try session.finishRequest(stream) } catch {
+                    return .failed("upstream-protocol-error: the stream closed while sending (\(error))")
+                }
+            }
+            var sendFailure: String?
+            let written = session.writeOutput { bytes in
+                if sendFailure == nil { sendFailure = sendAll(wire, Array(bytes)) }
+            }
+            if let sendFailure { return .failed(sendFailure) }
+            if let done = outcome(of: written) {
+                if case .answered = done { close(session, wire) }
+                return done
+            }
+            // More of the body may go into the queue now: no need to wait for the origin first.
+            if feeding && offset < entry.bytes { continue }
+            let n: Int
+            switch receive(wire, into: &buffer) {
+            case .success(let count): n = count
+            case .failure(let stop): return stop.value
+            }
+            let received = buffer.withUnsafeBytes { session.receive(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            if let done = outcome(of: received) {
+                if case .answered = done { close(session, wire) }
+                return done
+            }
+        }
+    }
+
+    /// GOAWAY (NO_ERROR) before the connection closes, the origin's answer in: a courtesy, errors ignored.
+    private func close(_ session: HTTP2ClientSession, _ wire: Wire) {
+        session.shutdown()
+        var failed = false
+        _ = session.writeOutput { bytes in
+            if !failed { failed = sendAll(wire, Array(bytes)) != nil }
+        }
+    }
+
+    /// Reads what the origin sent into `buffer`: the count, or why nothing can come (a timeout, a close, an error).
+    private func receive(_ wire: Wire, into buffer: inout [UInt8]) -> Result<Int, Stop> {
+        while true {
+            let n = buffer.withUnsafeMutableBytes { wire.receive($0) }
+            if n > 0 { return .success(n) }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .failure(Stop(value: .failed("upstream-timeout: no response"))) }
+            return .failure(Stop(value: .failed("upstream-unreachable: the origin closed before answering")))
+        }
     }
 
     /// TLS on the connected socket, verified as the engine verifies origins (SNI and the name, or the address).
@@ -128,7 +273,7 @@ struct DeliveryClient {
         } catch {
             return .failure(ConnectError(message: "upstream-tls-error: \(error)"))
         }
-        guard let ssl = context.makeSSL(host: host) else {
+        guard let ssl = context.makeSSL(host: host, offerH2: offerH2) else {
             return .failure(ConnectError(message: "upstream-tls-error: no TLS state for \(host)"))
         }
         SSL_set_fd(ssl, fd)
@@ -219,11 +364,10 @@ struct DeliveryClient {
                 break
             }
             if buffer.count > Flow.maxResponseHeadBytes { return .failed("upstream-protocol-error: response head too large") }
-            let n = chunk.withUnsafeMutableBytes { wire.receive($0) }
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .failed("upstream-timeout: no response") }
-            if n <= 0 { return .failed("upstream-unreachable: the origin closed before answering") }
-            buffer.append(contentsOf: chunk[0..<n])
+            switch receive(wire, into: &chunk) {
+            case .success(let n): buffer.append(contentsOf: chunk[0..<n])
+            case .failure(let stop): return stop.value
+            }
         }
     }
 }

@@ -20,7 +20,8 @@ import Glibc
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
 /// connection closed), `/close-once` (the first time on the whole server: the connection closed before any answer),
 /// `/refuse-once` (REFUSED_STREAM the first time on
-/// each connection), `/bad-response/KIND` (a malformed response: a `connection` or `transfer-encoding` field, an
+/// each connection), `/sink/…` (the request recorded whole — fields in order, body — and answered `201` once its
+/// stream ended: `received`), `/bad-response/KIND` (a malformed response: a `connection` or `transfer-encoding` field, an
 /// uppercase name, CR/LF in a value, a request pseudo-header, no `:status`, more DATA than `content-length`).
 public final class H2Origin: @unchecked Sendable {
     public let directory: String
@@ -76,6 +77,39 @@ public final class H2Origin: @unchecked Sendable {
 
     public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
+    /// A request `/sink/…` received: its fields as they arrived (pseudo-headers first) and its body.
+    public struct Received: Sendable {
+        public var fields: [(name: String, value: String)]
+        public var body: [UInt8]
+
+        public func values(of name: String) -> [String] { fields.filter { $0.name == name }.map(\.value) }
+    }
+
+    /// The `/sink/…` requests received so far, in the order their streams ended.
+    public var received: [Received] {
+        var out: [Received] = []
+        while let head = try? String(contentsOfFile: directory + "/received-\(out.count).head", encoding: .utf8),
+              let body = FileManager.default.contents(atPath: directory + "/received-\(out.count).body") {
+            let fields = head.split(separator: "\n").map { line -> (name: String, value: String) in
+                let colon = line.dropFirst().firstIndex(of: ":") ?? line.endIndex
+                return (String(line[..<colon]), String(line[colon...].dropFirst().drop { $0 == " " }))
+            }
+            out.append(Received(fields: fields, body: Array(body)))
+        }
+        return out
+    }
+
+    /// Waits until `count` `/sink/…` requests were received (or `timeout` passed) and returns them.
+    public func waitForReceived(_ count: Int, timeout: Duration) -> [Received] {
+        let deadline = ContinuousClock.now + timeout
+        var got = received
+        while got.count < count && ContinuousClock.now < deadline {
+            usleep(50_000)
+            got = received
+        }
+        return got
+    }
+
     public func stop() {
         if process.isRunning {
             kill(process.processIdentifier, SIGKILL)
@@ -89,11 +123,12 @@ public final class H2Origin: @unchecked Sendable {
     public static func patternByte(_ i: Int) -> UInt8 { UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
 
     static let script = #"""
-import json, select, socket, ssl, sys, threading, time
+import json, os, select, socket, ssl, sys, threading, time
 import h2.config, h2.connection, h2.events, h2.errors, h2.settings
 
 cert, key, max_streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
-stats = {"connections": 0, "maxOpen": 0, "streams": 0}
+directory = cert.rsplit("/", 1)[0]
+stats = {"connections": 0, "maxOpen": 0, "streams": 0, "sunk": 0}
 lock = threading.Lock()
 
 def pattern(n):
@@ -207,6 +242,20 @@ class Connection:
             payload = b"answered early over h2\n"
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))])
             self.queue(sid, payload, ("end-reset", None) if path.endswith("-reset") else None)
+        elif path.startswith("/sink/"):
+            # The body first, then the head that says it is whole (the test reads heads).
+            with lock:
+                n = stats["sunk"]
+                stats["sunk"] += 1
+            with open("%s/received-%d.body" % (directory, n), "wb") as f:
+                f.write(bytes(body))
+            text = "".join("%s: %s\n" % (n_.decode() if isinstance(n_, bytes) else n_,
+                                          v.decode() if isinstance(v, bytes) else v) for n_, v in headers)
+            with open("%s/received-%d.head.tmp" % (directory, n), "w") as f:
+                f.write(text)
+            os.rename("%s/received-%d.head.tmp" % (directory, n), "%s/received-%d.head" % (directory, n))
+            self.conn.send_headers(sid, [(":status", "201"), ("content-length", "0")], end_stream=True)
+            self.finish(sid)
         elif path == "/trailers":
             self.conn.send_headers(sid, [(":status", "200")])
             self.queue(sid, b"body before trailers\n", ("trailers", [("x-checksum", "c0ffee")]))
