@@ -10,6 +10,10 @@ import Glibc
 /// the commit leaves a file no entry names: `sweep` removes it at the next open. An entry's body file is
 /// removed after the transaction that ended the entry; a crash in between leaves a file of a finished entry,
 /// which `sweep` removes too.
+///
+/// A body still arriving (`StagedBody`, SPEC §6: never held whole) is written in pieces as it comes (`create`,
+/// `append`), and made durable (`seal`) only once whole, just before its entry is committed: the same order, so
+/// a crash mid-upload leaves a partial file no entry names, swept like any other.
 struct BodyFiles {
     /// `<database>-bodies`.
     let directory: String
@@ -37,9 +41,26 @@ struct BodyFiles {
 
     /// Writes `bytes` as `id`'s body and makes it durable (data, then name). On failure nothing is left behind.
     func write(_ id: String, _ bytes: [UInt8]) throws(DeferredStoreError) {
-        let path = path(id)
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw failure(path, errno) }
+        let fd = try create(id)
+        do throws(DeferredStoreError) {
+            try append(id, fd, bytes)
+        } catch {
+            _ = Glibc.close(fd)
+            remove(id)
+            throw error
+        }
+        try seal(id, fd)
+    }
+
+    /// A new, empty body file for `id`, open for writing (not durable yet: `seal`).
+    func create(_ id: String) throws(DeferredStoreError) -> Int32 {
+        let fd = open(path(id), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw failure(path(id), errno) }
+        return fd
+    }
+
+    /// Writes `bytes` at the end of `id`'s open body file `fd`. On failure the file is left to the caller.
+    func append(_ id: String, _ fd: Int32, _ bytes: [UInt8]) throws(DeferredStoreError) {
         var problem: Int32 = 0
         bytes.withUnsafeBytes { raw in
             var written = 0
@@ -53,12 +74,18 @@ struct BodyFiles {
                 written += n
             }
         }
-        if problem == 0 && fsync(fd) != 0 { problem = errno }
+        guard problem == 0 else { throw failure(path(id), problem) }
+    }
+
+    /// Makes `id`'s body file durable (its data, then its name) and closes `fd`. On failure the file is removed.
+    func seal(_ id: String, _ fd: Int32) throws(DeferredStoreError) {
+        var problem: Int32 = 0
+        if fsync(fd) != 0 { problem = errno }
         _ = Glibc.close(fd)
         if problem == 0 && fsync(directoryFD) != 0 { problem = errno }
         guard problem == 0 else {
-            unlink(path)
-            throw failure(path, problem)
+            remove(id)
+            throw failure(path(id), problem)
         }
     }
 

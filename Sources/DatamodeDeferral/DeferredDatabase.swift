@@ -230,18 +230,79 @@ final class DeferredDatabase {
     /// with `.tooLarge` beyond `maxBody`, `.full` beyond `maxBytes`, `.diskFull` when the file system is full;
     /// a refused upload leaves nothing behind.
     func enqueue(_ upload: DeferredUpload, now: Int64) throws(DeferredStoreError) -> DeferredEntry {
-        let size = upload.body.count
-        guard size <= limits.maxBody else { throw .tooLarge(bytes: size, maxBody: limits.maxBody) }
-        guard totals.bytes + UInt64(size) <= limits.maxBytes else { throw .full(bytes: totals.bytes, maxBytes: limits.maxBytes) }
-        let id = DeferralRules.newID()
+        try enqueue(upload, id: DeferralRules.newID(), size: upload.body.count, staged: nil, now: now)
+    }
+
+    /// Appends `bytes` to `staged`'s body file (created with the first piece) and returns the bytes written so far.
+    /// Refuses with `.tooLarge` beyond `maxBody` and `.full` when the live bodies and this one would exceed
+    /// `maxBytes` (known before the upload ends: the client is refused without sending the rest); any failure
+    /// removes the file, and every later operation on `staged` fails the same way.
+    func appendBody(_ staged: StagedBody, _ bytes: [UInt8]) throws(DeferredStoreError) -> Int {
+        if let failure = staged.failure { throw failure }
+        do throws(DeferredStoreError) {
+            let size = staged.written + bytes.count
+            guard size <= limits.maxBody else { throw .tooLarge(bytes: size, maxBody: limits.maxBody) }
+            guard totals.bytes + UInt64(size) <= limits.maxBytes else { throw .full(bytes: totals.bytes, maxBytes: limits.maxBytes) }
+            if staged.fd < 0 { staged.fd = try files.create(staged.id) }
+            try files.append(staged.id, staged.fd, bytes)
+            staged.written = size
+            return size
+        } catch {
+            discardBody(staged)
+            staged.failure = error
+            throw error
+        }
+    }
+
+    /// Stores `upload` (its `body` unused) with the body `staged` holds: the file is made durable, then the entry
+    /// committed, as `enqueue` does with a body it writes whole.
+    func enqueue(_ upload: DeferredUpload, staged: StagedBody, now: Int64) throws(DeferredStoreError) -> DeferredEntry {
+        if let failure = staged.failure { throw failure }
+        if staged.fd < 0 { staged.fd = try files.create(staged.id) }
+        return try enqueue(upload, id: staged.id, size: staged.written, staged: staged, now: now)
+    }
+
+    /// Closes and removes `staged`'s file, unless its entry was committed (the file is the entry's then); it
+    /// cannot be stored after that.
+    func discardBody(_ staged: StagedBody) {
+        guard !staged.committed else { return }
+        if staged.fd >= 0 {
+            _ = Glibc.close(staged.fd)
+            staged.fd = -1
+        }
+        files.remove(staged.id)
+        if staged.failure == nil { staged.failure = .io(path: files.path(staged.id), detail: "the body was discarded") }
+    }
+
+    /// The entry of `upload` under `id`, its body `size` bytes: `upload.body`, or the open file of `staged`.
+    private func enqueue(_ upload: DeferredUpload, id: String, size: Int, staged: StagedBody?,
+                         now: Int64) throws(DeferredStoreError) -> DeferredEntry {
+        do throws(DeferredStoreError) {
+            guard size <= limits.maxBody else { throw .tooLarge(bytes: size, maxBody: limits.maxBody) }
+            guard totals.bytes + UInt64(size) <= limits.maxBytes else { throw .full(bytes: totals.bytes, maxBytes: limits.maxBytes) }
+        } catch {
+            if let staged { discardBody(staged) }
+            throw error
+        }
         let entry = DeferredEntry(
             id: id, method: upload.method, url: upload.url, origin: DeferralRules.origin(of: upload.url),
             headers: upload.headers, bytes: size, session: upload.session,
             idempotencyKey: DeferralRules.idempotencyKey(in: upload.headers) ?? id, status: .queued, attempts: 0,
             lastError: nil, originStatus: nil, queuedAt: now, nextAttemptAt: now, deliveredAt: nil, finishedAt: nil)
-        let inFile = size > limits.inlineBody
+        let inFile = staged != nil || size > limits.inlineBody
         // A large body is on disk, whole, before the entry naming it is committed.
-        if inFile { try files.write(id, upload.body) }
+        if let staged {
+            let fd = staged.fd
+            staged.fd = -1
+            do throws(DeferredStoreError) {
+                try files.seal(id, fd)
+            } catch {
+                staged.failure = error
+                throw error
+            }
+        } else if inFile {
+            try files.write(id, upload.body)
+        }
         do throws(DeferredStoreError) {
             try transaction { () throws(DeferredStoreError) in
                 let insert = statements.insertEntry
@@ -264,8 +325,10 @@ final class DeferredDatabase {
             }
         } catch {
             if inFile { files.remove(id) }
+            staged?.failure = error
             throw error
         }
+        staged?.committed = true
         totals.entries += 1
         totals.bytes += UInt64(size)
         return entry

@@ -70,6 +70,35 @@ public final class DeferredStore: Sendable {
         run(completion) { database throws(DeferredStoreError) in try database.enqueue(upload, now: now) }
     }
 
+    /// A body to store while it arrives (SPEC §6: never held whole), under a new entry id: `appendBody` its pieces,
+    /// then `enqueue(_:staged:now:completion:)`, or `discardBody`. Nothing is written until the first piece.
+    public func stageBody() -> StagedBody {
+        StagedBody(id: DeferralRules.newID())
+    }
+
+    /// Writes a piece of `staged`'s body to its file (not durable yet: the commit makes it so); the completion gets
+    /// the bytes written so far. Failures: `.tooLarge` beyond `maxBody`, `.full` when the live bodies and this one
+    /// would exceed `maxBytes`, `.diskFull`, errors of the file; the file is then removed, and the upload cannot be
+    /// stored any more (its `enqueue` fails the same way).
+    public func appendBody(_ staged: StagedBody, _ bytes: [UInt8],
+                           completion: @escaping @Sendable (Result<Int, DeferredStoreError>) -> Void) {
+        run(completion) { database throws(DeferredStoreError) in try database.appendBody(staged, bytes) }
+    }
+
+    /// Stores `upload` as `enqueue` does, its body the one written to `staged` (`upload.body` is not used): the
+    /// body file is fsync'd, its name fsync'd, and only then the entry committed (the durability contract holds as
+    /// for `enqueue`). The operations queued before it (every `appendBody`) have run by then.
+    public func enqueue(_ upload: DeferredUpload, staged: StagedBody, now: Int64,
+                        completion: @escaping @Sendable (Result<DeferredEntry, DeferredStoreError>) -> Void) {
+        run(completion) { database throws(DeferredStoreError) in try database.enqueue(upload, staged: staged, now: now) }
+    }
+
+    /// Removes what was written of `staged` (the upload was refused or the client went away); nothing when its
+    /// entry was committed meanwhile (the file is the entry's).
+    public func discardBody(_ staged: StagedBody) {
+        run({ (_: Result<Void, DeferredStoreError>) in }) { database in database.discardBody(staged) }
+    }
+
     /// The entries to deliver now: `queued`, due (`nextAttemptAt <= now`), oldest first, at most `concurrency`
     /// per origin counting the deliveries already running, at most `limit`. `admit`, when given, runs on the store
     /// thread for each candidate in that order and says whether its conditions have lifted (the mode its session

@@ -10,11 +10,18 @@ import Glibc
 /// A refused upload accepted instead (SPEC §18.3): its body is read whole (at most `deferral.max-body`), the
 /// upload is handed to the `DeferredStore`, and only once the store has committed it durably is the client
 /// answered `202 Accepted`. The worker's loop never waits for the disk: the store works on its own thread and its
-/// answer comes back through the worker's wake pipe (`Worker.deferralStored`).
+/// answers come back through the worker's wake pipe (`Worker.deferralStored`).
+///
+/// The body is never held whole (SPEC §6): up to the store's `inlineBody` it is kept here and stored with its
+/// entry; past that it goes to its body file piece by piece as it arrives (`DeferredStore.appendBody`), at most
+/// `window` bytes on their way to the store at once. Beyond that the intake stops taking bytes from the client's
+/// input, which fills to its watermark and stops reading the client (`ReadHold`): backpressure, as for any body
+/// relayed to a slow origin. Each write the store finishes makes room again. The commit
+/// (`enqueue(_:staged:now:completion:)`) fsyncs the file and its name before the entry, then the `202`.
 ///
 /// Failing to store it (the queue or the disk full, the store broken) answers the refusal the request would have
 /// had, with `"deferral": "full"` when the queue or the disk is full; a body over `max-body` gets that refusal too,
-/// the rest of its body thrown away as after any refusal.
+/// the rest of its body thrown away as after any refusal, and what was written of it removed.
 final class DeferralIntake {
     /// What the intake waits for.
     enum Phase {
@@ -24,13 +31,24 @@ final class DeferralIntake {
         case committing
     }
 
+    /// Body bytes on their way to the store at most, per upload: past this the client is not read.
+    static let window = 256 << 10
+
     unowned let driver: ExchangeDriver
     let head: RequestHead
     /// The refusal it would have had, carried out when it cannot be stored.
     let refusal: Admission.Verdict
     let maxBody: Int
+    let store: DeferredStore
     private(set) var phase = Phase.readingBody
+    /// The body while it is small enough to be stored with its entry (`inlineBody`); empty once staged.
     private var body: [UInt8] = []
+    /// The body's file, once the body outgrew `body`.
+    private var staged: StagedBody?
+    /// Payload bytes taken from the client.
+    private var received = 0
+    /// Bytes handed to the store and not yet written.
+    private var unwritten = 0
     private let scratch: OpaquePointer
 
     /// Whether a refused request is to be stored (SPEC §18.3): a `POST`, `PUT` or `PATCH` with
@@ -51,7 +69,8 @@ final class DeferralIntake {
     static func start(_ driver: ExchangeDriver, _ head: RequestHead, refusal: Admission.Verdict) -> Bool {
         let maxBody = driver.worker.settings.deferral.maxBody
         if case .contentLength(let length) = driver.requestFraming, length > UInt64(maxBody) { return false }
-        let intake = DeferralIntake(driver: driver, head: head, refusal: refusal, maxBody: maxBody)
+        guard let store = driver.worker.deferredStore else { return false }
+        let intake = DeferralIntake(driver: driver, head: head, refusal: refusal, maxBody: maxBody, store: store)
         // What is stored is the payload: a chunked body's framing belongs to the client's hop, and `max-body`
         // counts the payload (the delivery sends it with its own `Content-Length`).
         driver.requestBody.stripChunkFraming()
@@ -66,32 +85,41 @@ final class DeferralIntake {
         return true
     }
 
-    init(driver: ExchangeDriver, head: RequestHead, refusal: Admission.Verdict, maxBody: Int) {
+    init(driver: ExchangeDriver, head: RequestHead, refusal: Admission.Verdict, maxBody: Int, store: DeferredStore) {
         self.driver = driver
         self.head = head
         self.refusal = refusal
         self.maxBody = maxBody
+        self.store = store
         scratch = evbuffer_new()
-        if case .contentLength(let length) = driver.requestFraming { body.reserveCapacity(Int(length)) }
     }
 
-    deinit { evbuffer_free(scratch) }
+    deinit {
+        evbuffer_free(scratch)
+        // Refused, or the client went away: what was written of the body goes (a committed one stays, the store
+        // knows which).
+        if let staged { store.discardBody(staged) }
+    }
 
-    /// Body bytes arrived (or the body is already whole).
+    /// Body bytes arrived (or the body is already whole), or the store made room for more.
     func readable() {
         guard case .readingBody = phase else { return }
-        let outcome = driver.requestBody.pump(from: driver.input, to: scratch, budget: Int.max)
+        let room = staged == nil ? Int.max : Self.window - unwritten
+        // No room: the bytes stay in the client's input, which stops reading the client at its watermark.
+        let outcome = room > 0 ? driver.requestBody.pump(from: driver.input, to: scratch, budget: room) : .inProgress
         let moved = evbuffer_get_length(scratch)
         if moved > 0 {
-            if body.count + moved > maxBody {
+            if received + moved > maxBody {
                 refuse(full: false)
                 return
             }
+            received += moved
             // One contiguous copy of what was read, appended with memcpy.
             if let bytes = evbuffer_pullup(scratch, moved) {
                 body.append(contentsOf: UnsafeBufferPointer(start: bytes, count: moved))
             }
             evbuffer_drain(scratch, moved)
+            if staged != nil || body.count > store.limits.inlineBody { write() }
         }
         switch outcome {
         case .complete:
@@ -101,10 +129,41 @@ final class DeferralIntake {
             driver.machine.closeAfter()
             driver.respondError(.badRequest, detail: "invalid request body framing", close: true)
         case .inProgress:
-            if driver.session.machine.clientEnded {
+            // Held back for room, the rest of the body may still be in the input after the client's end.
+            let waiting = unwritten >= Self.window && evbuffer_get_length(driver.input) > 0
+            if driver.session.machine.clientEnded && !waiting {
                 driver.session.abort(.clientAborted, detail: "client ended before its upload's body")
             }
         }
+    }
+
+    /// Hands what `body` holds to the store, to be appended to the body file (created with the first piece).
+    private func write() {
+        let staged = staged ?? store.stageBody()
+        self.staged = staged
+        let piece = body
+        body = []
+        unwritten += piece.count
+        let token = DeferralToken(self)
+        store.appendBody(staged, piece) { result in
+            token.worker.deferralStored(DeferralResult(token: token, result: .written(piece.count, result.map { _ in () })))
+        }
+    }
+
+    /// The store wrote a piece (on the worker's loop): room for more of the body, or the refusal when it cannot
+    /// be stored (over `max-body` or `max-bytes`, the disk full).
+    func written(_ count: Int, _ result: Result<Void, DeferredStoreError>) {
+        unwritten -= count
+        guard case .readingBody = phase else { return }  // committing: the commit reports any failure
+        switch result {
+        case .success:
+            driver.session.readMoreIfPending()
+            readable()
+        case .failure(let error):
+            driver.worker.logger.info("upload not deferred", metadata: ["url": "\(driver.exchange.url)", "error": "\(error)"])
+            refuse(full: error.isFull)
+        }
+        driver.session.flushPendingWrites()
     }
 
     /// The client half-closed. Before the whole body that is the end of the upload; after it, the commit goes on
@@ -119,13 +178,20 @@ final class DeferralIntake {
     private func commit() {
         phase = .committing
         let exchange = driver.exchange
+        if staged != nil && !body.isEmpty { write() }
         let upload = DeferredUpload(method: head.method, url: exchange.url, headers: Self.storedFields(head),
                                     body: body, session: exchange.session?.id)
         body = []
         let worker = driver.worker
-        let token = DeferralToken(driver: driver, worker: worker)
-        worker.deferredStore?.enqueue(upload, now: worker.clock.wallNanoseconds() / 1_000_000) { result in
-            token.worker.deferralStored(DeferralResult(token: token, result: result))
+        let token = DeferralToken(self)
+        let now = worker.clock.wallNanoseconds() / 1_000_000
+        let completion: @Sendable (Result<DeferredEntry, DeferredStoreError>) -> Void = { result in
+            token.worker.deferralStored(DeferralResult(token: token, result: .stored(result)))
+        }
+        if let staged {
+            store.enqueue(upload, staged: staged, now: now, completion: completion)
+        } else {
+            store.enqueue(upload, now: now, completion: completion)
         }
     }
 
@@ -207,16 +273,27 @@ final class DeferralIntake {
 /// (its pipe open) until the answer is back.
 final class DeferralToken: @unchecked Sendable {
     weak var driver: ExchangeDriver?
+    /// The intake that asked: an answer for an intake the driver no longer has (refused meanwhile) is dropped.
+    weak var intake: DeferralIntake?
     let worker: Worker
 
-    init(driver: ExchangeDriver, worker: Worker) {
-        self.driver = driver
-        self.worker = worker
+    init(_ intake: DeferralIntake) {
+        driver = intake.driver
+        self.intake = intake
+        worker = intake.driver.worker
     }
 }
 
 struct DeferralResult: @unchecked Sendable {
+    /// What the store did.
+    enum Answer {
+        /// A piece of the body (this many bytes) was written to its file, or could not be.
+        case written(Int, Result<Void, DeferredStoreError>)
+        /// The upload was committed, or could not be.
+        case stored(Result<DeferredEntry, DeferredStoreError>)
+    }
+
     var token: DeferralToken
-    var result: Result<DeferredEntry, DeferredStoreError>
+    var result: Answer
 }
 

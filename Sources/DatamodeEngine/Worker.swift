@@ -245,8 +245,11 @@ final class Worker {
             return results
         }
         for result in results {
-            guard let driver = result.token.driver, let intake = driver.intake else { continue }
-            intake.stored(result.result)
+            guard let driver = result.token.driver, let intake = driver.intake, intake === result.token.intake else { continue }
+            switch result.result {
+            case .written(let count, let written): intake.written(count, written)
+            case .stored(let stored): intake.stored(stored)
+            }
         }
     }
 

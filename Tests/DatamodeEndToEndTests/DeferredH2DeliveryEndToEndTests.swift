@@ -10,12 +10,12 @@ struct DeferredH2DeliveryEndToEndTests {
 
     /// Stores `body` as a deferred upload to `url` (constrained mode, `Prefer: respond-async`) through `rig`'s proxy,
     /// over intercepted TLS; returns the deferred id.
-    static func storeDeferred(_ rig: Rig, _ url: String, _ body: [UInt8], name: String) throws -> String {
+    static func storeDeferred(_ rig: Rig, _ url: String, _ body: [UInt8], name: String, http: String = "--http1.1") throws -> String {
         let path = rig.directory + "/\(name).bin"
         try Data(body).write(to: URL(fileURLWithPath: path))
         let stored = try rig.curl(["-i", "-H", "Allow-Constrained: ?0", "-H", "Prefer: respond-async", "-H", "X-Photo: \(name)",
-                                   "--data-binary", "@" + path, url], http: "--http1.1")
-        try #require(stored.stdout.hasPrefix("HTTP/1.1 202"), "\(stored.output)")
+                                   "--data-binary", "@" + path, url], http: http)
+        try #require(stored.stdout.hasPrefix(http == "--http2" ? "HTTP/2 202" : "HTTP/1.1 202"), "\(stored.output)")
         let line = stored.stdout.components(separatedBy: "\r\n").first { $0.lowercased().hasPrefix("data-mode-deferred:") }
         return try #require(line?.split(separator: ":", maxSplits: 1).last?.trimmingCharacters(in: .whitespaces))
     }
@@ -34,13 +34,14 @@ struct DeferredH2DeliveryEndToEndTests {
     /// failed ("the origin closed before answering") and was retried until `max-age`, never delivered. The delivery
     /// offers ALPN `h2, http/1.1` now and speaks h2 to the origin that picks it: one stream, the stored request
     /// translated strictly, the body byte-exact. 1 MiB is more than the origin's initial 64 KiB windows: the body
-    /// goes only as the origin's WINDOW_UPDATEs open them (flow control).
-    @Test(arguments: [11, 1 << 20])
-    func aDeferredUploadToAnH2OnlyOriginIsDeliveredOverH2(size: Int) throws {
+    /// goes only as the origin's WINDOW_UPDATEs open them (flow control). Stored from an HTTP/1.1 client and (3 MiB,
+    /// past the intake's window: the client's stream is read only as the body reaches its file) an h2 one.
+    @Test(arguments: [(11, "--http1.1"), (1 << 20, "--http1.1"), (3 << 20, "--http2")])
+    func aDeferredUploadToAnH2OnlyOriginIsDeliveredOverH2(size: Int, http: String) throws {
         let rig = try Rig("mode: constrained")
         let admin = AdminAPIClient(port: rig.proxy.adminPort)
         let body = SeededUploadBody.bytes(seed: UInt64(size), count: size)
-        let id = try Self.storeDeferred(rig, rig.url("/sink/photo?size=\(size)"), body, name: "photo")
+        let id = try Self.storeDeferred(rig, rig.url("/sink/photo?size=\(size)"), body, name: "photo", http: http)
         #expect(try admin.put("/mode", #"{"mode": "normal"}"#).status == 200)
         let entry = Self.settled(admin, id)
         #expect(entry["status"] as? String == "delivered", "\(entry)")

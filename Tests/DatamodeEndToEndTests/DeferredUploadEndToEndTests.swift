@@ -4,6 +4,7 @@
 // start-up naming its file.
 import DatamodeTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -167,6 +168,105 @@ struct DeferredUploadEndToEndTests {
             try #require(received.count == 1)
             #expect(received[0].values(of: "Content-Length") == ["3000"])
             #expect(received[0].payload == body, "byte-exact: \(received[0].bodyLength) bytes arrived")
+        }
+    }
+
+    /// SPEC §6: a body is never buffered whole, and a stored upload is no exception. The intake used to hold each
+    /// body in memory until its commit, as many as were arriving: 8 concurrent 60 MB uploads peaked at 504 MB resident
+    /// (review15 `repro/deferral_memory.sh`). Past `inlineBody` a body now goes to its file as it arrives, at most
+    /// `DeferralIntake.window` bytes per upload on their way to the store, the client read no faster than the store
+    /// writes: the proxy's peak resident set grows by a small part of the bodies' sum. Each is still delivered
+    /// byte-exact, with its Idempotency-Key.
+    @Test("6 concurrent 40 MB uploads are stored as they arrive: the proxy's peak RSS grows far less than their sum")
+    func concurrentLargeUploadsAreNotHeldInMemory() throws {
+        let size = 40 << 20
+        let count = 6
+        let origin = try RecordingOrigin(maxRecordedBodyBytes: size + 1) { _ in .status(201, "made") }
+        defer { origin.stop() }
+        try withAdminProxy(config: "mode: constrained\n") { proxy, admin in
+            let pid = proxy.process.processIdentifier
+            let before = try #require(ProcessProbe.peakResidentKiB(pid))
+            let bodies = (0..<count).map { SeededUploadBody.bytes(seed: UInt64(100 + $0), count: size) }
+            let answers = Mutex<[Int: Result<ParsedResponse, any Error>]>([:])
+            // Threads of their own: all six uploads arrive at once (a dispatch pool would run two on two cores).
+            let threads = (0..<count).map { index in
+                Thread {
+                    let result = Result { () throws -> ParsedResponse in
+                        let client = try RawHTTPClient(port: proxy.port, timeout: .seconds(120))
+                        return try upload(client, origin.url("/big/\(index)"), body: bodies[index])
+                    }
+                    answers.withLock { $0[index] = result }
+                }
+            }
+            threads.forEach { $0.start() }
+            #expect(AdminPolling.until(timeout: .seconds(180), interval: .milliseconds(50)) { answers.withLock { $0.count } == count })
+            var ids: [String: Int] = [:]
+            for index in 0..<count {
+                let response = try #require(try answers.withLock { $0[index] }?.get())
+                #expect(response.status == 202, "\(response.headText)\(response.bodyText)")
+                ids[try #require(response.value(of: "Data-Mode-Deferred"))] = index
+            }
+            let stored = try #require(ProcessProbe.peakResidentKiB(pid))
+            // The bodies' sum is 240 MiB; held whole they showed in full.
+            #expect(stored - before < 100 << 10, "peak RSS grew by \((stored - before) >> 10) MiB storing \(count) × 40 MiB")
+
+            #expect(try admin.put("/mode", #"{"mode": "normal"}"#).status == 200)
+            let received = origin.waitForRequests(count, timeout: .seconds(180))
+            try #require(received.count == count)
+            for request in received {
+                let key = try #require(request.values(of: "Idempotency-Key").first)
+                let index = try #require(ids[key], "Idempotency-Key is the deferred id")
+                #expect(request.bodyLength == UInt64(size))
+                #expect(request.payload == bodies[index], "byte-exact, upload \(index)")
+            }
+            #expect(AdminPolling.until(timeout: .seconds(30)) {
+                (try? admin.get("/deferred").array ?? [])?.allSatisfy { $0["status"] as? String == "delivered" } == true
+            })
+            let delivered = try #require(ProcessProbe.peakResidentKiB(pid))
+            #expect(delivered - before < 100 << 10, "peak RSS grew by \((delivered - before) >> 10) MiB with the deliveries")
+            print("deferral memory: peak RSS \(before >> 10) MiB at start, \(stored >> 10) MiB stored, \(delivered >> 10) MiB delivered")
+        }
+    }
+
+    /// Past `inlineBody` a body is written to its file as it arrives: one that passes `max-body` midway (chunked, so
+    /// its size is known only as it comes) gets the usual refusal, what was written of it is removed and the
+    /// connection goes on; a client that leaves midway leaves no file behind either, and nothing queued; one that would pass `max-bytes`
+    /// is refused as full before it ends.
+    @Test("a streamed upload past max-body midway is refused and its partial file removed; so is one whose client leaves")
+    func streamedUploadEndedMidway() throws {
+        try withAdminProxy(config: "mode: constrained\ndeferral: {max-body: 1MiB, max-bytes: 1536KiB}\n") { proxy, admin in
+            let files = proxy.stateDirectory + "/deferred.sqlite-bodies"
+            let listed = { (try? FileManager.default.contentsOfDirectory(atPath: files)) ?? [] }
+            let client = try RawHTTPClient(port: proxy.port, timeout: .seconds(30))
+            var request = Array("POST http://127.0.0.1:9/big HTTP/1.1\r\nHost: 127.0.0.1:9\r\nAllow-Constrained: ?0\r\n".utf8)
+            request += Array("Prefer: respond-async\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+            let chunk = SeededUploadBody.bytes(seed: 11, count: 64 << 10)
+            for _ in 0..<32 { request += Array("10000\r\n".utf8) + chunk + Array("\r\n".utf8) }
+            request += Array("0\r\n\r\n".utf8)
+            try client.send(request)
+            let refused = try client.readFinalResponse(method: "POST")
+            #expect(refused.status == 403 && refused.problem?.error == "constrained", "\(refused.headText)\(refused.bodyText)")
+            #expect(!refused.bodyText.contains("deferral"))
+            #expect(AdminPolling.until { listed().isEmpty }, "the partial body file is removed: \(listed())")
+            #expect(try proxied(client, "http://127.0.0.1:9/next", headers: [("Allow-Constrained", "?0")]).status == 403,
+                    "the connection goes on")
+
+            let leaving = try RawHTTPClient(port: proxy.port, timeout: .seconds(30))
+            var head = "POST http://127.0.0.1:9/left HTTP/1.1\r\nHost: 127.0.0.1:9\r\nAllow-Constrained: ?0\r\n"
+            head += "Prefer: respond-async\r\nContent-Length: \(1 << 20)\r\n\r\n"
+            try leaving.send(Array(head.utf8) + SeededUploadBody.bytes(seed: 12, count: 512 << 10))
+            #expect(AdminPolling.until { listed().count == 1 }, "half the body is in its file: \(listed())")
+            leaving.close()
+            #expect(AdminPolling.until { listed().isEmpty }, "the client left: its partial file is removed: \(listed())")
+            #expect(try admin.get("/deferred").array?.isEmpty == true)
+
+            // max-bytes is known midway too: the queue holds 900 KiB, the next 900 KiB would pass 1.5 MiB.
+            let stored = try upload(client, "http://127.0.0.1:9/first", body: SeededUploadBody.bytes(seed: 13, count: 900 << 10))
+            #expect(stored.status == 202)
+            let full = try upload(client, "http://127.0.0.1:9/second", body: SeededUploadBody.bytes(seed: 14, count: 900 << 10))
+            #expect(full.status == 403 && object(full)["deferral"] as? String == "full", "\(full.headText)\(full.bodyText)")
+            #expect(AdminPolling.until { listed().count == 1 }, "only the stored upload's file is left: \(listed())")
+            #expect(try admin.get("/deferred").array?.count == 1)
         }
     }
 
