@@ -173,8 +173,10 @@ public final class HTTP2ClientSession {
             if let problem = HTTP2ResponseTranslation.problem(with: field) { throw .invalidField(problem) }
             if field.name == "host" { throw .invalidField("host is :authority in HTTP/2") }
         }
-        var pseudo: [(String, String)] = [(":method", method), (":scheme", scheme), (":authority", authority)]
-        if method != "CONNECT" { pseudo.append((":path", path)) }
+        // Made whole at once: appending `:path` to an array of three grew its storage (an allocation per request).
+        let pseudo: [(String, String)] = method == "CONNECT"
+            ? [(":method", method), (":scheme", scheme), (":authority", authority)]
+            : [(":method", method), (":scheme", scheme), (":authority", authority), (":path", path)]
         let state = ClientStream()
         let id: Int32
         if endStream {
