@@ -57,12 +57,10 @@ final class HTTP2OriginStream {
     private var response = ResponsePhase.head
     /// A response head went to the exchange as text: the ones after it go the same way (`passHead`).
     private var headsWritten = false
-    /// A response body with `content-length`: its length, and how much of it went to the exchange. Its last byte
-    /// waits for END_STREAM (`heldLastByte`): DATA past `content-length` in a later frame makes the response
-    /// malformed (RFC 9113 §8.1.1), and by then the client must not have it whole.
-    private var responseLength: UInt64?
-    private var responseWritten: UInt64 = 0
-    private var heldLastByte: UInt8?
+    /// A response body with `content-length`: its last byte waits for END_STREAM (`LengthDelimitedBody`): DATA past
+    /// `content-length` in a later frame makes the response malformed (RFC 9113 §8.1.1), and by then the client
+    /// must not have it whole.
+    private var lengthDelimited: LengthDelimitedBody?
     /// Response body bytes written to the pair and not yet given back to the origin's windows.
     private var unconsumed = 0
 
@@ -278,16 +276,16 @@ final class HTTP2OriginStream {
 
     func responseHead(status: Int, fields: [HTTPField], endStream: Bool) {
         guard case .head = response else { return }
-        let hasLength = fields.contains { $0.name == "content-length" }
+        let lengthField = fields.first { $0.name == "content-length" }
         if method == "HEAD" || status == 204 || status == 304 {
             passHead(status: status, fields: fields, framing: nil)
             response = .over
         } else if endStream {
-            passHead(status: status, fields: fields, framing: hasLength ? nil : HTTPField(name: "content-length", value: "0"))
+            passHead(status: status, fields: fields, framing: lengthField != nil ? nil : HTTPField(name: "content-length", value: "0"))
             response = .over
-        } else if hasLength {
+        } else if let lengthField {
             passHead(status: status, fields: fields, framing: nil)
-            responseLength = fields.first { $0.name == "content-length" }.flatMap { UInt64($0.value) }
+            lengthDelimited = UInt64(lengthField.value).map { LengthDelimitedBody(length: $0) }
             response = .body(chunked: false)
         } else {
             passHead(status: status, fields: fields, framing: HTTPField(name: "transfer-encoding", value: "chunked"))
@@ -302,14 +300,10 @@ final class HTTP2OriginStream {
         }
         guard !bytes.isEmpty else { return }
         if chunked { write(String(bytes.count, radix: 16) + "\r\n") }
-        if !chunked, let length = responseLength, let last = bytes.last, responseWritten + UInt64(bytes.count) == length {
-            // The body's last byte: held until END_STREAM says nothing more follows (`responseEnded`).
-            bytes.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0.dropLast())) }
-            heldLastByte = last
-        } else {
-            bytes.withUnsafeBytes { write($0) }
-        }
-        responseWritten += UInt64(bytes.count)
+        // With `content-length`, the body's last byte is held until END_STREAM says nothing more follows
+        // (`responseEnded`).
+        let count = lengthDelimited != nil ? lengthDelimited!.writable(bytes) : bytes.count
+        bytes.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
         if chunked { write("\r\n") }
         unconsumed += bytes.count
     }
@@ -319,10 +313,7 @@ final class HTTP2OriginStream {
     func responseEnded(trailers: [HTTPField]) {
         guard case .body(let chunked) = response else { return }
         response = .over
-        if let byte = heldLastByte {
-            heldLastByte = nil
-            withUnsafeBytes(of: byte) { write($0) }
-        }
+        if let byte = lengthDelimited?.release() { withUnsafeBytes(of: byte) { write($0) } }
         guard chunked else { return }
         var tail = "0\r\n"
         for field in trailers where HTTP2ResponseTranslation.problem(with: field) == nil {

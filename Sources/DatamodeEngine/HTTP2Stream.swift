@@ -42,12 +42,10 @@ final class HTTP2Stream {
     private(set) var session: HTTP1Session?
     /// The request body goes in chunked (no `content-length` from the client).
     private var requestChunked = false
-    /// A body with `content-length`: its length, and how much of it went to the session. Its last byte waits for
-    /// END_STREAM (`heldLastByte`): DATA past `content-length` in a later frame is a stream error (RFC 9113 §8.1.1),
-    /// and by then the exchange must not have forwarded a whole request.
-    private var requestLength: UInt64?
-    private var requestWritten: UInt64 = 0
-    private var heldLastByte: UInt8?
+    /// A body with `content-length`: its last byte waits for END_STREAM (`LengthDelimitedBody`): DATA past
+    /// `content-length` in a later frame is a stream error (RFC 9113 §8.1.1), and by then the exchange must not have
+    /// forwarded a whole request.
+    private var lengthDelimited: LengthDelimitedBody?
     /// Request body bytes written to the session's input and not yet given back to the client's windows.
     private var unconsumed = 0
 
@@ -98,7 +96,7 @@ final class HTTP2Stream {
         fields.reserveCapacity(request.fields.count + 2)
         fields.append(HTTPField(name: "host", value: request.authority))
         fields.append(contentsOf: request.fields)
-        if !endStream, let length = request.contentLength, length > 0 { requestLength = length }
+        if !endStream, let length = request.contentLength, length > 0 { lengthDelimited = LengthDelimitedBody(length: length) }
         if !endStream && request.contentLength == nil {
             requestChunked = true
             fields.append(HTTPField(name: "transfer-encoding", value: "chunked"))
@@ -152,15 +150,11 @@ final class HTTP2Stream {
             write(String(bytes.count, radix: 16) + "\r\n")
             write(bytes)
             write("\r\n")
-        } else if let length = requestLength, let last = bytes.last,
-                  requestWritten + UInt64(bytes.count) == length {
-            // The body's last byte: held until END_STREAM says nothing more follows (`requestEnded`).
-            write(bytes, count: bytes.count - 1)
-            heldLastByte = last
-            requestWritten = length
+        } else if lengthDelimited != nil {
+            // The body's last byte is held until END_STREAM says nothing more follows (`requestEnded`).
+            write(bytes, count: lengthDelimited!.writable(bytes))
         } else {
             write(bytes)
-            requestWritten += UInt64(bytes.count)
         }
         unconsumed += bytes.count
     }
@@ -168,10 +162,7 @@ final class HTTP2Stream {
     /// END_STREAM: a chunked body gets its last chunk, and the trailers if any (HTTP/1.1 carries trailers only in
     /// a chunked body; with `content-length` they are dropped, RFC 9110 §6.5 lets a recipient discard them).
     func requestEnded(trailers: [HTTPField]) {
-        if let byte = heldLastByte {
-            heldLastByte = nil
-            write([byte])
-        }
+        if let byte = lengthDelimited?.release() { write([byte]) }
         guard requestChunked, exchangeInput != nil else { return }
         var tail = "0\r\n"
         for field in trailers { tail += field.name + ": " + field.value + "\r\n" }
