@@ -25,6 +25,8 @@ final class HTTP2OriginSession {
     private var queuedFlush: QueuedFlush?
     /// No new stream: GOAWAY went either way, or the connection failed. It closes once its streams are done.
     private(set) var closing = false
+    /// The lowest last stream of the origin's GOAWAYs (RFC 9113 §6.8: a stream above it was not processed).
+    private(set) var goawayLastStreamID: HTTP2StreamID?
     private(set) var released = false
 
     /// Until the origin's first SETTINGS say how many streams it takes, one: its SETTINGS come with the end of the
@@ -145,6 +147,7 @@ final class HTTP2OriginSession {
                 startWaiting()
             case .goaway(let lastStreamID, let code):
                 // Streams above `lastStreamID` are closed by the codec as refused (they may go again elsewhere).
+                goawayLastStreamID = min(lastStreamID, goawayLastStreamID ?? lastStreamID)
                 worker.logger.debug("http2 origin goaway", metadata: ["origin": "\(key.host):\(key.port)",
                                                                     "last": "\(lastStreamID)", "code": "\(code)"])
                 beginClosing()

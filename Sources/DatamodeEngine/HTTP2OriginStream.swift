@@ -409,6 +409,7 @@ final class HTTP2OriginStream {
     /// The codec closed the stream. A response not complete by then was cut (a reset, or the origin's GOAWAY left
     /// it unprocessed): what was written reaches the exchange, then the exchange hears the break.
     func closed(_ end: HTTP2StreamEnd) {
+        let streamID = id
         id = nil
         request = .over
         let headWritten: Bool
@@ -424,9 +425,14 @@ final class HTTP2OriginStream {
         case .completed:
             detail = "the origin ended the HTTP/2 stream before its response was complete"
         case .resetByClient(let code):
-            detail = "the origin reset the HTTP/2 stream (\(code))"
-            // REFUSED_STREAM (RFC 9113 §8.7): the origin did nothing with it; it may go again.
+            // REFUSED_STREAM (RFC 9113 §8.7): the origin did nothing with it; it may go again. nghttp2 also closes
+            // the streams above a GOAWAY's last stream with that code (§6.8): those go again on another connection.
             unprocessed = code == .refusedStream && !headWritten
+            if code == .refusedStream, let streamID, let last = session.goawayLastStreamID, streamID > last {
+                detail = "the origin's GOAWAY said the HTTP/2 stream was not processed (stream \(streamID), its last \(last))"
+                break
+            }
+            detail = "the origin reset the HTTP/2 stream (\(code))"
             if unprocessed, case let (translated, framing)? = bodyless, retries < Self.maxRetries, upstream != nil {
                 retries += 1
                 response = .head

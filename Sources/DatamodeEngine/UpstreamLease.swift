@@ -190,10 +190,22 @@ final class UpstreamLease {
         case .retryOnNewConnection:
             connect(key: upstream.key, reuse: false)
         case .answer(let close):
-            driver.respondError(code, detail: detail, close: close)
+            driver.respondError(code, detail: detail + notSentAgain(upstream), close: close)
         case .abort:
             driver.session.abort(.upstreamAborted, detail: detail)
         }
+    }
+
+    /// Why a request the origin did not process (`UpstreamConnection.requestNotProcessed`: RFC 9113 §8.7 says it may
+    /// go again) is answered with the failure all the same, for the problem's detail: without it, the detail reads
+    /// as if the origin had refused the request itself.
+    private func notSentAgain(_ upstream: UpstreamConnection) -> String {
+        guard upstream.requestNotProcessed else { return "" }
+        if driver.requestBody.transferred > 0 {
+            return "; not sent again: its body had begun to go out, and the proxy keeps no copy of it"
+        }
+        if driver.machine.retried { return "; not sent again: it was already sent again once" }
+        return ""
     }
 
     /// The upstream's connection failed (reset, TLS error, a record cut short) while it was busy. If its response

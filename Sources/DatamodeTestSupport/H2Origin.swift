@@ -12,6 +12,8 @@ import Glibc
 /// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
 /// `/trailers`, `/early-hints` (103 then 200), `/early-hints-reset` (103 then RST_STREAM INTERNAL_ERROR, in one write),
+/// `/early-hints-refused` (103 then RST_STREAM REFUSED_STREAM), `/early-hints-goaway` (103, GOAWAY with last stream 0,
+/// the connection closed), `/goaway-unprocessed` (the request read whole, then GOAWAY with a last stream below it),
 /// `/big-field/N` (a 200 with one field of N bytes), `/many-fields/N` (a 200 with N short fields besides its
 /// `content-length`), `/not-modified` (a 304 with a `content-length`, the head ending the stream; a HEAD request for any
 /// path is answered the same way with a 200),
@@ -267,6 +269,24 @@ class Connection:
             # The reset right behind the interim head, in the same write: the proxy reads both at once.
             self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.finish(sid)
+        elif path == "/early-hints-goaway":
+            # A 103, then GOAWAY saying no stream was processed (last stream 0, which the 103 contradicts) and the
+            # connection closed: every time, on every connection.
+            self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+            self.conn.close_connection(last_stream_id=0)
+            self.send()
+            self.sock.shutdown(socket.SHUT_RDWR)
+            raise ConnectionError("closed on purpose")
+        elif path == "/early-hints-refused":
+            # A 103, then RST_STREAM REFUSED_STREAM (which the 103 contradicts): every time.
+            self.conn.send_headers(sid, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+            self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self.finish(sid)
+        elif path == "/goaway-unprocessed":
+            # The whole request read, then GOAWAY NO_ERROR whose last stream is below this one (RFC 9113 §6.8: it was
+            # not processed), no answer: every time, on every connection.
+            self.conn.close_connection(last_stream_id=max(sid - 2, 0))
             self.finish(sid)
         elif path.startswith("/many-fields/"):
             payload = b"many fields\n"

@@ -429,6 +429,25 @@ import Testing
         #expect(result.stdout.contains(" 200") && result.stdout.hasSuffix("accepted\n"), "\(result.output)")
     }
 
+    /// An upload above the last stream of the origin's GOAWAY was not processed (RFC 9113 §6.8), but its body already
+    /// went out, and the proxy keeps no copy to send again: the 502 says that, not that the origin reset the stream. A
+    /// request without a body goes again on a new connection, once.
+    @Test func anUploadTheOriginsGoawayLeftUnprocessedGetsA502ThatSaysSo() throws {
+        let rig = try Rig()
+        let upload = try rig.curl(["--data-binary", "an upload", rig.url("/goaway-unprocessed")], http: "--http1.1")
+        let problem = try JSONDecoder().decode(ProblemDocument.self, from: Data(upload.stdout.utf8))
+        #expect(problem.status == 502 && problem.error == "upstream-protocol-error", "\(upload.output)")
+        let detail = problem.detail ?? ""
+        #expect(detail.contains("GOAWAY") && detail.contains("not processed") && !detail.contains("REFUSED_STREAM"), "\(detail)")
+        #expect(detail.contains("not sent again") && detail.contains("body"), "\(detail)")
+        let plain = try rig.curl([rig.url("/goaway-unprocessed")], http: "--http1.1")
+        let again = try JSONDecoder().decode(ProblemDocument.self, from: Data(plain.stdout.utf8))
+        #expect(again.status == 502 && (again.detail ?? "").contains("GOAWAY"), "\(plain.output)")
+        #expect((again.detail ?? "").contains("sent again once"), "\(plain.output)")
+        let stats = try rig.originStats()
+        #expect(stats["streams"] == 4, "the upload once, the plain request twice, the stats request: \(stats)")
+    }
+
     /// The shared connection lost before any of the answer came (no GOAWAY: a stale connection) sends the request
     /// again, once, on a new connection, as a request on a stale keep-alive HTTP/1.1 connection is.
     @Test func aConnectionLostBeforeTheAnswerIsRetriedOnANewOne() throws {
