@@ -209,18 +209,29 @@ struct ExchangeStateMachine {
 
     /// Whether the request was already sent again once.
     private(set) var retried = false
+    /// The origin sent an interim (1xx) response before its final one.
+    private(set) var interimReceived = false
+
+    /// An interim response (`100`, `103`) came from the origin. The origin has begun to act on the request, so it
+    /// is never sent again (`upstreamFailed`), whatever the origin says afterwards.
+    mutating func originSentInterim() {
+        interimReceived = true
+    }
 
     /// The upstream failed. A pooled connection the origin had already closed is retried once on a new one
     /// (RFC 9112 §9.3.1: an idle connection may be closed at any time), but only while no response started,
     /// nothing of the request body was consumed (so the request can be sent again exactly), and the failure was
-    /// not a timeout (an origin that is merely slow must not get the request twice).
+    /// not a timeout (an origin that is merely slow must not get the request twice). An interim response rules a
+    /// retry out too: the origin that sent it had the request and acted on it, so the connection was not stale (nor
+    /// was an h2 stream unprocessed, RFC 9113 §8.7), and the client, which already has the first attempt's `103`,
+    /// would get a second attempt's as well.
     mutating func upstreamFailed(reusedConnection: Bool, bodyBytesConsumed: UInt64, timedOut: Bool) -> FailureAction {
         guard phase != .done else { return .abort }
         if responseStarted {
             phase = .done
             return .abort
         }
-        if reusedConnection && !retried && bodyBytesConsumed == 0 && !timedOut {
+        if reusedConnection && !retried && bodyBytesConsumed == 0 && !timedOut && !interimReceived {
             retried = true
             phase = .connecting
             return .retryOnNewConnection

@@ -55,6 +55,10 @@ final class HTTP2OriginStream {
         case over
     }
     private var response = ResponsePhase.head
+    /// An interim head (`100`, `103`) came: the origin acted on the request, whatever it says next (a REFUSED_STREAM,
+    /// a GOAWAY below this stream), so it is not sent again (RFC 9113 §8.7 allows that only for a request the origin
+    /// did nothing with), and the client never gets a second attempt's interim heads behind the first's.
+    private var interimReceived = false
     /// A response head went to the exchange as text: the ones after it go the same way (`passHead`).
     private var headsWritten = false
     /// A response body with `content-length`: its last byte waits for END_STREAM (`LengthDelimitedBody`): DATA past
@@ -271,6 +275,7 @@ final class HTTP2OriginStream {
 
     func informational(status: Int, fields: [HTTPField]) {
         guard case .head = response else { return }
+        interimReceived = true
         passHead(status: status, fields: fields, framing: nil)
     }
 
@@ -427,7 +432,7 @@ final class HTTP2OriginStream {
         case .resetByClient(let code):
             // REFUSED_STREAM (RFC 9113 §8.7): the origin did nothing with it; it may go again. nghttp2 also closes
             // the streams above a GOAWAY's last stream with that code (§6.8): those go again on another connection.
-            unprocessed = code == .refusedStream && !headWritten
+            unprocessed = code == .refusedStream && !headWritten && !interimReceived
             if code == .refusedStream, let streamID, let last = session.goawayLastStreamID, streamID > last {
                 detail = "the origin's GOAWAY said the HTTP/2 stream was not processed (stream \(streamID), its last \(last))"
                 break
@@ -454,7 +459,7 @@ final class HTTP2OriginStream {
         let answered: Bool
         switch response {
         case .over: return
-        case .head: answered = false
+        case .head: answered = interimReceived
         case .body: answered = true
         }
         response = .over

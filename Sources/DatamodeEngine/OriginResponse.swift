@@ -63,6 +63,7 @@ final class OriginResponse {
     /// connection into a tunnel when the client asked to upgrade.
     private static func interim(_ driver: ExchangeDriver, _ head: ResponseHead, _ upstream: UpstreamConnection) {
         let exchange = driver.exchange
+        driver.machine.originSentInterim()
         if head.status == 101 {
             guard driver.upgradeRequested else {
                 upstream.close()

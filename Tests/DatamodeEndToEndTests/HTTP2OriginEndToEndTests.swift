@@ -429,6 +429,23 @@ import Testing
         #expect(result.stdout.contains(" 200") && result.stdout.hasSuffix("accepted\n"), "\(result.output)")
     }
 
+    /// An origin that sent a 103 did something with the request, whatever its REFUSED_STREAM or GOAWAY says next (RFC
+    /// 9113 §8.7 lets a request go again only when nothing was done with it): the request is not sent again, and the
+    /// client gets the one 103 the origin sent, then the 502 — never the 103 of a second attempt behind the first.
+    @Test(arguments: [("/early-hints-goaway", "--http1.1"), ("/early-hints-goaway", "--http2"),
+                      ("/early-hints-refused", "--http1.1"), ("/early-hints-refused", "--http2")])
+    func anOriginThatSentA103IsNotAskedAgain(path: String, http: String) throws {
+        let rig = try Rig()
+        let result = try rig.curl(["-D", rig.directory + "/heads.txt", "-o", "/dev/null", "-w", "%{http_code}", rig.url(path)],
+                                  http: http)
+        #expect(result.stdout == "502", "\(result.output)")
+        let heads = try String(contentsOfFile: rig.directory + "/heads.txt", encoding: .utf8)
+        let statusLines = heads.components(separatedBy: "\r\n").filter { $0.hasPrefix("HTTP/") }
+        #expect(statusLines.filter { $0.contains(" 103") }.count == 1 && statusLines.last?.contains(" 502") == true, "\(heads)")
+        let stats = try rig.originStats()
+        #expect(stats["streams"] == 2, "the request once, and the stats request: \(stats)")
+    }
+
     /// An upload above the last stream of the origin's GOAWAY was not processed (RFC 9113 §6.8), but its body already
     /// went out, and the proxy keeps no copy to send again: the 502 says that, not that the origin reset the stream. A
     /// request without a body goes again on a new connection, once.

@@ -316,6 +316,11 @@ import Testing
         var started = ExchangeStateMachine(requestComplete: true, keepAlive: true)
         _ = started.responseHead(untilClose: false, originKeepsConnection: true, clientKeepsConnection: true)
         #expect(started.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: false) == .abort)
+        var hinted = ExchangeStateMachine(requestComplete: true, keepAlive: true)
+        _ = hinted.upstreamConnected()
+        hinted.originSentInterim()
+        #expect(hinted.upstreamFailed(reusedConnection: true, bodyBytesConsumed: 0, timedOut: false) == .answer(close: false),
+                "an origin that sent a 103 acted on the request: not sent again, and no second 103 behind the first")
     }
 
     @Test func badRequestFramingIsRefusedBeforeTheResponseAndAbortedAfter() {
