@@ -92,6 +92,12 @@ public final class AdminAPI: @unchecked Sendable {
         self.budgets = budgets
     }
 
+    /// The `413` for a request larger than the admin listener takes (`limit` bytes, its head and body as sent).
+    /// The transport sends it itself, often before the request is whole, so it is made once, up front.
+    public static func requestTooLarge(limit: Int) -> AdminResponse {
+        AdminProblem.response(413, "request-too-large", "an admin request, its head and body as sent, is at most \(limit) bytes")
+    }
+
     public func handle(_ request: AdminRequest) -> AdminResponse {
         let found = Self.route(for: request.path)
         guard admits(request, to: found?.route) else {
@@ -196,6 +202,7 @@ enum AdminProblem {
         case 404: "Not found"
         case 405: "Method not allowed"
         case 409: "Conflict"
+        case 413: "Request too large"
         case 503: "Service unavailable"
         default: "Admin API error"
         }

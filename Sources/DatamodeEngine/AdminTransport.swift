@@ -34,6 +34,35 @@ final class EventSubscriber {
     }
 }
 
+/// What one admin connection has sent, counted so that a request larger than `AdminTransport.maxRequestBytes` gets
+/// the admin API's own `413` problem (SPEC §7: problem+json errors) and not evhttp's: libevent 2.1's evhttp answers
+/// a body over its limit with an HTML page of its own and has no hook to change it (`evhttp_set_errorcb` is 2.2's),
+/// so its body limit is off and this one is kept in front of it instead.
+///
+/// evhttp hands a request over only whole (`AdminTransport.handle`), which moves `requestStart` past it: what was
+/// read beyond that point is the request being read. One that had passed the limit before a read and is still not
+/// whole is refused at that read, so evhttp never holds more of it than the limit and one read.
+final class AdminIntake {
+    unowned let transport: AdminTransport
+    /// The connection's bufferevent, made for evhttp (`AdminTransport.makeBufferevent`).
+    let bev: OpaquePointer
+    /// The callback on its input that counts what is read.
+    var counter: OpaquePointer?
+    /// Bytes read from the connection so far.
+    var received = 0
+    /// Where, in those bytes, the request being read begins.
+    var requestStart = 0
+    /// The connection was taken from evhttp to refuse a request too large (`AdminTransport.refuse`): evhttp's
+    /// connection, freed once the refusal is written and the client stopped sending (or gave up reading).
+    var refusing: OpaquePointer?
+    /// The refusal is written: what still comes is read and dropped until the client closes.
+    var refusalWritten = false
+    init(transport: AdminTransport, bev: OpaquePointer) {
+        self.transport = transport
+        self.bev = bev
+    }
+}
+
 /// The admin listener: libevent's evhttp on the control loop (SPEC §7, a separate listener from the proxy's).
 /// evhttp's parser is lax (see SWIFT-LIBEVENT-NOTES), which is acceptable for a loopback control API with
 /// small JSON bodies; the proxied traffic never goes through it.
@@ -41,6 +70,13 @@ public final class AdminTransport {
     private let http: OpaquePointer
     private let handler: (AdminRequest) -> AdminResponse
     public private(set) var listenAddress: ListenAddress
+    /// The answer to a request larger than `maxRequestBytes` (the admin API's problem; the transport sends it).
+    private let tooLarge: AdminResponse
+    /// The largest admin request, its head and body as sent (framing included): the admin API takes small JSON
+    /// bodies. Larger ones are answered `tooLarge` (`AdminIntake`).
+    public static let maxRequestBytes = 1 << 20
+    /// Every open connection's intake, by its bufferevent.
+    private var intakes: [OpaquePointer: AdminIntake] = [:]
     /// Open event streams, by connection. Only the control loop's thread touches them.
     private var subscribers: [OpaquePointer: EventSubscriber] = [:]
     /// The most memory held for one subscriber, in bytes (`EventSubscriber.held`): an event that would take it
@@ -64,12 +100,17 @@ public final class AdminTransport {
     /// What all event streams hold now (queued events and batches being written), in bytes. Any thread.
     public var heldBacklogBytes: Int { held.load(ordering: .relaxed) }
 
-    public init(loop: ControlLoop, address: ListenAddress, handler: @escaping (AdminRequest) -> AdminResponse) throws(EngineError) {
+    public init(loop: ControlLoop, address: ListenAddress, tooLarge: AdminResponse,
+                handler: @escaping (AdminRequest) -> AdminResponse) throws(EngineError) {
         guard let http = evhttp_new(loop.base) else { throw EngineError("evhttp_new failed") }
         self.http = http
         self.handler = handler
+        self.tooLarge = tooLarge
         self.listenAddress = address
-        evhttp_set_max_body_size(http, 1 << 20)
+        // No body limit in evhttp: past it, evhttp answers with its own HTML page. `maxRequestBytes` bounds a
+        // request instead, counted on each connection's bufferevent (`makeBufferevent`).
+        evhttp_set_max_body_size(http, -1)
+        evhttp_set_bevcb(http, adminBuffereventCallback, context(self))
         evhttp_set_max_headers_size(http, 64 << 10)
         evhttp_set_timeout(http, 30)
         evhttp_set_allowed_methods(http, UInt16(EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_PUT.rawValue | EVHTTP_REQ_DELETE.rawValue
@@ -92,6 +133,11 @@ public final class AdminTransport {
         let open = Array(subscribers.keys)
         subscribers = [:]
         for connection in open { evhttp_connection_set_closecb(connection, nil, nil) }
+        for intake in intakes.values {
+            if let counter = intake.counter { evbuffer_remove_cb_entry(bufferevent_get_input(intake.bev), counter) }
+            if let connection = connection(of: intake) { evhttp_connection_set_closecb(connection, nil, nil) }
+        }
+        intakes = [:]
         evhttp_free(http)
     }
 
@@ -117,6 +163,7 @@ public final class AdminTransport {
         for subscriber in slow {
             droppedSubscribers += 1
             forget(subscriber)
+            forgetIntake(of: subscriber.connection)
             evhttp_connection_set_closecb(subscriber.connection, nil, nil)
             evhttp_connection_free(subscriber.connection)
         }
@@ -156,9 +203,11 @@ public final class AdminTransport {
         send(events, to: subscriber)
     }
 
-    /// The stream's connection closed (the client left, or evhttp gave up on it).
-    func subscriberClosed(_ connection: OpaquePointer) {
+    /// An admin connection closed (the client left, evhttp gave up on it, or a refusal is over): its stream, if it
+    /// had one, and its intake are forgotten.
+    func connectionClosed(_ connection: OpaquePointer) {
         if let subscriber = subscribers[connection] { forget(subscriber) }
+        forgetIntake(of: connection)
     }
 
     private func forget(_ subscriber: EventSubscriber) {
@@ -176,7 +225,7 @@ public final class AdminTransport {
         evhttp_send_reply_start(request, Int32(response.status), Self.reason(response.status))
         let subscriber = EventSubscriber(request: request, connection: connection, scope: stream.scope, transport: self)
         subscribers[connection] = subscriber
-        evhttp_connection_set_closecb(connection, adminStreamClosedCallback, context(subscriber))
+        evhttp_connection_set_closecb(connection, adminConnectionClosedCallback, context(self))
         // A stream is idle by design: evhttp's read and write timeouts would cut it. A dead or stalled reader
         // is found by the heartbeat and the backlog limit instead.
         evhttp_connection_set_timeout(connection, -1)
@@ -190,7 +239,13 @@ public final class AdminTransport {
     }
 
     func handle(_ request: OpaquePointer) {
+        guard let size = requestHandedOver(request) else { return }
         requestsAnswered += 1
+        if size > Self.maxRequestBytes {
+            // Whole before the intake could refuse it (it passed the limit in its last read).
+            reply(request, tooLarge, method: "")
+            return
+        }
         let method: String
         switch evhttp_request_get_command(request) {
         case EVHTTP_REQ_GET: method = "GET"
@@ -232,12 +287,133 @@ public final class AdminTransport {
             startStream(request, response, stream)
             return
         }
+        reply(request, response, method: method)
+    }
+
+    private func reply(_ request: OpaquePointer, _ response: AdminResponse, method: String) {
         let outputHeaders = evhttp_request_get_output_headers(request)
         for (name, value) in response.headers { evhttp_add_header(outputHeaders, name, value) }
         let buffer = evbuffer_new()!
         if method != "HEAD" && !response.body.isEmpty { evbuffer_add(buffer, response.body, response.body.count) }
         evhttp_send_reply(request, Int32(response.status), Self.reason(response.status), buffer)
         evbuffer_free(buffer)
+    }
+
+    // MARK: the request size limit (`AdminIntake`)
+
+    /// evhttp wants the bufferevent of a new connection: one that counts what it reads. evhttp makes its connection
+    /// around it after this returns; `attach` finds that (from the loop, at once), holding the bufferevent meanwhile
+    /// so that one evhttp drops at once stays valid until then.
+    func makeBufferevent(_ base: OpaquePointer) -> OpaquePointer? {
+        // Options as evhttp's own (it closes the socket itself).
+        guard let bev = bufferevent_socket_new(base, -1, 0) else { return nil }
+        let intake = AdminIntake(transport: self, bev: bev)
+        intake.counter = evbuffer_add_cb(bufferevent_get_input(bev), adminIntakeCallback, context(intake))
+        intakes[bev] = intake
+        bufferevent_incref(bev)
+        if event_base_once(base, -1, Int16(EV_TIMEOUT), adminIntakeAttachCallback, context(intake), nil) != 0 {
+            _ = bufferevent_decref(bev)
+        }
+        return bev
+    }
+
+    /// evhttp's connection for `intake`, when evhttp has one around its bufferevent: the argument of the
+    /// bufferevent's callbacks, which evhttp sets to its connection.
+    private func connection(of intake: AdminIntake) -> OpaquePointer? {
+        if let refusing = intake.refusing { return refusing }
+        var argument: UnsafeMutableRawPointer?
+        bufferevent_getcb(intake.bev, nil, nil, nil, &argument)
+        guard let argument else { return nil }
+        let connection = OpaquePointer(argument)
+        return evhttp_connection_get_bufferevent(connection) == intake.bev ? connection : nil
+    }
+
+    /// Right after evhttp took `intake`'s bufferevent: its connection closing will forget the intake. A bufferevent
+    /// evhttp already dropped (it clears the callbacks when it frees it) is forgotten now.
+    func attach(_ intake: AdminIntake) {
+        let bev = intake.bev
+        if let connection = connection(of: intake) {
+            evhttp_connection_set_closecb(connection, adminConnectionClosedCallback, context(self))
+        } else {
+            forget(intake)
+        }
+        _ = bufferevent_decref(bev)
+    }
+
+    /// `count` bytes were read on `intake`'s connection.
+    func received(_ count: Int, on intake: AdminIntake) {
+        guard intake.refusing == nil else { return }
+        let before = intake.received - intake.requestStart
+        intake.received += count
+        if before > Self.maxRequestBytes { refuse(intake) }
+    }
+
+    /// evhttp hands `request` over whole: its size (head and body as read), and the next request starts behind it
+    /// (what is left in the input). nil for a connection this transport refused (it answers nothing more there).
+    private func requestHandedOver(_ request: OpaquePointer) -> Int? {
+        guard let connection = evhttp_request_get_connection(request),
+              let bev = evhttp_connection_get_bufferevent(connection),
+              let intake = intakes[bev] else { return 0 }
+        guard intake.refusing == nil else { return nil }
+        let next = intake.received - evbuffer_get_length(bufferevent_get_input(bev))
+        defer { intake.requestStart = next }
+        return next - intake.requestStart
+    }
+
+    /// Takes the connection from evhttp and answers `tooLarge` on it, then `Connection: close`: evhttp's callbacks
+    /// are replaced, what is read is dropped, and once the answer is written and the client stopped sending (or a
+    /// timeout passed), evhttp frees the connection. Read on meanwhile, not closed at once: closing on unread bytes
+    /// resets the connection, and the client may lose the answer (RFC 9112 §9.6).
+    private func refuse(_ intake: AdminIntake) {
+        guard let connection = connection(of: intake) else { return }
+        intake.refusing = connection
+        requestsAnswered += 1
+        let bev = intake.bev
+        bufferevent_setcb(bev, adminRefusalReadCallback, adminRefusalWriteCallback, adminRefusalEventCallback, context(intake))
+        bufferevent_setwatermark(bev, Int16(EV_READ | EV_WRITE), 0, 0)
+        var text = "HTTP/1.1 \(tooLarge.status) \(Self.reason(tooLarge.status))\r\n"
+        for (name, value) in tooLarge.headers { text += "\(name): \(value)\r\n" }
+        text += "Content-Length: \(tooLarge.body.count)\r\nConnection: close\r\n\r\n"
+        let output = bufferevent_get_output(bev)
+        let head = Array(text.utf8)
+        evbuffer_add(output, head, head.count)
+        evbuffer_add(output, tooLarge.body, tooLarge.body.count)
+        var readTimeout = timeval(tv_sec: 5, tv_usec: 0)
+        var writeTimeout = readTimeout
+        bufferevent_set_timeouts(bev, &readTimeout, &writeTimeout)
+        bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+    }
+
+    /// A refused connection's bytes: dropped.
+    func refusalReadable(_ intake: AdminIntake) {
+        let input = bufferevent_get_input(intake.bev)
+        evbuffer_drain(input, evbuffer_get_length(input))
+    }
+
+    /// A refusal is written whole: the client hears that nothing more comes, and what it still sends is dropped
+    /// until it closes.
+    func refusalWritten(_ intake: AdminIntake) {
+        guard !intake.refusalWritten else { return }
+        intake.refusalWritten = true
+        shutdown(bufferevent_getfd(intake.bev), Int32(SHUT_WR))
+    }
+
+    /// The client closed, the connection failed, or a timeout passed: the refusal is over.
+    func refusalEnded(_ intake: AdminIntake) {
+        guard let connection = intake.refusing else { return }
+        forget(intake)
+        evhttp_connection_free(connection)
+    }
+
+    private func forgetIntake(of connection: OpaquePointer) {
+        guard let bev = evhttp_connection_get_bufferevent(connection), let intake = intakes[bev] else { return }
+        forget(intake)
+    }
+
+    private func forget(_ intake: AdminIntake) {
+        intakes.removeValue(forKey: intake.bev)
+        if let counter = intake.counter { evbuffer_remove_cb_entry(bufferevent_get_input(intake.bev), counter) }
+        intake.counter = nil
     }
 
     static func reason(_ status: Int) -> String {

@@ -336,9 +336,39 @@ let signalCallback: event_callback_fn = { signal, _, ctx in
 
 // MARK: admin listener
 
-let adminStreamClosedCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { connection, ctx in
-    let subscriber = owner(ctx, as: EventSubscriber.self)
-    if let connection { subscriber.transport.subscriberClosed(connection) }
+/// evhttp frees an admin connection (its close callback; the context is the transport).
+let adminConnectionClosedCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { connection, ctx in
+    if let connection { owner(ctx, as: AdminTransport.self).connectionClosed(connection) }
+}
+/// evhttp wants a bufferevent for a new admin connection (`AdminTransport.makeBufferevent`).
+let adminBuffereventCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> OpaquePointer? = { base, ctx in
+    guard let base else { return nil }
+    return owner(ctx, as: AdminTransport.self).makeBufferevent(base)
+}
+/// Right after evhttp made its connection around that bufferevent (an `event_base_once`).
+let adminIntakeAttachCallback: event_callback_fn = { _, _, ctx in
+    let intake = owner(ctx, as: AdminIntake.self)
+    intake.transport.attach(intake)
+}
+/// An admin connection's input changed: bytes read are counted (an evbuffer callback: synchronous, before the
+/// bufferevent's read callback).
+let adminIntakeCallback: evbuffer_cb_func = { _, info, ctx in
+    guard let info, info.pointee.n_added > 0 else { return }
+    let intake = owner(ctx, as: AdminIntake.self)
+    intake.transport.received(info.pointee.n_added, on: intake)
+}
+/// A connection taken from evhttp to refuse a request too large (`AdminTransport.refuse`).
+let adminRefusalReadCallback: bufferevent_data_cb = { _, ctx in
+    let intake = owner(ctx, as: AdminIntake.self)
+    intake.transport.refusalReadable(intake)
+}
+let adminRefusalWriteCallback: bufferevent_data_cb = { _, ctx in
+    let intake = owner(ctx, as: AdminIntake.self)
+    intake.transport.refusalWritten(intake)
+}
+let adminRefusalEventCallback: bufferevent_event_cb = { _, _, ctx in
+    let intake = owner(ctx, as: AdminIntake.self)
+    intake.transport.refusalEnded(intake)
 }
 /// evhttp wrote a stream's last batch whole. The context is the transport (it outlives every connection), which
 /// looks the stream up by its connection: a stream already dropped is simply not found.

@@ -364,7 +364,8 @@ public final class ProxyInstance: @unchecked Sendable {
         try startDeferral()
         let control = try ControlLoop()
         self.control = control
-        admin = try AdminTransport(loop: control, address: configuration.admin.listen) { [unowned self] request in
+        admin = try AdminTransport(loop: control, address: configuration.admin.listen,
+                                   tooLarge: AdminAPI.requestTooLarge(limit: AdminTransport.maxRequestBytes)) { [unowned self] request in
             self.answer(request)
         }
         server.addOwnAddress(adminAddress)

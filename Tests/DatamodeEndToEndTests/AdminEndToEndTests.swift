@@ -135,6 +135,35 @@ struct AdminEndToEndTests {
         }
     }
 
+    @Test("A request larger than the admin API takes is a 413 problem+json (length or chunked), never evhttp's HTML page")
+    func oversizedRequests() throws {
+        try withAdminProxy { proxy, admin throws in
+            let body = proxy.directory + "/body.json"
+            // 10 MB as the review sent it (cut while it comes), and exactly the limit (read whole, then refused: the
+            // head makes the request larger than the limit), each with a length and chunked.
+            for size in [10_000_000, 1 << 20] {
+                try Data(repeating: UInt8(ascii: "a"), count: size).write(to: URL(fileURLWithPath: body))
+                for framing in [[String](), ["-H", "Transfer-Encoding: chunked"]] {
+                    let what = "\(size) bytes" + (framing.isEmpty ? "" : ", chunked")
+                    let result = try ExternalCommand.run("/usr/bin/curl", [
+                        "-sS", "-X", "PUT", "--data-binary", "@" + body, "-o", proxy.directory + "/problem.json",
+                        "-w", "%{http_code} %{content_type}", "http://127.0.0.1:\(proxy.adminPort)/mode",
+                    ] + framing, timeout: 60)
+                    #expect(result.stdout == "413 application/problem+json", "\(what): \(result.output)")
+                    let problem = (try? Data(contentsOf: URL(fileURLWithPath: proxy.directory + "/problem.json")))
+                        .flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] } ?? [:]
+                    #expect(problem["error"] as? String == "request-too-large" && problem["status"] as? Int == 413
+                            && (problem["detail"] as? String ?? "").contains("1048576"), "\(what): \(problem)")
+                }
+            }
+            // Just under the limit: served, and the refusals changed nothing.
+            #expect(try modeFacts(admin) == ModeFacts("normal", false, false, "default"))
+            let padded = #"{"mode": "constrained"}"# + String(repeating: " ", count: 1_000_000)
+            #expect(try admin.put("/mode", padded).status == 200)
+            #expect(try modeFacts(admin) == ModeFacts("constrained", true, false, "api"))
+        }
+    }
+
     @Test("Unknown paths answer 404 problem+json")
     func unknownPaths() throws {
         try withAdminProxy { _, admin throws in
