@@ -218,6 +218,28 @@ elif scenario == "body-before-reset":
             return "reset %s after %d" % (h2.errors.ErrorCodes(event.error_code).name, body["n"])
         return goaway(event)
     print(pump(until))
+elif scenario == "slow-body-before-reset":
+    # As body-before-reset, read slowly (a 16 KiB window, nothing read for STALL ms after the request, then the window
+    # reopened PAUSE ms after each DATA frame), so that the proxy holds much of the body when the reset comes: how
+    # many bytes came before the end.
+    pause = float(extra[1]) / 1000 if len(extra) > 1 else 0.02
+    stall = float(extra[2]) / 1000 if len(extra) > 2 else 0
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384})
+    conn.send_headers(1, request_headers(extra[0]), end_stream=True)
+    tls.sendall(conn.data_to_send())
+    time.sleep(stall)
+    body = {"n": 0}
+    def until(event):
+        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
+            body["n"] += len(event.data)
+            time.sleep(pause)
+            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+        elif isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
+            return "ended after %d" % body["n"]
+        elif isinstance(event, h2.events.StreamReset) and event.stream_id == 1:
+            return "reset %s after %d" % (h2.errors.ErrorCodes(event.error_code).name, body["n"])
+        return goaway(event)
+    print(pump(until))
 elif scenario == "field":
     # One request with a field given as raw bytes (name, value), unvalidated: the smuggling class.
     name, value = extra[0].encode().decode("unicode_escape"), extra[1].encode().decode("unicode_escape")

@@ -347,6 +347,25 @@ import Testing
         #expect(next.stdout == "hello over h2\n", "\(next.output)")
     }
 
+    /// An h2 origin resets a stream while the client reads slowly, so that much of the body is still in the proxy:
+    /// every byte the origin sent before the reset reaches the client before the cut (SPEC §6), HTTP/1.1 (curl,
+    /// rate-limited) and h2 (`H2Probe`: a 16 KiB window, nothing read for 1.5 s, then the window reopened 20 ms after
+    /// each frame). For 2 MB and the h2 client, the exchange's input sits at its 512 KiB watermark, reading held, when
+    /// the reset comes, with 674,403 bytes behind it in the origin stream's end of the pair, which `breakOff` flushes
+    /// to the exchange (dropping them there instead fails this with 1,326,183 bytes received, as measured). The
+    /// smaller bodies are all past the pair by then.
+    @Test(arguments: [530_000, 1_200_000, 2_000_000])
+    func aSlowReaderGetsEveryByteBeforeAnOriginsReset(size: Int) throws {
+        let rig = try Rig()
+        let path = "/reset-after/\(size)"
+        let http1 = try rig.curl(["--limit-rate", "1M", "-o", rig.directory + "/cut.bin", "-w", "%{size_download}", rig.url(path)],
+                                 http: "--http1.1")
+        #expect(http1.stdout == String(size), "HTTP/1.1: \(http1.output)")
+        let probe = try H2Probe.run("slow-body-before-reset", proxyPort: rig.proxy.port, host: "localhost", port: rig.origin.port,
+                                    caPath: rig.caPath, arguments: [path, "20", "1500"], timeout: 60)
+        #expect(probe.line == "reset INTERNAL_ERROR after \(size)", "h2: \(probe.output)")
+    }
+
     /// DATA past `content-length` in a later frame (review15): the response is malformed (RFC 9113 §8.1.1), so no
     /// client may see it whole. Its last byte used to reach the client before the excess came, a complete 200
     /// logged `forwarded`; the last byte now waits for END_STREAM, and the excess cuts the response.
