@@ -164,6 +164,32 @@ struct AdminEndToEndTests {
         }
     }
 
+    @Test("Requests pipelined ahead of one too large are answered, each by its own size; then the 413, and the close")
+    func oversizedRequestBehindPipelinedOnes() throws {
+        try withAdminProxy { proxy, _ throws in
+            let client = try RawHTTPClient(port: proxy.adminPort, timeout: .seconds(20))
+            defer { client.close() }
+            // Each request is counted from where the one before it ended: three of 600 KB (1.8 MB together, each
+            // under the limit), then 1.2 MB of chunks, sent while the answers are read.
+            let padded = #"{"mode": "constrained"}"# + String(repeating: " ", count: 600_000)
+            var bytes = Array(String(repeating: "PUT /mode HTTP/1.1\r\nHost: admin\r\nContent-Length: \(padded.utf8.count)\r\n\r\n"
+                                     + padded, count: 3).utf8)
+            bytes += Array("PUT /mode HTTP/1.1\r\nHost: admin\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+            let chunk = Array("1000\r\n".utf8) + [UInt8](repeating: UInt8(ascii: "a"), count: 0x1000) + Array("\r\n".utf8)
+            for _ in 0..<300 { bytes += chunk }
+            let sent = client.sendInBackground(bytes)
+            for index in 0..<3 {
+                let mode = try client.readResponse()
+                #expect(mode.status == 200, "request \(index): \(mode.headText)\(mode.bodyText)")
+            }
+            let refused = try client.readResponse()
+            #expect(refused.status == 413 && refused.value(of: "Content-Type") == "application/problem+json", "\(refused.headText)")
+            #expect(refused.problem?.error == "request-too-large", "\(refused.bodyText)")
+            try? sent()
+            #expect(client.isClosedByPeer(), "a refused request's connection closes")
+        }
+    }
+
     @Test("Unknown paths answer 404 problem+json")
     func unknownPaths() throws {
         try withAdminProxy { _, admin throws in
