@@ -57,6 +57,8 @@ final class AdminIntake {
     var refusing: OpaquePointer?
     /// The refusal is written: what still comes is read and dropped until the client closes.
     var refusalWritten = false
+    /// Bytes dropped since the refusal (`AdminTransport.maxDroppedBytes` at most).
+    var dropped = 0
     init(transport: AdminTransport, bev: OpaquePointer) {
         self.transport = transport
         self.bev = bev
@@ -75,6 +77,9 @@ public final class AdminTransport {
     /// The largest admin request, its head and body as sent (framing included): the admin API takes small JSON
     /// bodies. Larger ones are answered `tooLarge` (`AdminIntake`).
     public static let maxRequestBytes = 1 << 20
+    /// The most a refused connection may still send, dropped, before it is closed all the same: reading on after a
+    /// refusal is for the client to get it, not for a client that never stops.
+    static let maxDroppedBytes = 16 << 20
     /// Every open connection's intake, by its bufferevent.
     private var intakes: [OpaquePointer: AdminIntake] = [:]
     /// Open event streams, by connection. Only the control loop's thread touches them.
@@ -384,10 +389,13 @@ public final class AdminTransport {
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
     }
 
-    /// A refused connection's bytes: dropped.
+    /// A refused connection's bytes: dropped, up to `maxDroppedBytes`.
     func refusalReadable(_ intake: AdminIntake) {
         let input = bufferevent_get_input(intake.bev)
-        evbuffer_drain(input, evbuffer_get_length(input))
+        let length = evbuffer_get_length(input)
+        intake.dropped += length
+        evbuffer_drain(input, length)
+        if intake.dropped > Self.maxDroppedBytes { refusalEnded(intake) }
     }
 
     /// A refusal is written whole: the client hears that nothing more comes, and what it still sends is dropped
