@@ -190,6 +190,20 @@ struct AdminEndToEndTests {
         }
     }
 
+    @Test("A refused client that keeps sending is cut off after 16 MiB more, having had its 413")
+    func refusedClientThatNeverStops() throws {
+        try withAdminProxy { proxy, _ throws in
+            let client = try RawHTTPClient(port: proxy.adminPort, timeout: .seconds(20))
+            defer { client.close() }
+            let body = [UInt8](repeating: UInt8(ascii: "a"), count: 40 << 20)
+            let sent = client.sendInBackground(Array("PUT /mode HTTP/1.1\r\nHost: admin\r\nContent-Length: \(body.count)\r\n\r\n".utf8)
+                                               + body)
+            let refused = try client.readResponse()
+            #expect(refused.status == 413 && refused.problem?.error == "request-too-large", "\(refused.headText)")
+            #expect(throws: (any Error).self, "40 MiB went out whole: the proxy read them all") { try sent() }
+        }
+    }
+
     @Test("Unknown paths answer 404 problem+json")
     func unknownPaths() throws {
         try withAdminProxy { _, admin throws in
