@@ -20,19 +20,7 @@ import Testing
     static let junk = ["\r", "\n", "\r\n", "\0", " ", "\t", ":", "\u{7f}", "\u{1}", "(", "é", "\u{85}", ""]
 
     static func mutated(_ s: String, using rng: inout SeededGenerator) -> String {
-        switch Int.random(in: 0..<8, using: &rng) {
-        case 0:
-            let cut = s.index(s.startIndex, offsetBy: Int.random(in: 0...s.count, using: &rng))
-            var s = s
-            s.insert(contentsOf: junk.randomElement(using: &rng)!, at: cut)
-            return s
-        case 1 where !s.isEmpty:
-            var bytes = Array(s.utf8)
-            bytes[Int.random(in: 0..<bytes.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
-            return String(decoding: bytes, as: UTF8.self)
-        default:
-            return s
-        }
+        rng.mutated(s, junk: junk, odds: 8)
     }
 
     static func fields(using rng: inout SeededGenerator) -> [HTTPField] {

@@ -17,22 +17,6 @@ import Testing
         return absolute
     }
 
-    /// Hosts built from the pieces an authority is made of (a host, maybe a port), with the bytes that end or break
-    /// one mixed in at random places.
-    static func host(using rng: inout SeededGenerator) -> String {
-        let hosts = ["example.com", "a", "A-b_c~d", "192.0.2.1", "[::1]", "[2001:DB8::a]", "[::ffff:192.0.2.1]",
-                     "[1:2:3:4:5:6:7:8]", "%41b", "!$&'()*+,;=", "x.Y.z"]
-        let ports = [":", ":80", ":8080", ":0", ":65535", ":65536", ":123456", ":8a"]
-        let junk = ["%4", "%zz", "@", "user@", "/", "?", "#", " ", "\t", "[", "]", ":", ".", "\u{7f}", "é", "\r", ""]
-        var s = hosts.randomElement(using: &rng)!
-        if Bool.random(using: &rng) { s += ports.randomElement(using: &rng)! }
-        if Int.random(in: 0..<3, using: &rng) == 0 {
-            let cut = s.index(s.startIndex, offsetBy: Int.random(in: 0...s.count, using: &rng))
-            s.insert(contentsOf: junk.randomElement(using: &rng)!, at: cut)
-        }
-        return s
-    }
-
     static func path(using rng: inout SeededGenerator) -> String {
         ["/", "/a/b?c=d&e", "/?q", "/%7Euser/a%20b", "/1k.bin", "/x?y=/z", "//double", "/a:b@c"].randomElement(using: &rng)!
     }
@@ -44,7 +28,7 @@ import Testing
         var accepted = 0
         let cases = 20_000
         for _ in 0..<cases {
-            var host = Self.host(using: &rng)
+            var host = rng.authority()
             if Int.random(in: 0..<4, using: &rng) == 0, !host.isEmpty {
                 // Mutation: one byte replaced by any byte.
                 var bytes = Array(host.utf8)
