@@ -202,29 +202,16 @@ elif scenario == "data-past-length":
     except Exception as error:
         seen.append("send-failed %s" % type(error).__name__)
     print(" ".join(seen))
-elif scenario == "body-before-reset":
+elif scenario in ("body-before-reset", "slow-body-before-reset"):
     # A GET whose response may be reset: how many body bytes came before the end, whichever it is (curl drops what it
-    # buffered when a stream is reset, so its count says nothing about what the proxy sent).
-    conn.send_headers(1, request_headers(extra[0]), end_stream=True)
-    tls.sendall(conn.data_to_send())
-    body = {"n": 0}
-    def until(event):
-        if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
-            body["n"] += len(event.data)
-            conn.acknowledge_received_data(event.flow_controlled_length, 1)
-        elif isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
-            return "ended after %d" % body["n"]
-        elif isinstance(event, h2.events.StreamReset) and event.stream_id == 1:
-            return "reset %s after %d" % (h2.errors.ErrorCodes(event.error_code).name, body["n"])
-        return goaway(event)
-    print(pump(until))
-elif scenario == "slow-body-before-reset":
-    # As body-before-reset, read slowly (a 16 KiB window, nothing read for STALL ms after the request, then the window
-    # reopened PAUSE ms after each DATA frame), so that the proxy holds much of the body when the reset comes: how
-    # many bytes came before the end.
-    pause = float(extra[1]) / 1000 if len(extra) > 1 else 0.02
-    stall = float(extra[2]) / 1000 if len(extra) > 2 else 0
-    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384})
+    # buffered when a stream is reset, so its count says nothing about what the proxy sent). slow-body-before-reset
+    # reads slowly (a 16 KiB window, nothing read for STALL ms after the request, then the window reopened PAUSE ms
+    # after each DATA frame), so that the proxy holds much of the body when the reset comes.
+    slow = scenario == "slow-body-before-reset"
+    pause = (float(extra[1]) / 1000 if len(extra) > 1 else 0.02) if slow else 0
+    stall = (float(extra[2]) / 1000 if len(extra) > 2 else 0) if slow else 0
+    if slow:
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16384})
     conn.send_headers(1, request_headers(extra[0]), end_stream=True)
     tls.sendall(conn.data_to_send())
     time.sleep(stall)
@@ -232,7 +219,8 @@ elif scenario == "slow-body-before-reset":
     def until(event):
         if isinstance(event, h2.events.DataReceived) and event.stream_id == 1:
             body["n"] += len(event.data)
-            time.sleep(pause)
+            if pause:
+                time.sleep(pause)
             conn.acknowledge_received_data(event.flow_controlled_length, 1)
         elif isinstance(event, h2.events.StreamEnded) and event.stream_id == 1:
             return "ended after %d" % body["n"]
