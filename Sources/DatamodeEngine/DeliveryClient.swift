@@ -106,12 +106,12 @@ struct DeliveryClient {
         var head = "\(entry.method) \(target.path) HTTP/1.1\r\nHost: \(target.hostHeaderValue)\r\n"
         for field in fields { head += "\(field.name): \(field.value)\r\n" }
         head += "Content-Length: \(entry.bytes)\r\nConnection: close\r\n\r\n"
-        if let error = sendAll(wire, Array(head.utf8)) { return .failed(error) }
+        if let error = sendAll(wire, Array(head.utf8)) { return earlyAnswer(wire, after: error) }
         var offset = 0
         while offset < entry.bytes {
             switch readPiece(entry, offset: offset) {
             case .success(let bytes):
-                if let error = sendAll(wire, bytes) { return .failed(error) }
+                if let error = sendAll(wire, bytes) { return earlyAnswer(wire, after: error) }
                 offset += bytes.count
             case .failure(let outcome):
                 return outcome.value
@@ -338,12 +338,29 @@ struct DeliveryClient {
         while sent < bytes.count {
             let n = bytes.withUnsafeBytes { wire.send(UnsafeRawBufferPointer(rebasing: $0[sent...])) }
             if n < 0 {
-                if errno == EINTR { continue }
-                return "sending to the origin: \(String(cString: strerror(errno)))"
+                let code = errno
+                if code == EINTR { continue }
+                return (code == EAGAIN || code == EWOULDBLOCK ? Self.sendTimedOut : "sending to the origin: ")
+                    + String(cString: strerror(code))
             }
             sent += n
         }
         return nil
+    }
+
+    /// How `sendAll`'s error starts when the origin took nothing for the response timeout.
+    private static let sendTimedOut = "upstream-timeout: sending to the origin: "
+
+    /// The upload could not be sent whole (`error`). An origin may answer before it read all of it and close (a 413,
+    /// a 401): the send then fails on the reset, and its answer may still be there to read. A final status read now
+    /// ends the upload as any answer does (SPEC §18.3: a 4xx is final, it is not sent again); otherwise the send's
+    /// failure stands and the upload is retried. Not after a send that timed out: the origin is stalled, not
+    /// answering, and reading would wait as long again.
+    private func earlyAnswer(_ wire: Wire, after error: String) -> Outcome {
+        guard !error.hasPrefix(Self.sendTimedOut), case .answered(let status) = readStatus(wire) else {
+            return .failed(error)
+        }
+        return .answered(status)
     }
 
     /// Reads response heads until a final one (a `1xx` is skipped), and its status.

@@ -106,6 +106,30 @@ struct DeferredUploadEndToEndTests {
         }
     }
 
+    @Test("an origin that answers 413 before reading the upload and closes: delivered with 413, not sent again")
+    func anEarlyFinalAnswerEndsTheUpload() throws {
+        // The origin answers at once and closes with the body unread: the proxy's send fails, but the answer is
+        // there to read. SPEC §18.3: a 4xx is final.
+        let origin = try EarlyAnswerOrigin(answer: "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        defer { origin.stop() }
+        try withAdminProxy(config: "mode: constrained\n") { proxy, admin in
+            let client = try RawHTTPClient(port: proxy.port, timeout: .seconds(30))
+            let body = SeededUploadBody.bytes(seed: 7, count: 3 << 20)
+            let response = try upload(client, origin.url("/photos"), body: body)
+            #expect(response.status == 202, "\(response.headText)\(response.bodyText)")
+            let id = try #require(response.value(of: "Data-Mode-Deferred"))
+            #expect(try admin.put("/mode", #"{"mode": "normal"}"#).status == 200)
+            #expect(AdminPolling.until(timeout: .seconds(10)) {
+                (try? admin.get("/deferred/\(id)").object["status"] as? String) == "delivered"
+            }, "\((try? admin.get("/deferred/\(id)").object) ?? [:])")
+            let entry = try admin.get("/deferred/\(id)").object
+            #expect(entry["originStatus"] as? Int == 413 && entry["attempts"] as? Int == 1, "\(entry)")
+            // A retry would come after 1 s of backoff.
+            Thread.sleep(forTimeInterval: 2)
+            #expect(origin.connections == 1)
+        }
+    }
+
     @Test("max-body and max-bytes: the usual refusal, with \"deferral\": \"full\" when the queue is full; uploads globs")
     func bounds() throws {
         let config = """
