@@ -307,7 +307,7 @@ final class HTTP2OriginStream {
         if chunked { write(String(bytes.count, radix: 16) + "\r\n") }
         // With `content-length`, the body's last byte is held until END_STREAM says nothing more follows
         // (`responseEnded`).
-        let count = lengthDelimited != nil ? lengthDelimited!.writable(bytes) : bytes.count
+        let count = lengthDelimited?.writable(bytes) ?? bytes.count
         bytes.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
         if chunked { write("\r\n") }
         unconsumed += bytes.count

@@ -150,11 +150,10 @@ final class HTTP2Stream {
             write(String(bytes.count, radix: 16) + "\r\n")
             write(bytes)
             write("\r\n")
-        } else if lengthDelimited != nil {
-            // The body's last byte is held until END_STREAM says nothing more follows (`requestEnded`).
-            write(bytes, count: lengthDelimited!.writable(bytes))
         } else {
-            write(bytes)
+            // With `content-length`, the body's last byte is held until END_STREAM says nothing more follows
+            // (`requestEnded`).
+            write(bytes, count: lengthDelimited?.writable(bytes) ?? bytes.count)
         }
         unconsumed += bytes.count
     }
