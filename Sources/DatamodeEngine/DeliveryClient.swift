@@ -223,7 +223,7 @@ struct DeliveryClient {
             }
             var sendFailure: String?
             let written = session.writeOutput { bytes in
-                if sendFailure == nil { sendFailure = sendAll(wire, Array(bytes)) }
+                if sendFailure == nil { sendFailure = sendAll(wire, Array(bytes))?.detail }
             }
             if let sendFailure { return .failed(sendFailure) }
             if let done = outcome(of: written) {
@@ -333,33 +333,37 @@ struct DeliveryClient {
         setsockopt(fd, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    private func sendAll(_ wire: Wire, _ bytes: [UInt8]) -> String? {
+    /// Why `sendAll` could not send everything.
+    private struct SendFailure {
+        let detail: String
+        /// The origin took nothing for the response timeout (stalled), as opposed to a reset or a close.
+        let timedOut: Bool
+    }
+
+    private func sendAll(_ wire: Wire, _ bytes: [UInt8]) -> SendFailure? {
         var sent = 0
         while sent < bytes.count {
             let n = bytes.withUnsafeBytes { wire.send(UnsafeRawBufferPointer(rebasing: $0[sent...])) }
             if n < 0 {
                 let code = errno
                 if code == EINTR { continue }
-                return (code == EAGAIN || code == EWOULDBLOCK ? Self.sendTimedOut : "sending to the origin: ")
-                    + String(cString: strerror(code))
+                let timedOut = code == EAGAIN || code == EWOULDBLOCK
+                return SendFailure(detail: (timedOut ? "upstream-timeout: " : "") + "sending to the origin: "
+                                       + String(cString: strerror(code)),
+                                   timedOut: timedOut)
             }
             sent += n
         }
         return nil
     }
 
-    /// How `sendAll`'s error starts when the origin took nothing for the response timeout.
-    private static let sendTimedOut = "upstream-timeout: sending to the origin: "
-
-    /// The upload could not be sent whole (`error`). An origin may answer before it read all of it and close (a 413,
+    /// The upload could not be sent whole (`failure`). An origin may answer before it read all of it and close (a 413,
     /// a 401): the send then fails on the reset, and its answer may still be there to read. A final status read now
     /// ends the upload as any answer does (SPEC §18.3: a 4xx is final, it is not sent again); otherwise the send's
     /// failure stands and the upload is retried. Not after a send that timed out: the origin is stalled, not
     /// answering, and reading would wait as long again.
-    private func earlyAnswer(_ wire: Wire, after error: String) -> Outcome {
-        guard !error.hasPrefix(Self.sendTimedOut), case .answered(let status) = readStatus(wire) else {
-            return .failed(error)
-        }
+    private func earlyAnswer(_ wire: Wire, after failure: SendFailure) -> Outcome {
+        guard !failure.timedOut, case .answered(let status) = readStatus(wire) else { return .failed(failure.detail) }
         return .answered(status)
     }
 
