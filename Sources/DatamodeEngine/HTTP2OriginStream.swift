@@ -341,12 +341,18 @@ final class HTTP2OriginStream {
     /// (`HeadHandoff`), else written as the text, for the parser to answer (a field it refuses is a `502`, as from
     /// any origin). Once one head went as text, the later ones (a final head after a `103`) go the same way: heads
     /// are read handed first, then from the pair.
+    ///
+    /// Every part is known good (`HeadHandoff.Source.checkedParts`), so only the limits are checked: the codec
+    /// refused any response field that is not a lowercase token with a value `FieldBytes.checkValue` accepts
+    /// (`HTTP2ClientSession.header`), the status is 100–999, the reason comes from `reason(_:)`'s table and the
+    /// framing field is one of two constants.
     private func passHead(status: Int, fields: [HTTPField], framing: HTTPField?) {
         var fields = fields
         if let framing { fields.append(framing) }
         let head = ResponseHead(version: .http11, status: status, reason: Self.reason(status), fields: fields)
         if !headsWritten, let upstream,
-           let length = HeadHandoff.response(head, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes) {
+           let length = HeadHandoff.response(head, limits: Flow.responseLimits, maxHeadBytes: Flow.maxResponseHeadBytes,
+                                             from: .checkedParts) {
             upstream.handResponseHead(head, length: length)
             return
         }

@@ -90,18 +90,11 @@ final class HTTP2Stream {
         evbuffer_add_cb(input, http2StreamInputCallback, context(self))
         evbuffer_add_cb(output, http2StreamOutputCallback, context(self))
 
-        // CONNECT (RFC 9113 §8.5) goes in authority-form, for admission to refuse as inside any interception.
-        let target = request.method == "CONNECT" ? request.authority : request.path
-        var fields: [HTTPField] = []
-        fields.reserveCapacity(request.fields.count + 2)
-        fields.append(HTTPField(name: "host", value: request.authority))
-        fields.append(contentsOf: request.fields)
+        // The head as HTTP/1.1 (CONNECT, RFC 9113 §8.5, in authority-form, for admission to refuse as inside any
+        // interception); a body without a length goes chunked.
         if !endStream, let length = request.contentLength, length > 0 { lengthDelimited = LengthDelimitedBody(length: length) }
-        if !endStream && request.contentLength == nil {
-            requestChunked = true
-            fields.append(HTTPField(name: "transfer-encoding", value: "chunked"))
-        }
-        let head = RequestHead(method: request.method, target: target, version: .http11, fields: fields)
+        requestChunked = !endStream && request.contentLength == nil
+        let head = request.requestHead(chunked: requestChunked)
 
         let session = HTTP1Session(worker: worker, stream: self, input: input, output: output,
                                    peerAddress: connection.peerAddress, peerText: connection.peerText,
@@ -110,7 +103,8 @@ final class HTTP2Stream {
         // The head goes in memory when the session's parser would read exactly it back from its text, within the
         // session's limits (`HeadHandoff`); otherwise as the text, and the parser answers it (a 431, a 400).
         let settings = worker.settings
-        if HeadHandoff.request(head, limits: settings.limits, maxHeadBytes: settings.maxHeadBytes) != nil {
+        if HeadHandoff.request(head, limits: settings.limits, maxHeadBytes: settings.maxHeadBytes,
+                               from: .checkedParts) != nil {
             session.handedHead = head
             session.start()
             // Read now, as the session's read callback would: the connection calls this from its own read callback,

@@ -84,11 +84,18 @@ public struct HTTP2Request: Hashable, Sendable {
     /// The version is 1.1 because every later step (hop-by-hop rules, framing to an HTTP/1.1 origin) must treat
     /// the request as a 1.1 request; the body is delimited by the stream, so the engine frames it to the origin
     /// with `content-length` when declared and chunked otherwise, never from any field of the client's.
-    public var requestHead: RequestHead {
+    public var requestHead: RequestHead { requestHead(chunked: false) }
+
+    /// `requestHead`, with `transfer-encoding: chunked` last when `chunked` (a body the client did not give a
+    /// length: the engine frames it chunked). Every part of it is known good by how it was made (the builder
+    /// checked each field, the target and the method; `host` is the checked `:authority`), so it is handed over
+    /// as `HeadHandoff.Source.checkedParts`.
+    public func requestHead(chunked: Bool) -> RequestHead {
         var headFields: [HTTPField] = []
-        headFields.reserveCapacity(fields.count + 1)
+        headFields.reserveCapacity(fields.count + 2)
         headFields.append(HTTPField(name: "host", value: authority))
         headFields.append(contentsOf: fields)
+        if chunked { headFields.append(HTTPField(name: "transfer-encoding", value: "chunked")) }
         return RequestHead(method: method, target: method == "CONNECT" ? authority : path, version: .http11,
                            fields: headFields)
     }

@@ -148,6 +148,16 @@ struct Checker {
         guard case .complete(let again, let length) = parsed, again == head, length == wire.count else {
             fatalError("the HTTP/1.1 rendition does not parse back: \(head) -> \(parsed)")
         }
+        // The engine hands this head over as `checkedParts` (lengths only): the byte checks must agree, within
+        // generous and within tight limits, chunked or not.
+        for chunked in [false, true] {
+            let handed = request.requestHead(chunked: chunked)
+            for limits in [HTTPLimits(), HTTPLimits(requestLine: 64, headerSection: 256, headerCount: 4)] {
+                let known = HeadHandoff.request(handed, limits: limits, maxHeadBytes: 300, from: .checkedParts)
+                let checked = HeadHandoff.request(handed, limits: limits, maxHeadBytes: 300)
+                guard known == checked else { fatalError("handoff of \(handed): checkedParts \(String(describing: known)), checked \(String(describing: checked))") }
+            }
+        }
     }
 
     func checkField(_ field: HTTPField) {
