@@ -13,7 +13,8 @@ import Glibc
 /// - `POST` anything: `received N bytes sha256 HEX` of the body (by `Content-Length` or chunked); `POST /slow-read`
 ///   reads the body slowly (16 KiB every 2 ms); `POST /answer-early` answers `answered early` before it reads the
 ///   body (by `Content-Length`), then reads and discards it, as nginx's `return 200` does; `POST /answer-after/N`
-///   the same after reading N bytes of it;
+///   the same after reading N bytes of it; `POST /refuse-and-close` answers `413` on the head and closes with the
+///   body unread (the kernel resets the connection under a client still sending);
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
 /// - `/chunked/N`: a `103 Early Hints`, then those N bytes chunked (chunks of 1 to 9,000 bytes) with a trailer
 ///   `x-checksum: <sha256 of the body>`;
@@ -161,6 +162,14 @@ public final class HTTPSOrigin: @unchecked Sendable {
             if self.path.startswith("/stall-read/"):
                 # An origin that reads nothing of the body for N milliseconds, then all of it.
                 time.sleep(int(self.path.rsplit("/", 1)[1]) / 1000)
+            if self.path == "/refuse-and-close":
+                # A server refusing an upload on its head (a 413): the answer, then the connection closed with
+                # the body unread, so the kernel resets it while the client is still sending.
+                self.reply(413, b"", extra=(("Connection", "close"),))
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.close()
+                return
             if self.path == "/answer-early" or self.path.startswith("/answer-after/"):
                 # As nginx's `return 200`: the whole response first (after N bytes of the body for
                 # /answer-after/N), then the rest of the body read and discarded.
