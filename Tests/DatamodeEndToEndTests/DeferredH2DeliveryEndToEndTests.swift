@@ -69,9 +69,10 @@ struct DeferredH2DeliveryEndToEndTests {
     }
 
     /// An HTTP/1.1 origin over TLS that answers `413` on the upload's head and closes with the body unread (session
-    /// 16's review, F1 over TLS): the delivery's send fails on the reset, and OpenSSL gives nothing to read after a
-    /// failed write, so the answer was lost and the upload sent again at each backoff step. The delivery watches for
-    /// an answer while it sends: delivered with 413 on the first attempt (SPEC §18.3: a 4xx is final).
+    /// 16's review, F1 over TLS): the delivery's send fails on the reset, and the review suspected OpenSSL would
+    /// give nothing to read after the failed write, losing the answer (the upload then sent again at each backoff
+    /// step). Not shown: the answer is read after the failed send (`DeliveryClient.earlyAnswer`). Delivered with 413
+    /// on the first attempt (SPEC §18.3: a 4xx is final).
     @Test func aDeferredUploadRefusedOnItsHeadOverTLSIsDeliveredWithTheRefusal() throws {
         let rig = try Rig("mode: constrained")
         let admin = AdminAPIClient(port: rig.proxy.adminPort)
