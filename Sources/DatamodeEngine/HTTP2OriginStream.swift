@@ -74,8 +74,15 @@ final class HTTP2OriginStream {
     /// The length of `head`'s text when this stream's parser would read exactly `head` back from it (`HeadHandoff`,
     /// with `requestLimits`): the head may be handed over in memory (`take`). nil: it goes as the text, and the
     /// parser answers it (refuses it, as before).
+    ///
+    /// Only the limits are checked (`HeadHandoff.Source.checkedParts`): `head` is the exchange's forwarded head
+    /// (`MessageHeads.forwardedRequest`), every part of it known good by how it was made: the client's method and
+    /// fields were read by `HTTP1Parser` or handed over from an h2 client's stream as `checkedParts`, the target and
+    /// `Host` come from a parsed `RequestTarget`, and the rest is the proxy's constants and numbers.
+    /// `HandoffSourceTests` holds it on random and mutated client heads; debug builds check the bytes too.
     static func handedLength(of head: RequestHead) -> Int? {
-        HeadHandoff.request(head, limits: requestLimits, maxHeadBytes: requestLimits.maxRequestHeadBytes)
+        HeadHandoff.request(head, limits: requestLimits, maxHeadBytes: requestLimits.maxRequestHeadBytes,
+                            from: .checkedParts)
     }
 
     init(session: HTTP2OriginSession, end: OpaquePointer, upstream: UpstreamConnection) {

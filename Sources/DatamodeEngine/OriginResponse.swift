@@ -93,10 +93,17 @@ final class OriginResponse {
     /// An HTTP/2 stream's exchange hands the relayed head to the stream in memory (`HTTP2Stream.take`) when its text
     /// would parse back to it (`HeadHandoff`, with the limits the stream reads the text with) and nothing written
     /// before it waits in the output. Returns the text's length, or nil: the caller writes the text.
+    ///
+    /// Only the limits are checked (`HeadHandoff.Source.checkedParts`): every part of `relayed` is known good by how
+    /// it was made (`MessageHeads.relayedResponse`). The origin's status, reason and fields were read by
+    /// `HTTP1Parser` or handed over from an h2 origin's stream as `checkedParts`; what the proxy adds is a constant, a
+    /// number, or a variant id, which configuration and the admin API hold to letters, digits, `-`, `_` and `.`
+    /// (`ConfigParser.isValidVariantID`), or a media cap's fixed name. `HandoffSourceTests` holds it on random and
+    /// mutated origin heads; debug builds check the bytes too.
     private static func handToStream(_ driver: ExchangeDriver, _ relayed: ResponseHead) -> Int? {
         guard let stream = driver.transport.http2Stream,
               let length = HeadHandoff.response(relayed, limits: Flow.relayedResponseLimits,
-                                                maxHeadBytes: Flow.maxRelayedResponseHeadBytes),
+                                                maxHeadBytes: Flow.maxRelayedResponseHeadBytes, from: .checkedParts),
               stream.take(relayed) else { return nil }
         return length
     }

@@ -82,7 +82,9 @@ import Testing
 
     /// Heads at and just past each of the stream's limits (request line, field count, header section), and heads the
     /// parser refuses or reads back changed: handed only when the stream's parser reads the same head back from the
-    /// text, with that length; anything else is declined, so written as the text and answered by the parser.
+    /// text, with that length; anything else is declined, so written as the text and answered by the parser. The
+    /// limits are what `handedLength` checks (a forwarded head's parts are known good, `HandoffSourceTests`); the
+    /// bytes the parser refuses are `HeadHandoff`'s own checks, with the same limits.
     @Test func atTheStreamsLimitsTheHandoffAgreesWithTheParser() {
         let limits = HTTP2OriginStream.requestLimits
         var heads: [(String, RequestHead)] = []
@@ -123,7 +125,12 @@ import Testing
             } else {
                 readBack = nil
             }
-            if let length = HTTP2OriginStream.handedLength(of: head) {
+            let partsAreGood = HeadHandoff.request(head, limits: HTTPLimits(requestLine: 1 << 20, headerSection: 1 << 20,
+                                                                            headerCount: 1 << 20),
+                                                   maxHeadBytes: 1 << 21) != nil
+            let handedLength = partsAreGood ? HTTP2OriginStream.handedLength(of: head)
+                : HeadHandoff.request(head, limits: limits, maxHeadBytes: limits.maxRequestHeadBytes)
+            if let length = handedLength {
                 handed += 1
                 #expect(readBack?.0 == head && readBack?.1 == length, "\(what): handed, but the parser reads \(parsed)")
             } else {
