@@ -21,29 +21,13 @@ import Testing
                          "a=1", "example.com"]
     static let junk = ["\r", "\n", "\0", " ", "\t", ":", "\u{7f}", "\u{1}", "(", "é", "\u{85}", "A", "", "/", "#",
                        "@", "?"]
-    static let limitSets = [HTTPLimits(), HTTPLimits(requestLine: 48, headerSection: 160, headerCount: 4)]
 
     static func mutated(_ s: String, using rng: inout SeededGenerator, odds: Int = 6) -> String {
         rng.mutated(s, junk: junk, odds: odds)
     }
 
-    static func handoffsAgree(_ head: RequestHead) -> String? {
-        for limits in limitSets {
-            let known = HeadHandoff.request(head, limits: limits, maxHeadBytes: 200, from: .checkedParts)
-            let checked = HeadHandoff.request(head, limits: limits, maxHeadBytes: 200)
-            if known != checked { return "\(head): checkedParts \(known as Int?), checked \(checked as Int?)" }
-        }
-        return nil
-    }
-
-    static func handoffsAgree(_ head: ResponseHead) -> String? {
-        for limits in limitSets {
-            let known = HeadHandoff.response(head, limits: limits, maxHeadBytes: 200, from: .checkedParts)
-            let checked = HeadHandoff.response(head, limits: limits, maxHeadBytes: 200)
-            if known != checked { return "\(head): checkedParts \(known as Int?), checked \(checked as Int?)" }
-        }
-        return nil
-    }
+    /// Generous and tight limits, each with a 200-byte largest head.
+    static let limits = [(HTTPLimits(), 200), (HTTPLimits(requestLine: 48, headerSection: 160, headerCount: 4), 200)]
 
     @Test func everyRequestTheBuilderAcceptsIsHandedAlikeWithoutTheByteChecks() {
         print("HeadHandoffSourceTests seed \(Self.seed) (DATAMODE_PARSER_SEED=\(Self.seed) replays it)")
@@ -73,7 +57,9 @@ import Testing
             guard case .success(let request) = builder.finish(endStream: Bool.random(using: &rng)) else { continue }
             accepted += 1
             for chunked in [false, true] {
-                if let failure = Self.handoffsAgree(request.requestHead(chunked: chunked)) { failures.append(failure) }
+                if let failure = HandoffAgreement.disagreement(request.requestHead(chunked: chunked), under: Self.limits) {
+                    failures.append(failure)
+                }
             }
         }
         #expect(failures.isEmpty, "seed \(Self.seed):\n\(failures.joined(separator: "\n"))")
@@ -104,7 +90,7 @@ import Testing
                 for framing in [nil, HTTPField(name: "transfer-encoding", value: "chunked")] {
                     let head = ResponseHead(version: .http11, status: status, reason: "OK",
                                             fields: fields + (framing.map { [$0] } ?? []))
-                    if let failure = Self.handoffsAgree(head) { failures.append(failure) }
+                    if let failure = HandoffAgreement.disagreement(head, under: Self.limits) { failures.append(failure) }
                 }
             }
         }
