@@ -22,7 +22,9 @@ import Glibc
 /// `/cut-length/N` (`content-length` 2N, N bytes, then RST_STREAM), `/close-after/N` (N bytes, then the TCP
 /// connection closed), `/close-once` (the first time on the whole server: the connection closed before any answer),
 /// `/refuse-once` (REFUSED_STREAM the first time on
-/// each connection), `/sink/…` (the request recorded whole — fields in order, body — and answered `201` once its
+/// each connection), `/stall-read/MS` (no DATA of the stream acknowledged for MS milliseconds after its head, so the
+/// origin's windows stay shut that long; then all of it, and once the stream ended the answer `received N bytes sha256
+/// HEX`, as `HTTPSOrigin`'s), `/sink/…` (the request recorded whole — fields in order, body — and answered `201` once its
 /// stream ended: `received`), `/bad-response/KIND` (a malformed response: a `connection` or `transfer-encoding` field, an
 /// uppercase name, CR/LF in a value, a request pseudo-header, no `:status`, more DATA than `content-length`).
 public final class H2Origin: @unchecked Sendable {
@@ -125,7 +127,7 @@ public final class H2Origin: @unchecked Sendable {
     public static func patternByte(_ i: Int) -> UInt8 { UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
 
     static let script = #"""
-import json, os, select, socket, ssl, sys, threading, time
+import hashlib, json, os, select, socket, ssl, sys, threading, time
 import h2.config, h2.connection, h2.events, h2.errors, h2.settings
 
 cert, key, max_streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -146,6 +148,9 @@ class Connection:
         self.pending = {}       # stream id -> [bytes left, then action after: None | ("trailers", list) | ("reset", code)]
         self.refused = False
         self.open = set()
+        self.release_at = {}    # /stall-read/ stream id -> when its DATA starts being acknowledged
+        self.stalled = []       # (stream id, flow-controlled length) not acknowledged yet
+        self.digests = {}       # /stall-read/ stream id -> [sha256, byte count] (the body is not kept)
 
     def send(self):
         data = self.conn.data_to_send()
@@ -159,7 +164,11 @@ class Connection:
         self.send()
         while True:
             try:
+                self.release_stalled()
+                self.sock.settimeout(0.05 if self.stalled else None)
                 data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
             except (ConnectionError, ssl.SSLError, OSError):
                 return
             if not data:
@@ -187,12 +196,23 @@ class Connection:
                 stats["maxOpen"] = max(stats["maxOpen"], len(self.open))
             self.requests[sid] = (event.headers, bytearray())
             path = dict((n.decode() if isinstance(n, bytes) else n, v) for n, v in event.headers).get(":path", b"")
+            text = path.decode() if isinstance(path, bytes) else path
+            if text.startswith("/stall-read/"):
+                self.release_at[sid] = time.time() + int(text.split("/")[2]) / 1000
+                self.digests[sid] = [hashlib.sha256(), 0]
             if event.stream_ended or (path.decode() if isinstance(path, bytes) else path).startswith("/answer-early"):
                 self.respond(sid)
         elif isinstance(event, h2.events.DataReceived):
-            if event.stream_id in self.requests:
-                self.requests[event.stream_id][1].extend(event.data)
-            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            sid = event.stream_id
+            if sid in self.digests:
+                self.digests[sid][0].update(event.data)
+                self.digests[sid][1] += len(event.data)
+            elif sid in self.requests:
+                self.requests[sid][1].extend(event.data)
+            if time.time() < self.release_at.get(sid, 0):
+                self.stalled.append((sid, event.flow_controlled_length))
+            else:
+                self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
         elif isinstance(event, h2.events.StreamEnded):
             if event.stream_id in self.requests:
                 self.respond(event.stream_id)
@@ -204,6 +224,19 @@ class Connection:
 
     def finish(self, sid):
         self.open.discard(sid)
+
+    def release_stalled(self):
+        """The DATA of /stall-read/ streams whose time came is acknowledged: the origin's windows open."""
+        now = time.time()
+        kept = []
+        for sid, length in self.stalled:
+            if now < self.release_at.get(sid, 0):
+                kept.append((sid, length))
+            else:
+                self.conn.acknowledge_received_data(length, sid)
+        if len(kept) != len(self.stalled):
+            self.stalled = kept
+            self.send()
 
     def respond(self, sid):
         headers, body = self.requests.pop(sid)
@@ -221,7 +254,13 @@ class Connection:
                                    end_stream=True)
             self.finish(sid)
             return
-        if path == "/hello":
+        if path.startswith("/stall-read/"):
+            digest, count = self.digests.pop(sid)
+            self.release_at.pop(sid, None)
+            payload = ("received %d bytes sha256 %s\n" % (count, digest.hexdigest())).encode()
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload)))])
+            self.queue(sid, payload, None)
+        elif path == "/hello":
             payload = b"hello over h2\n"
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),
                                          ("x-request-fields", names), ("x-authority", fields.get(":authority", ""))])

@@ -482,6 +482,69 @@ elif scenario == "upload-stalled":
         tls.sendall(conn.data_to_send())
     print("by-mark %s sent %d sha256 %s response %s %s" % (at_mark, sent, digest.hexdigest(), status,
                                                          body.decode(errors="replace").strip()))
+elif scenario == "uploads-stalled":
+    # COUNT uploads of SIZE bytes each (content-length, END_STREAM) on one connection, sent as fast as the proxy's
+    # windows let them, a frame at a time round the streams, to an origin that reads nothing for a while: what the
+    # client could send by MARK seconds is what the proxy took meanwhile (SPEC §17: the connection window opens only
+    # as bytes move on). Then every stream to its end; each answer must name its own body's length and sha256.
+    import hashlib
+    path, count, size, mark = extra[0], int(extra[1]), int(extra[2]), float(extra[3])
+    ids = []
+    for _ in range(count):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, request_headers(path, "POST", [("content-length", str(size))]), end_stream=False)
+        ids.append(sid)
+    tls.sendall(conn.data_to_send())
+    blocks = dict((sid, bytes((j * 7 + sid) & 0xff for j in range(256)) * 64) for sid in ids)
+    digests = dict((sid, hashlib.sha256()) for sid in ids)
+    left = dict((sid, size) for sid in ids)
+    status, bodies, answers = {}, dict((sid, b"") for sid in ids), {}
+    sent, at_mark, closed = 0, None, False
+    started = time.time()
+    tls.settimeout(0.05)
+    while len(answers) < count and not closed and time.time() - started < 120:
+        if at_mark is None and time.time() - started >= mark:
+            at_mark = sent
+        for sid in ids:
+            if left[sid] == 0 or sid in answers:
+                continue
+            room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, left[sid])
+            if room <= 0:
+                continue
+            left[sid] -= room
+            conn.send_data(sid, blocks[sid][:room], end_stream=left[sid] == 0)
+            digests[sid].update(blocks[sid][:room])
+            sent += room
+        out = conn.data_to_send()
+        if out:
+            tls.sendall(out)
+        try:
+            data = tls.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            data = b""
+        if not data:
+            closed = True
+            break
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                status[event.stream_id] = dict(event.headers).get(b":status", b"?").decode()
+            elif isinstance(event, h2.events.DataReceived):
+                bodies[event.stream_id] += event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                answers[event.stream_id] = "%s %s" % (status.get(event.stream_id), bodies[event.stream_id].decode(errors="replace").strip())
+            elif isinstance(event, h2.events.StreamReset):
+                answers[event.stream_id] = "reset %s" % h2.errors.ErrorCodes(event.error_code).name
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                closed = True
+    if at_mark is None:
+        at_mark = sent
+    expected = dict((sid, "200 received %d bytes sha256 %s" % (size, digests[sid].hexdigest())) for sid in ids)
+    wrong = [(sid, answers.get(sid)) for sid in ids if answers.get(sid) != expected[sid]]
+    print("first wrong: %s" % (wrong[:1],))
+    print("by-mark %d sent %d answered %d matched %d" % (at_mark, sent, len(answers), count - len(wrong)))
 elif scenario == "drain":
     # SIGTERM to the proxy (pid in extra[1]) while a large body is on its way: GOAWAY comes, the stream finishes.
     # Read raw after the request: a client library closes its state at GOAWAY and would refuse the DATA after it.
