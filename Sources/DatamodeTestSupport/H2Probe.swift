@@ -505,19 +505,23 @@ elif scenario == "uploads-stalled":
     while len(answers) < count and not closed and time.time() - started < 120:
         if at_mark is None and time.time() - started >= mark:
             at_mark = sent
-        for sid in ids:
-            if left[sid] == 0 or sid in answers:
-                continue
-            room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, left[sid])
-            if room <= 0:
-                continue
-            left[sid] -= room
-            conn.send_data(sid, blocks[sid][:room], end_stream=left[sid] == 0)
-            digests[sid].update(blocks[sid][:room])
-            sent += room
-        out = conn.data_to_send()
-        if out:
-            tls.sendall(out)
+        moved = True
+        while moved:
+            moved = False
+            for sid in ids:
+                if left[sid] == 0 or sid in answers:
+                    continue
+                room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, left[sid])
+                if room <= 0:
+                    continue
+                left[sid] -= room
+                conn.send_data(sid, blocks[sid][:room], end_stream=left[sid] == 0)
+                digests[sid].update(blocks[sid][:room])
+                sent += room
+                moved = True
+            out = conn.data_to_send()
+            if out:
+                tls.sendall(out)
         try:
             data = tls.recv(65536)
         except socket.timeout:
