@@ -9,7 +9,8 @@ public struct HTTP2ServerConfiguration: Hashable, Sendable {
     /// stream's window reopens only as the engine moves its bytes on (`consumeRequestBody`).
     public var initialWindowSize: UInt32
     /// The connection's receive window, shared by all streams (default: the same as one stream's). It bounds what
-    /// a client can make the proxy hold across all its streams.
+    /// a client can make the proxy hold across all its streams, as long as the engine gives it back only as the bytes
+    /// leave the proxy (`consumeStreamWindow` and `consumeConnectionWindow` apart).
     public var connectionWindowSize: UInt32
     /// `limits.header-section` and the field count (SPEC §6) apply to the decoded header section as HTTP/1.1 would
     /// carry it (`name: value` CRLF per field); `requestLine` bounds `:path`. Advertised as

@@ -8,7 +8,8 @@
 /// - a `request` event only for a request that passed strict translation (`HTTP2RequestBuilder` on top of
 ///   nghttp2's own checks); a malformed one is reset with PROTOCOL_ERROR and reported as `requestRefused`;
 /// - request DATA held to `content-length`, each stream's and the connection's receive window reopened only by
-///   `consumeRequestBody` (flow control is backpressure);
+///   `consumeRequestBody` (flow control is backpressure), or each on its own (`consumeStreamWindow`, then
+///   `consumeConnectionWindow`), so that the engine can bound what the connection as a whole makes it hold;
 /// - response bodies pulled from a per-stream queue only as the client's windows allow, with a high watermark
 ///   that tells the engine to stop reading the origin, and `responseBodyDrained` when to resume;
 /// - every limit of SPEC §17 answered with GOAWAY (ENHANCE_YOUR_CALM for floods) and reported with its reason.
@@ -40,6 +41,9 @@ public final class HTTP2ServerSession {
     var lastClientStreamID: HTTP2StreamID = 0
     /// Connection window to give back once outside nghttp2's callbacks (bytes of streams that closed unconsumed).
     var connectionBytesToRelease = 0
+    /// Request body bytes whose stream window went back (`consumeStreamWindow`) and whose connection window has not
+    /// yet (`consumeConnectionWindow`): what the engine holds of the connection's window.
+    public private(set) var connectionWindowWithheld = 0
     /// Set once the connection is ending (our limit, nghttp2's protocol error, or a fatal error).
     var connectionError: HTTP2ConnectionError?
     /// nghttp2 returned a fatal error: the session must not be used again; only `goawayTail` goes out.
@@ -217,6 +221,28 @@ public final class HTTP2ServerSession {
         let n = min(count, held)
         streams[id]!.unconsumed = held - n
         _ = nghttp2_session_consume(session, id, n)
+    }
+
+    /// Gives `count` bytes of a stream's request body back to the stream's window only: the client may send as much
+    /// again on this stream once the connection's window lets it. Their share of the connection window is withheld
+    /// (`connectionWindowWithheld`) until `consumeConnectionWindow`: the engine gives it back once the bytes left it
+    /// (SPEC §17: "the connection window likewise"). A closed stream's bytes not given back to its window go back to
+    /// the connection's at its close, as with `consumeRequestBody`; those withheld stay with the engine.
+    public func consumeStreamWindow(_ id: HTTP2StreamID, count: Int) {
+        guard !isDead, count > 0, let held = streams[id]?.unconsumed, held > 0 else { return }
+        let n = min(count, held)
+        streams[id]!.unconsumed = held - n
+        connectionWindowWithheld += n
+        _ = nghttp2_session_consume_stream(session, id, n)
+    }
+
+    /// Gives up to `count` withheld bytes (`consumeStreamWindow`) back to the connection's window. WINDOW_UPDATE goes
+    /// out when half the window is consumed (nghttp2's rule).
+    public func consumeConnectionWindow(count: Int) {
+        let n = min(count, connectionWindowWithheld)
+        guard !isDead, n > 0 else { return }
+        connectionWindowWithheld -= n
+        _ = nghttp2_session_consume_connection(session, n)
     }
 
     // MARK: - Responses

@@ -228,6 +228,29 @@ struct ServerSessionTests {
         }
     }
 
+    @Test("A stream's window reopens while the connection's is withheld; the connection's reopens later")
+    func streamAndConnectionWindowsGivenBackApart() throws {
+        let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 65_536, connectionWindowSize: 65_536))
+        let id = link.client.request(method: "POST", body: .init(bytes: Self.bytes(100_000, seed: 4), pauseAt: 40_000))
+        var received = 0
+        try link.pump { event in if case .requestBody(_, let bytes) = event { received += bytes.count } }
+        #expect(received == 40_000)
+        // The bytes moved on from the stream, not yet out of the proxy: the stream may send again, the connection not.
+        link.server.consumeStreamWindow(id, count: 40_000)
+        try link.pump()
+        #expect(link.server.connectionWindowWithheld == 40_000)
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, id) == 65_536)
+        #expect(nghttp2_session_get_remote_window_size(link.client.session) == 65_536 - 40_000)
+        // They left the proxy: the connection's window opens too (more than half: WINDOW_UPDATE sent).
+        link.server.consumeConnectionWindow(count: 50_000)
+        try link.pump()
+        #expect(link.server.connectionWindowWithheld == 0)
+        #expect(nghttp2_session_get_remote_window_size(link.client.session) == 65_536)
+        // Nothing more is withheld: nothing more goes back.
+        link.server.consumeConnectionWindow(count: 1_000)
+        #expect(link.server.connectionWindowWithheld == 0)
+    }
+
     @Test("The engine resets a stream mid-response: the client sees RST_STREAM with the code")
     func proxyResetMidResponse() throws {
         let link = try Link()
