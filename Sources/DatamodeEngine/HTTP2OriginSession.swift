@@ -134,6 +134,8 @@ final class HTTP2OriginSession {
                 streams[id]?.responseEnded(trailers: trailers)
             case .requestBodyDrained(let id):
                 streams[id]?.requestBodyDrained()
+            case .requestBodySent, .sendWindowOpened:
+                break
             case .malformedResponse(_, let detail):
                 worker.metrics.http2OriginError("protocol-error")
                 worker.logger.info("http2 origin response refused", metadata: ["origin": "\(key.host):\(key.port)", "detail": "\(detail)"])

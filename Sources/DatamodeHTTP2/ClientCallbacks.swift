@@ -125,8 +125,11 @@ extension HTTP2ClientSession {
                   !stream.responseEnded else { return 0 }
             stream.responseEnded = true
             events.append(.responseEnd(id, trailers: []))
+        case UInt8(NGHTTP2_WINDOW_UPDATE.rawValue):
+            events.append(.sendWindowOpened(id))
         case UInt8(NGHTTP2_SETTINGS.rawValue):
             guard frame.hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 else { return 0 }
+            events.append(.sendWindowOpened(0))
             let value = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
             let limit: Int? = value == UInt32.max ? nil : Int(value)
             let first = !remoteSettingsReceived
@@ -179,12 +182,14 @@ extension HTTP2ClientSession {
         var body = streams[id]!.outbound!
         streams[id]!.outbound = nil
         defer { streams[id]!.outbound = body }
-        return body.read(into: buffer, flags: flags, lowWatermark: configuration.requestBodyLowWatermark,
-                         drained: { events.append(.requestBodyDrained(id)) },
-                         submitTrailers: { trailers in
-                             HTTP2ServerSession.withNameValues(pseudo: [], fields: trailers) { list, count in
-                                 nghttp2_submit_trailer(session, id, list, count)
-                             }
-                         })
+        let n = body.read(into: buffer, flags: flags, lowWatermark: configuration.requestBodyLowWatermark,
+                          drained: { events.append(.requestBodyDrained(id)) },
+                          submitTrailers: { trailers in
+                              HTTP2ServerSession.withNameValues(pseudo: [], fields: trailers) { list, count in
+                                  nghttp2_submit_trailer(session, id, list, count)
+                              }
+                          })
+        if n > 0 { events.append(.requestBodySent(id)) }
+        return n
     }
 }

@@ -47,6 +47,11 @@ public enum HTTP2ClientEvent: Hashable, Sendable {
     case responseEnd(HTTP2StreamID, trailers: [HTTPField])
     /// The request body queue fell below the low watermark after `sendRequestBody` said stop.
     case requestBodyDrained(HTTP2StreamID)
+    /// Request body bytes of the stream went out in a DATA frame: its queue shrank (whether or not it said stop).
+    case requestBodySent(HTTP2StreamID)
+    /// The origin may have opened a window the request bodies wait on: a WINDOW_UPDATE for the stream, or, with
+    /// id 0, for the connection or a SETTINGS frame (a new initial window): every stream's.
+    case sendWindowOpened(HTTP2StreamID)
     /// The origin's response broke the rules: the stream is reset (PROTOCOL_ERROR); `streamClosed` follows.
     case malformedResponse(HTTP2StreamID, String)
     /// A stream the engine started closed: `completed`, `resetByClient` (here: the origin reset it) or
@@ -207,6 +212,18 @@ public final class HTTP2ClientSession {
             return false
         }
         return true
+    }
+
+    /// Request body bytes queued on a stream and not yet sent.
+    public func bufferedRequestBytes(_ id: HTTP2StreamID) -> Int {
+        streams[id]?.outbound?.count ?? 0
+    }
+
+    /// Whether the origin's windows, the stream's and the connection's, let more of the stream's request body go now.
+    public func requestWindowOpen(_ id: HTTP2StreamID) -> Bool {
+        guard !isDead, streams[id]?.outbound != nil else { return false }
+        return nghttp2_session_get_stream_remote_window_size(session, id) > 0
+            && nghttp2_session_get_remote_window_size(session) > 0
     }
 
     /// Ends the request body, with trailers or none.

@@ -96,7 +96,8 @@ struct OriginChecker {
             ended.insert(id)
         case .streamClosed(let id, _):
             guard methods[id] != nil, closed.insert(id).inserted else { fatalError("stream \(id) closed twice or unknown") }
-        case .requestBodyDrained, .malformedResponse, .concurrencyChanged, .goaway, .connectionError:
+        case .requestBodyDrained, .requestBodySent, .sendWindowOpened, .malformedResponse, .concurrencyChanged, .goaway,
+             .connectionError:
             break
         }
     }

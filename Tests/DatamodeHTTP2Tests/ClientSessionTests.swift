@@ -50,6 +50,36 @@ import Testing
         #expect(client.openStreams == 0)
     }
 
+    /// What an HTTP/2 client connection's bound on held request bytes reads from this codec (`HTTP2Session`
+    /// `.settleConnectionWindow`): how much of a request body is still queued, whether the origin's windows let more
+    /// go, and the events that say either changed (DATA sent; a WINDOW_UPDATE, a SETTINGS).
+    @Test func queuedRequestBytesAndTheOriginsWindowsAreReported() throws {
+        let client = try HTTP2ClientSession()
+        let server = try HTTP2ServerSession(configuration: HTTP2ServerConfiguration(initialWindowSize: 65_536,
+                                                                                     connectionWindowSize: 65_536))
+        let id = try client.startRequest(method: "POST", scheme: "https", authority: "example.com", path: "/up",
+                                         fields: [], endStream: false)
+        _ = [UInt8](repeating: 7, count: 100_000).withUnsafeBytes { try? client.sendRequestBody(id, $0) }
+        #expect(client.bufferedRequestBytes(id) == 100_000)
+        var serverStream: HTTP2StreamID = 0
+        var received = 0
+        let (first, _) = Self.pump(client, server, onServer: { event in
+            guard case .requestBody(let sid, let bytes) = event else { return }
+            serverStream = sid
+            received += bytes.count
+        })
+        // The server consumed nothing: the origin's windows are shut, the rest waits in the queue.
+        #expect(received > 60_000 && received < 100_000)
+        #expect(client.bufferedRequestBytes(id) == 100_000 - received)
+        #expect(!client.requestWindowOpen(id))
+        #expect(first.contains(.requestBodySent(id)) && first.contains(.sendWindowOpened(0)))
+        server.consumeRequestBody(serverStream, count: received)
+        let (second, _) = Self.pump(client, server)
+        #expect(second.contains(.sendWindowOpened(0)) && second.contains(.sendWindowOpened(id)))
+        #expect(second.contains(.requestBodySent(id)))
+        #expect(client.bufferedRequestBytes(id) == 0 && client.requestWindowOpen(id))
+    }
+
     /// Three megabytes each way through 64 KiB windows that reopen only as each side consumes: byte-exact, and the
     /// request queue says stop and go (flow control is backpressure).
     @Test func largeBodiesEachWayAreByteExactUnderFlowControl() throws {
