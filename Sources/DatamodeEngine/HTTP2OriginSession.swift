@@ -134,8 +134,10 @@ final class HTTP2OriginSession {
                 streams[id]?.responseEnded(trailers: trailers)
             case .requestBodyDrained(let id):
                 streams[id]?.requestBodyDrained()
-            case .requestBodySent, .sendWindowOpened:
-                break
+            case .requestBodySent(let id):
+                streams[id]?.requestBodyMoved()
+            case .sendWindowOpened(let id):
+                if id == 0 { streams.forEachValue { $0.requestBodyMoved() } } else { streams[id]?.requestBodyMoved() }
             case .malformedResponse(_, let detail):
                 worker.metrics.http2OriginError("protocol-error")
                 worker.logger.info("http2 origin response refused", metadata: ["origin": "\(key.host):\(key.port)", "detail": "\(detail)"])

@@ -269,6 +269,27 @@ final class HTTP2OriginStream {
         requestReadable()
     }
 
+    /// Request bytes this stream holds for the origin: in its end of the pair, and queued in the codec. Part of what an
+    /// HTTP/2 client's connection counts against its bound (`HTTP2Session.settleConnectionWindow`).
+    var heldRequestBytes: Int {
+        var held = end.map { evbuffer_get_length(bufferevent_get_input($0)) } ?? 0
+        if let id { held += session.codec.bufferedRequestBytes(id) }
+        return held
+    }
+
+    /// Whether the origin would take more of the request body now: it is under way, the codec's queue did not say
+    /// stop, and the origin's windows (the stream's and the connection's) are open.
+    var takesRequestBytesNow: Bool {
+        guard let id, case .body = request, !requestPaused else { return false }
+        return session.codec.requestWindowOpen(id)
+    }
+
+    /// Request bytes left the codec's queue for the origin, or the origin opened a window (`requestBodySent`,
+    /// `sendWindowOpened`): the exchange's client connection, if HTTP/2, looks at its bound again.
+    func requestBodyMoved() {
+        upstream?.requestBodyMoved()
+    }
+
     /// The request cannot go to the origin as it is: the stream (if started) is reset and the exchange fails.
     private func refuse(_ detail: String) {
         request = .over

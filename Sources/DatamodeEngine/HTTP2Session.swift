@@ -31,6 +31,12 @@ final class HTTP2Session: ClientSession {
     private var closing = false
     /// When bytes last moved either way (monotonic nanoseconds): idleness and a client that stopped reading.
     private var lastProgress: UInt64
+    /// The most request body bytes the streams may hold inside the proxy before the connection window stops
+    /// reopening (`settleConnectionWindow`): four read watermarks (a single upload's own buffers, from the exchange's
+    /// input to an h2 origin codec's queue), or the connection window when that is larger.
+    let requestBytesBound: Int
+    /// Held request bytes may have gone since the bound was last looked at: `flushOutput` looks again, once.
+    private var boundToSettle = false
 
     /// Nil when nghttp2 could not make a session (out of memory).
     init?(worker: Worker, transport: ClientTransport, peerAddress: IPAddress?, peerText: String, tunnel: InterceptedTunnel,
@@ -47,6 +53,7 @@ final class HTTP2Session: ClientSession {
             initialWindowSize: UInt32(settings.http2.initialWindow),
             headerLimits: settings.limits)) else { return nil }
         self.codec = codec
+        requestBytesBound = max(4 * Flow.highWater, Int(codec.configuration.connectionWindowSize))
         lastProgress = worker.clock.nowNanoseconds()
     }
 
@@ -126,6 +133,7 @@ final class HTTP2Session: ClientSession {
                 streams[id]?.resumeResponse()
             case .streamClosed(let id, let end):
                 streams.removeValue(forKey: id)?.closed(end)
+                requestBytesMayHaveLeft()
             case .goaway:
                 break  // the codec stops wanting to read once the streams in flight are done
             case .connectionError(let error):
@@ -139,6 +147,46 @@ final class HTTP2Session: ClientSession {
                 worker.metrics.http2Error(reason.rawValue)
             }
         }
+    }
+
+    /// SPEC §17 "flow control is backpressure ... the connection window likewise": the connection window withheld
+    /// from the client (`HTTP2Stream.requestBodyMovedOn` gave back only the streams' windows) goes back while the
+    /// streams hold less than `requestBytesBound` inside the proxy (`HTTP2Stream.heldRequestBytes`: their exchanges'
+    /// inputs and everything queued towards their origins). So what one connection makes the proxy hold is about
+    /// the bound plus one connection window, however many streams it opens: each stream's buffers keep to their own
+    /// watermarks, but 100 streams' buffers took 100 MiB from one connection (review16) when the connection window
+    /// reopened as each stream's input drained into the buffers behind it.
+    ///
+    /// Looked at again whenever held bytes may have gone (`requestBytesMayHaveLeft`): a stream's input changed, its
+    /// upstream's output drained, an h2 origin codec sent DATA or opened a window, a stream closed or its exchange
+    /// ended. Bytes nobody reads (refused, answered early, reset) go back to both windows at once, never withheld.
+    ///
+    /// Head-of-line: that is what a connection window means. A stalled origin can use the whole bound up and so hold
+    /// the uploads of the connection's other streams too, until its bytes move. One exception keeps that from
+    /// becoming a deadlock the proxy made: a stream whose exchange moved on every byte it got and whose origin would
+    /// take more now (`HTTP2Stream.starvesForRequestBody`) gets the window back anyway, as when its bytes wait behind
+    /// streams queued for an origin's concurrency that only its own completion frees. A client may spend that window
+    /// on another stream: those keep to their own buffers' watermarks, as before this bound.
+    /// Runs from `flushOutput`, before the frames are written: a WINDOW_UPDATE it queues goes out with them.
+    private func settleConnectionWindow() {
+        let withheld = codec.connectionWindowWithheld
+        guard withheld > 0 else { return }
+        var held = 0
+        streams.forEachValue { held += $0.heldRequestBytes }
+        if held >= requestBytesBound {
+            var starving = false
+            streams.forEachValue { if !starving && $0.starvesForRequestBody { starving = true } }
+            guard starving else { return }
+        }
+        codec.consumeConnectionWindow(count: withheld)
+    }
+
+    /// Held request bytes may have gone, or a stream's origin may take more: the bound is looked at again from the
+    /// loop (`flushOutput`), once however often asked before (an h2 origin's WINDOW_UPDATE tells each of its streams).
+    func requestBytesMayHaveLeft() {
+        guard !released, codec.connectionWindowWithheld > 0 else { return }
+        boundToSettle = true
+        scheduleFlush()
     }
 
     /// A request that passed strict translation: a stream, an exchange.
@@ -198,6 +246,10 @@ final class HTTP2Session: ClientSession {
     /// session's `flushPendingWrites`), and closes once nothing is left to say.
     func flushOutput() {
         guard !released else { return }
+        if boundToSettle {
+            boundToSettle = false
+            settleConnectionWindow()
+        }
         var rounds = 0
         while codec.wantsWrite, transport.outputLength < Flow.highWater, rounds < 64 {
             rounds += 1

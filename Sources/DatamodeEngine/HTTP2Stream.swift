@@ -19,9 +19,12 @@ import DatamodeHTTP2
 /// a session per stream, the bodies' HTTP/1.1 framing, and the heads that cannot skip their text.
 ///
 /// Backpressure both ways (SPEC §17 "flow control is backpressure"):
-/// - request body: DATA is written to the session's input; its bytes are given back to the client's windows
-///   (`consumeRequestBody`) only while that input is below its read watermark (`Flow.highWater`), so a client faster
-///   than the origin fills its window and waits;
+/// - request body: DATA is written to the session's input; its bytes are given back to the stream's window
+///   (`consumeStreamWindow`) only while that input is below its read watermark (`Flow.highWater`), so a client faster
+///   than the origin fills its window and waits. Their share of the connection window is the connection's to give
+///   back (`HTTP2Session.settleConnectionWindow`): only while all its streams hold less than its bound inside the
+///   proxy (`heldRequestBytes`: this input, and everything queued towards the origin behind it), since every buffer
+///   on the way keeps to its own watermark but a hundred streams' buffers do not keep the connection to anything;
 /// - response body: the codec's queue says when to stop taking the session's output (`sendResponseBody` false) and
 ///   when to go on (`resumeResponse`); meanwhile the output fills, and its watermark stops the session reading the
 ///   origin.
@@ -48,6 +51,8 @@ final class HTTP2Stream {
     private var lengthDelimited: LengthDelimitedBody?
     /// Request body bytes written to the session's input and not yet given back to the client's windows.
     private var unconsumed = 0
+    /// The client ended the request (END_STREAM): nothing more of its body comes.
+    private var requestEndedByClient = false
 
     private enum ResponsePhase {
         /// Waiting for the response head (1xx heads are relayed as they come).
@@ -90,6 +95,7 @@ final class HTTP2Stream {
         evbuffer_add_cb(input, http2StreamInputCallback, context(self))
         evbuffer_add_cb(output, http2StreamOutputCallback, context(self))
 
+        requestEndedByClient = endStream
         // The head as HTTP/1.1 (CONNECT, RFC 9113 §8.5, in authority-form, for admission to refuse as inside any
         // interception); a body without a length goes chunked.
         if !endStream, let length = request.contentLength, length > 0 { lengthDelimited = LengthDelimitedBody(length: length) }
@@ -155,6 +161,7 @@ final class HTTP2Stream {
     /// END_STREAM: a chunked body gets its last chunk, and the trailers if any (HTTP/1.1 carries trailers only in
     /// a chunked body; with `content-length` they are dropped, RFC 9110 §6.5 lets a recipient discard them).
     func requestEnded(trailers: [HTTPField]) {
+        requestEndedByClient = true
         if let byte = lengthDelimited?.release() { write([byte]) }
         guard requestChunked, exchangeInput != nil else { return }
         var tail = "0\r\n"
@@ -164,12 +171,34 @@ final class HTTP2Stream {
     }
 
     /// The session's input changed: while it is below its read watermark, the client may send as much again as
-    /// was written to it.
+    /// was written to it on this stream (its window); the connection's window follows as the connection's bound
+    /// allows (`HTTP2Session.settleConnectionWindow`).
     func requestBodyMovedOn() {
+        defer { connection.requestBytesMayHaveLeft() }
         guard unconsumed > 0, let exchangeInput, evbuffer_get_length(exchangeInput) < Flow.highWater else { return }
         let count = unconsumed
         unconsumed = 0
-        connection.codec.consumeRequestBody(id, count: count)
+        connection.codec.consumeStreamWindow(id, count: count)
+    }
+
+    /// Request bytes of the exchange left the proxy's buffers behind its input (or may now: an h2 origin opened a
+    /// window): the connection looks at its bound again.
+    func requestBodyMovedDownstream() {
+        connection.requestBytesMayHaveLeft()
+    }
+
+    /// Request body bytes of this stream inside the proxy: in the session's input, and queued towards the origin by
+    /// its exchange (the upstream's output; for an h2 origin, the pair's other end and the origin codec's queue).
+    var heldRequestBytes: Int {
+        (exchangeInput.map { evbuffer_get_length($0) } ?? 0) + (session?.heldRequestBytes ?? 0)
+    }
+
+    /// The exchange moved every byte the client sent on, and its origin would take more now: what the stream waits
+    /// for is the client's bytes, so the connection's bound must not hold them back (`settleConnectionWindow`).
+    var starvesForRequestBody: Bool {
+        guard !requestEndedByClient, let session, heldRequestBytes == 0 else { return false }
+        if case .over = phase { return false }
+        return session.takesRequestBytesNow
     }
 
     private func write(_ text: String) {
@@ -429,6 +458,9 @@ final class HTTP2Stream {
         session = nil
         sessionEnd = clean
         giveBackUnreadRequestBody()
+        // Nobody reads the input any more: what waits in it is dropped, and no longer held against the connection's
+        // bound (its callback, deferred, looks at the bound again).
+        if let exchangeInput { evbuffer_drain(exchangeInput, evbuffer_get_length(exchangeInput)) }
         // This runs inside the exchange's callbacks, not the connection's: what it queues is written from the loop.
         defer { connection.scheduleFlush() }
         // Relays what is still waiting here, then settles the response (`settleAfterSessionEnd`), now or once the

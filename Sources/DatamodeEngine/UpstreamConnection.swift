@@ -332,6 +332,25 @@ final class UpstreamConnection {
 
     private var responseTimer = OriginResponseTimer(timeoutMs: -1)
 
+    /// Request bytes queued here and not yet out of the proxy: in `output`, and for a stream of an h2 origin, in its
+    /// end of the pair and the codec's queue (`HTTP2OriginStream.heldRequestBytes`).
+    var heldRequestBytes: Int {
+        guard state != .closed else { return 0 }
+        return evbuffer_get_length(output) + (originStream?.heldRequestBytes ?? 0)
+    }
+
+    /// Whether the origin would take request bytes now: connected, and for a stream of an h2 origin, its windows open.
+    var takesRequestBytesNow: Bool {
+        guard state == .busy else { return false }
+        return originStream?.takesRequestBytesNow ?? true
+    }
+
+    /// Request bytes left for the origin, or may now (an h2 origin opened a window): an HTTP/2 client's connection
+    /// looks at its bound on held request bytes again (`HTTP2Session.settleConnectionWindow`).
+    func requestBodyMoved() {
+        attachedClient?.transport.http2Stream?.requestBodyMovedDownstream()
+    }
+
     /// The client moved `n` more request bytes into `output`.
     func requestBytesAdded(_ n: Int) {
         responseTimer.queued(n)
@@ -560,6 +579,7 @@ final class UpstreamConnection {
         case .busy:
             owner?.upstreamWritable(self)
             startHeadTimerIfSent()
+            requestBodyMoved()
         case .flushing: if evbuffer_get_length(output) == 0 { close() }
         default: break
         }

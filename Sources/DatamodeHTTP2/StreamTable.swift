@@ -156,6 +156,12 @@ public struct StreamTable<Value> {
     @inlinable
     public var allValues: [Value] { values.compactMap { $0 } }
 
+    /// Calls `body` with each value, in no particular order, without making an array of them.
+    @inlinable
+    public func forEachValue(_ body: (Value) -> Void) {
+        for value in values { if let value { body(value) } }
+    }
+
     /// Whether some open stream's id satisfies `predicate`.
     @inlinable
     public func containsID(where predicate: (HTTP2StreamID) -> Bool) -> Bool {

@@ -426,12 +426,18 @@ import Testing
         let rig = try Rig()
         let size = 1 << 20
         let run = try Self.uploads(rig, port: rig.origin.port, path: "/stall-read/4000", count: 100, size: size, mark: 3)
-        // Fails until the connection's bound lands (the commits after this one): held as a known issue till then,
-        // which also fails if the bound is not exceeded.
-        withKnownIssue("review16 F2: the connection window reopens with every stream's") {
-            #expect(run.byMark < 8 << 20, "the proxy took \(run.byMark) bytes from one connection while the origin read nothing")
-        }
+        #expect(run.byMark < 8 << 20, "the proxy took \(run.byMark) bytes from one connection while the origin read nothing")
         #expect(run.answered == 100 && run.matched == 100, "\(run.output)")
+    }
+
+    /// The bound on what a connection's streams hold must not deadlock them: 24 uploads of 1 MiB on one client
+    /// connection to an h2 origin that takes 2 streams at once. The 22 waiting their turn hold their bytes (more than
+    /// the bound) while the 2 started ones need the connection window to finish and free their places: a stream
+    /// whose bytes all moved on while its origin would take more reopens it (`HTTP2Stream.starvesForRequestBody`).
+    @Test func uploadsQueuedForAnOriginsConcurrencyDoNotDeadlockTheConnection() throws {
+        let rig = try Rig(maxConcurrentStreams: 2)
+        let run = try Self.uploads(rig, port: rig.origin.port, path: "/stall-read/0", count: 24, size: 1 << 20, mark: 0)
+        #expect(run.answered == 24 && run.matched == 24, "\(run.output)")
     }
 
     /// One large upload h2 ↔ h2 and h2 ↔ HTTP/1.1, with the origin reading at once: the per-connection bound on held
