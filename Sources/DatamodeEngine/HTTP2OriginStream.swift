@@ -197,6 +197,9 @@ final class HTTP2OriginStream {
                             decoder: ChunkedDecoder(maxLineLength: 4096, maxTrailerSection: Self.requestLimits.headerSection))
         }
         requestReadable()
+        // Its body may go now (it waited for the origin's concurrency, perhaps): the client connection's bound may
+        // have been holding back nothing but this stream's next bytes (`HTTP2Stream.starvesForRequestBody`).
+        requestBodyMoved()
         return true
     }
 

@@ -136,6 +136,9 @@ final class UpstreamConnection {
         }
         guard let owner else { return }
         if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
+        // The origin takes request bytes from now on: a stream of an HTTP/2 client whose bytes all moved on may be
+        // waiting for nothing but this (`HTTP2Stream.starvesForRequestBody`).
+        requestBodyMoved()
     }
 
     /// The origin chose `h2` in the handshake: the TLS wire goes to a new `HTTP2OriginSession` (shared from now on by
