@@ -198,7 +198,7 @@ class Connection:
             path = dict((n.decode() if isinstance(n, bytes) else n, v) for n, v in event.headers).get(":path", b"")
             text = path.decode() if isinstance(path, bytes) else path
             if text.startswith("/stall-read/"):
-                self.release_at[sid] = time.time() + int(text.split("/")[2]) / 1000
+                self.release_at[sid] = time.time() + int(text.split("?")[0].split("/")[2]) / 1000
                 self.digests[sid] = [hashlib.sha256(), 0]
             if event.stream_ended or (path.decode() if isinstance(path, bytes) else path).startswith("/answer-early"):
                 self.respond(sid)

@@ -440,6 +440,29 @@ import Testing
         #expect(run.answered == 24 && run.matched == 24, "\(run.output)")
     }
 
+    /// The same with curl, whose streams share the window its own way (nghttp2 sends first on the streams that sent
+    /// least, here the 22 waiting their turn): 24 parallel uploads of 1 MiB over one h2 connection, to an origin that
+    /// takes 2 streams at once, all arrive whole. The window the 2 started streams reopen past the bound goes to the
+    /// waiting ones until their own buffers are full; only then to the started ones.
+    @Test func curlsParallelUploadsToAnOriginTakingTwoStreamsAllArrive() throws {
+        let rig = try Rig(maxConcurrentStreams: 2)
+        var arguments = ["--parallel", "--parallel-max", "24", "-w", "%{http_code}\n"]
+        var expected: [String] = []
+        for i in 0..<24 {
+            let body = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 12 &+ i) }
+            let path = rig.directory + "/upload\(i).bin"
+            try Data(body).write(to: URL(fileURLWithPath: path))
+            let digest = try ExternalCommand.run("/usr/bin/sha256sum", [path], timeout: 30)
+            expected.append("received \(body.count) bytes sha256 \(digest.stdout.prefix(64))")
+            arguments += ["-T", path, rig.url("/stall-read/0?n=\(i)")]
+        }
+        let result = try rig.curl(arguments, http: "--http2")
+        #expect(result.status == 0, "\(result.output)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.filter { $0 == "200" }.count == 24, "\(result.output)")
+        for line in expected { #expect(lines.contains(line), "\(line) missing: \(result.output)") }
+    }
+
     /// One large upload h2 ↔ h2 and h2 ↔ HTTP/1.1, with the origin reading at once: the per-connection bound on held
     /// request bytes does not stop a single stream (its own buffers stay below it) and every byte arrives.
     @Test(arguments: [false, true])
