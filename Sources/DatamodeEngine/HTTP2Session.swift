@@ -165,8 +165,14 @@ final class HTTP2Session: ClientSession {
     /// the uploads of the connection's other streams too, until its bytes move. One exception keeps that from
     /// becoming a deadlock the proxy made: a stream whose exchange moved on every byte it got and whose origin would
     /// take more now (`HTTP2Stream.starvesForRequestBody`) gets the window back anyway, as when its bytes wait behind
-    /// streams queued for an origin's concurrency that only its own completion frees. A client may spend that window
-    /// on another stream: those keep to their own buffers' watermarks, as before this bound.
+    /// streams queued for an origin's concurrency that only its own completion frees. The client decides which
+    /// stream that window goes to, and clients that share it fairly (curl, nghttp2) spend it first on the streams
+    /// that sent least, the queued ones, until their own buffers' watermarks close their windows
+    /// (`curlsParallelUploadsToAnOriginTakingTwoStreamsAllArrive`): the exception cannot be granted once per starving
+    /// stream only. So a client that keeps one such stream starving (sends it nothing while its origin takes more)
+    /// keeps the bound lifted, and its other streams are held by their own buffers' watermarks alone, as before the
+    /// bound (measured: 91 MB of 100 uploads of 1 MiB to an origin that opens its connection window at once and
+    /// the streams' only later, with one idle stream beside them).
     /// Runs from `flushOutput`, before the frames are written: a WINDOW_UPDATE it queues goes out with them.
     private func settleConnectionWindow() {
         let withheld = codec.connectionWindowWithheld
