@@ -170,20 +170,6 @@ final class HTTP1Session: ClientSession {
         }
     }
 
-    /// Request bytes of the exchange queued towards its upstream and not yet out of the proxy (an HTTP/2 stream's
-    /// exchange: `HTTP2Stream.heldRequestBytes`).
-    var heldRequestBytes: Int { machine.exchange?.upstream?.heldRequestBytes ?? 0 }
-
-    /// Whether the exchange would take request body bytes now: forwarding to an upstream that takes them, storing the
-    /// body (SPEC §18.3), or reading a refused one to throw it away. Not while held (SPEC §18.2) or connecting.
-    var takesRequestBytesNow: Bool {
-        switch machine.state {
-        case .forwarding(let driver): driver.upstream?.takesRequestBytesNow ?? false
-        case .storing, .drainingRefusedBody: true
-        default: false
-        }
-    }
-
     /// Writes what this exchange queued, towards the client and the upstream (called after every callback).
     /// Returns the upstream it flushed, if any.
     @discardableResult

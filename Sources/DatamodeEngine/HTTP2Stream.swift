@@ -190,7 +190,8 @@ final class HTTP2Stream {
     /// Request body bytes of this stream inside the proxy: in the session's input, and queued towards the origin by
     /// its exchange (the upstream's output; for an h2 origin, the pair's other end and the origin codec's queue).
     var heldRequestBytes: Int {
-        (exchangeInput.map { evbuffer_get_length($0) } ?? 0) + (session?.heldRequestBytes ?? 0)
+        let queued = session?.machine.exchange?.upstream?.heldRequestBytes ?? 0
+        return (exchangeInput.map { evbuffer_get_length($0) } ?? 0) + queued
     }
 
     /// The exchange moved every byte the client sent on, and its origin would take more now: what the stream waits
@@ -198,7 +199,18 @@ final class HTTP2Stream {
     var starvesForRequestBody: Bool {
         guard !requestEndedByClient, let session, heldRequestBytes == 0 else { return false }
         if case .over = phase { return false }
-        return session.takesRequestBytesNow
+        return Self.takesRequestBytesNow(session)
+    }
+
+    /// Whether `session`'s exchange would take request body bytes now: forwarding to an upstream that takes them,
+    /// storing the body (SPEC §18.3), or reading a refused one to throw it away. Not while held (SPEC §18.2) or
+    /// connecting.
+    private static func takesRequestBytesNow(_ session: HTTP1Session) -> Bool {
+        switch session.machine.state {
+        case .forwarding(let driver): driver.upstream?.takesRequestBytesNow ?? false
+        case .storing, .drainingRefusedBody: true
+        default: false
+        }
     }
 
     private func write(_ text: String) {
