@@ -53,6 +53,15 @@ tls.sendall(conn.data_to_send())
 authority = "%s:%d" % (host, port)
 deadline = time.time() + float(30)
 
+def receive():
+    """The next bytes from the proxy: None when the read timed out, b"" once the connection closed or failed."""
+    try:
+        return tls.recv(65536)
+    except socket.timeout:
+        return None
+    except (ConnectionResetError, ssl.SSLError, OSError):
+        return b""
+
 def request_headers(path="/hello.txt", method="GET", extra_fields=()):
     return [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)] + list(extra_fields)
 
@@ -60,12 +69,9 @@ def pump(until):
     """Reads events until `until(event)` returns a line to print, or the connection ends."""
     tls.settimeout(5)
     while time.time() < deadline:
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            return "closed"
         if not data:
             return "closed"
         try:
@@ -123,12 +129,9 @@ def raw_until(watch):
     tls.settimeout(5)
     buffer = b""
     while time.time() < deadline:
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            return "closed"
         if not data:
             return "closed"
         buffer += data
@@ -409,13 +412,9 @@ elif scenario == "bad-hpack-mid-download":
     closed = "still open"
     give_up = time.time() + 10
     while time.time() < give_up:
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            closed = "closed"
-            break
         if not data:
             closed = "closed"
             break
@@ -461,12 +460,9 @@ elif scenario == "upload-stalled":
             sent += room
             tls.sendall(conn.data_to_send())
             continue
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            data = b""
         if not data:
             print("closed after %d" % sent); sys.exit(0)
         for event in conn.receive_data(data):
@@ -522,12 +518,9 @@ elif scenario == "uploads-stalled":
             out = conn.data_to_send()
             if out:
                 tls.sendall(out)
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            data = b""
         if not data:
             closed = True
             break
@@ -561,12 +554,9 @@ elif scenario == "drain":
     buffer = b""
     line = "timeout"
     while time.time() < deadline and line == "timeout":
-        try:
-            data = tls.recv(65536)
-        except socket.timeout:
+        data = receive()
+        if data is None:
             continue
-        except (ConnectionResetError, ssl.SSLError, OSError):
-            line = "closed after %d goaway %s" % (state["n"], state["goaway"]); break
         if not data:
             line = "closed after %d goaway %s" % (state["n"], state["goaway"]); break
         buffer += data
