@@ -202,15 +202,14 @@ final class HTTP2Stream {
         return Self.takesRequestBytesNow(session)
     }
 
-    /// Whether `session`'s exchange would take request body bytes now: forwarding to an upstream that takes them,
-    /// storing the body (SPEC §18.3), or reading a refused one to throw it away. Not while held (SPEC §18.2) or
-    /// connecting.
+    /// Whether `session`'s exchange forwards to an upstream that would take request body bytes now. Not while held
+    /// (SPEC §18.2) or connecting, and not while it stores the body (SPEC §18.3) or reads a refused one to throw it
+    /// away: those bytes go nowhere but the proxy's own store or bin, and no other stream waits for them, so such a
+    /// stream left idle by its client must not lift the connection's bound (session 17's review: one idle stored
+    /// upload let 99 MiB through to a stalled origin); it waits for the bound like any other.
     private static func takesRequestBytesNow(_ session: HTTP1Session) -> Bool {
-        switch session.machine.state {
-        case .forwarding(let driver): driver.upstream?.takesRequestBytesNow ?? false
-        case .storing, .drainingRefusedBody: true
-        default: false
-        }
+        if case .forwarding(let driver) = session.machine.state { return driver.upstream?.takesRequestBytesNow ?? false }
+        return false
     }
 
     private func write(_ text: String) {

@@ -483,8 +483,21 @@ elif scenario == "uploads-stalled":
     # windows let them, a frame at a time round the streams, to an origin that reads nothing for a while: what the
     # client could send by MARK seconds is what the proxy took meanwhile (SPEC §17: the connection window opens only
     # as bytes move on). Then every stream to its end; each answer must name its own body's length and sha256.
+    # OPENER (optional): first an upload the proxy refuses in constrained mode ("refused": `Allow-Constrained: ?0`,
+    # a 403 whose body it reads to throw away) or stores ("stored": with `Prefer: respond-async`, SPEC §18.3), of
+    # which the client sends 1 byte of 2 MiB and then nothing: a stream that waits for the client alone.
     import hashlib
     path, count, size, mark = extra[0], int(extra[1]), int(extra[2]), float(extra[3])
+    opener = extra[4] if len(extra) > 4 else "none"
+    if opener != "none":
+        oid = conn.get_next_available_stream_id()
+        fields = [("allow-constrained", "?0"), ("content-length", str(2 << 20))]
+        if opener == "stored":
+            fields.append(("prefer", "respond-async"))
+        conn.send_headers(oid, request_headers("/opener", "POST", fields), end_stream=False)
+        conn.send_data(oid, b"x")
+        tls.sendall(conn.data_to_send())
+        time.sleep(0.5)
     ids = []
     for _ in range(count):
         sid = conn.get_next_available_stream_id()
@@ -525,7 +538,13 @@ elif scenario == "uploads-stalled":
             closed = True
             break
         for event in conn.receive_data(data):
-            if isinstance(event, h2.events.ResponseReceived):
+            if isinstance(event, h2.events.ConnectionTerminated):
+                closed = True
+            elif getattr(event, "stream_id", None) not in left:
+                # The opener's answer (a 403, or a 202 once stored), or the connection's own events.
+                if isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.ResponseReceived):
                 status[event.stream_id] = dict(event.headers).get(b":status", b"?").decode()
             elif isinstance(event, h2.events.DataReceived):
                 bodies[event.stream_id] += event.data
@@ -534,8 +553,6 @@ elif scenario == "uploads-stalled":
                 answers[event.stream_id] = "%s %s" % (status.get(event.stream_id), bodies[event.stream_id].decode(errors="replace").strip())
             elif isinstance(event, h2.events.StreamReset):
                 answers[event.stream_id] = "reset %s" % h2.errors.ErrorCodes(event.error_code).name
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                closed = True
     if at_mark is None:
         at_mark = sent
     expected = dict((sid, "200 received %d bytes sha256 %s" % (size, digests[sid].hexdigest())) for sid in ids)

@@ -404,10 +404,11 @@ import Testing
     /// Runs `H2Probe`'s `uploads-stalled` through the proxy to `port`: `count` uploads of `size` bytes on one client
     /// connection to `path`. Returns the bytes the client could send by `mark` seconds, then how many streams were
     /// answered and how many of those answers named their own body (length and sha256).
-    static func uploads(_ rig: Rig, port: UInt16, path: String, count: Int, size: Int,
-                        mark: Double) throws -> (byMark: Int, answered: Int, matched: Int, output: String) {
+    static func uploads(_ rig: Rig, port: UInt16, path: String, count: Int, size: Int, mark: Double,
+                        opener: String = "none") throws -> (byMark: Int, answered: Int, matched: Int, output: String) {
         let outcome = try H2Probe.run("uploads-stalled", proxyPort: rig.proxy.port, host: "localhost", port: port,
-                                      caPath: rig.caPath, arguments: [path, String(count), String(size), String(mark)],
+                                      caPath: rig.caPath,
+                                      arguments: [path, String(count), String(size), String(mark), opener],
                                       timeout: 130)
         let words = outcome.line.split(separator: " ").map(String.init)
         try #require(words.count == 8 && words[0] == "by-mark", "\(outcome.output)")
@@ -428,6 +429,22 @@ import Testing
         let run = try Self.uploads(rig, port: rig.origin.port, path: "/stall-read/4000", count: 100, size: size, mark: 3)
         #expect(run.byMark < 8 << 20, "the proxy took \(run.byMark) bytes from one connection while the origin read nothing")
         #expect(run.answered == 100 && run.matched == 100, "\(run.output)")
+    }
+
+    /// Session 17's review: one upload the proxy refuses (a 403 whose body it reads to throw away) or stores (SPEC
+    /// §18.3), left idle by its client after 1 byte, lifted the connection's bound for all the others: its exchange
+    /// would take more and held nothing, so it counted as a stream starving for the connection window (the exception
+    /// that keeps uploads queued for an origin's concurrency from deadlocking), and the client took 99 MiB through
+    /// the reopened window to the stalled origin. A stream whose bytes go nowhere but the proxy's own store or bin
+    /// waits for nobody else's: it does not lift the bound.
+    @Test(arguments: ["refused", "stored"])
+    func anIdleRefusedOrStoredUploadDoesNotLiftTheConnectionsBound(opener: String) throws {
+        let rig = try Rig("mode: constrained")
+        // 99 beside the opener: the connection's 100 streams at once.
+        let run = try Self.uploads(rig, port: rig.origin.port, path: "/stall-read/4000", count: 99, size: 1 << 20,
+                                   mark: 3, opener: opener)
+        #expect(run.byMark < 8 << 20, "the proxy took \(run.byMark) bytes from one connection while the origin read nothing")
+        #expect(run.answered == 99 && run.matched == 99, "\(run.output)")
     }
 
     /// The bound on what a connection's streams hold must not deadlock them: 24 uploads of 1 MiB on one client
