@@ -23,15 +23,20 @@ public enum HTTP2ResponseTranslation {
     /// lowercased; the connection-specific fields (`connection`, `keep-alive`, `proxy-connection`,
     /// `transfer-encoding`, `upgrade`, `te`) dropped, and every field the origin's `Connection` names (hop-by-hop,
     /// RFC 9110 §7.6.1). The status line's reason phrase has no place in HTTP/2 and goes; the status becomes
-    /// `:status`, written by the session. `content-length` stays: the engine relays exactly that many bytes.
+    /// `:status`, written by the session. `content-length` stays: the engine relays exactly that many bytes; but not
+    /// on a 1xx or a 204, where a server must not send it (RFC 9110 §8.6) and an HTTP/2 client takes one that
+    /// disagrees with the (absent) DATA as a malformed response (RFC 9113 §8.1.1): curl's nghttp2 failed the
+    /// request, where an HTTP/1.1 client is served (session 17's review).
     public static func fields(of head: ResponseHead) -> [HTTPField] {
         let named = head.connectionTokens
+        let lengthNotAllowed = head.status < 200 || head.status == 204
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.fields.count)
         // By index: `for field in head.fields` copied each field (a retain and a release per string).
         for i in head.fields.indices {
             let name = lowercased(head.fields[i].name)
             if isConnectionSpecific(name) || named.fieldNames.contains(name) { continue }
+            if lengthNotAllowed && name == "content-length" { continue }
             fields.append(HTTPField(name: name, value: head.fields[i].value))
         }
         return fields

@@ -102,3 +102,20 @@ import Testing
         return nil
     }
 }
+
+/// RFC 9110 §8.6: no `content-length` on a 1xx or a 204. An origin that sends one anyway is served to an HTTP/1.1
+/// client as before; to an HTTP/2 client the field is dropped, since nghttp2 (curl's) takes a `content-length` that
+/// disagrees with the DATA as a malformed response and fails the request (session 17's review,
+/// `repro/h1_origin_content_length_1xx_204.sh`). A 200's and a 304's stay (the engine relays exactly that many
+/// bytes; a 304's describes the selected representation).
+@Suite struct ResponseLengthTranslationTests {
+    @Test(arguments: [(103, "5", false), (103, "0", false), (100, "0", false), (204, "5", false), (204, "0", false),
+                      (200, "5", true), (304, "100", true), (206, "5", true)])
+    func contentLengthGoesToHTTP2ClientsOnlyWhereAServerMaySendIt(status: Int, length: String, kept: Bool) {
+        let head = ResponseHead(version: .http11, status: status, reason: "R", fields: [
+            HTTPField(name: "Link", value: "</a.css>; rel=preload"), HTTPField(name: "Content-Length", value: length)])
+        let fields = HTTP2ResponseTranslation.fields(of: head)
+        #expect(fields.contains(HTTPField(name: "content-length", value: length)) == kept, "\(status): \(fields)")
+        #expect(fields.contains(HTTPField(name: "link", value: "</a.css>; rel=preload")))
+    }
+}
