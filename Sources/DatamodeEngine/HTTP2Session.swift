@@ -122,6 +122,7 @@ final class HTTP2Session: ClientSession {
             case .requestBody(let id, let bytes):
                 if let stream = streams[id] {
                     stream.requestBody(bytes)
+                    requestBytesMayHaveLeft()  // their share of the connection window is the bound's to give back
                 } else {
                     codec.consumeRequestBody(id, count: bytes.count)
                 }

@@ -148,11 +148,9 @@ extension HTTP2ClientSession {
     }
 
     func dataChunk(_ id: HTTP2StreamID, _ data: UnsafeRawBufferPointer) -> Int32 {
-        guard let stream = streams[id], stream.malformation == nil else {
-            // Nobody will consume it: the connection window goes back at once.
-            _ = nghttp2_session_consume_connection(session, data.count)
-            return 0
-        }
+        // The shared connection's window goes back at once; each stream's own bounds what it holds (`consumeResponseBody`).
+        _ = nghttp2_session_consume_connection(session, data.count)
+        guard let stream = streams[id], stream.malformation == nil else { return 0 }  // nobody will consume it
         stream.unconsumed += data.count
         events.append(.responseBody(id, Array(data)))
         return 0
@@ -160,7 +158,6 @@ extension HTTP2ClientSession {
 
     func streamClosed(_ id: HTTP2StreamID, code: HTTP2ErrorCode) -> Int32 {
         guard let stream = streams.removeValue(forKey: id) else { return 0 }
-        if stream.unconsumed > 0 { _ = nghttp2_session_consume_connection(session, stream.unconsumed) }
         let end: HTTP2StreamEnd
         if stream.malformation != nil {
             end = .resetByProxy(.protocolError)

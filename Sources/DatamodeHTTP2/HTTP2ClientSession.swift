@@ -238,12 +238,15 @@ public final class HTTP2ClientSession {
         resumeIfDeferred(id)
     }
 
-    /// Gives response bytes back to the origin's windows once the engine moved them on.
+    /// Gives response bytes back to the stream's window once the engine moved them on. The connection's window went
+    /// back when they arrived (`dataChunk`): the connection is shared by exchanges of different clients, and one
+    /// client that reads slowly must hold back its own stream only, not every other client's answers from that
+    /// origin (session 18: one stalled 20 MB download held a 1 KB answer on the same connection for its whole 15 s).
     public func consumeResponseBody(_ id: HTTP2StreamID, count: Int) {
         guard !isDead, count > 0, let held = streams[id]?.unconsumed, held > 0 else { return }
         let n = min(count, held)
         streams[id]!.unconsumed = held - n
-        _ = nghttp2_session_consume(session, id, n)
+        _ = nghttp2_session_consume_stream(session, id, n)
     }
 
     public func resetStream(_ id: HTTP2StreamID, code: HTTP2ErrorCode) {

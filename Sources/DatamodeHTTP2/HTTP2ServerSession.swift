@@ -41,9 +41,13 @@ public final class HTTP2ServerSession {
     var lastClientStreamID: HTTP2StreamID = 0
     /// Connection window to give back once outside nghttp2's callbacks (bytes of streams that closed unconsumed).
     var connectionBytesToRelease = 0
-    /// Request body bytes whose stream window went back (`consumeStreamWindow`) and whose connection window has not
-    /// yet (`consumeConnectionWindow`): what the engine holds of the connection's window.
-    public private(set) var connectionWindowWithheld = 0
+    /// Request body bytes received on streams the engine reads whose connection window has not gone back yet
+    /// (`consumeConnectionWindow`): what the engine holds of the connection's window. Counted from receipt, not from
+    /// when a stream's own window goes back: bytes a stream cannot move on yet (its input full, its origin's
+    /// concurrency taken) must not pin the connection window, or one such stream holding half of it keeps nghttp2
+    /// from ever sending the connection's WINDOW_UPDATE and the streams that could finish starve (session 18: two
+    /// 3 MB uploads to an origin taking one stream at a time stalled for good).
+    public internal(set) var connectionWindowWithheld = 0
     /// Set once the connection is ending (our limit, nghttp2's protocol error, or a fatal error).
     var connectionError: HTTP2ConnectionError?
     /// nghttp2 returned a fatal error: the session must not be used again; only `goawayTail` goes out.
@@ -220,23 +224,23 @@ public final class HTTP2ServerSession {
         guard !isDead, count > 0, let held = streams[id]?.unconsumed, held > 0 else { return }
         let n = min(count, held)
         streams[id]!.unconsumed = held - n
-        _ = nghttp2_session_consume(session, id, n)
+        _ = nghttp2_session_consume_stream(session, id, n)
+        consumeConnectionWindow(count: n)
     }
 
     /// Gives `count` bytes of a stream's request body back to the stream's window only: the client may send as much
-    /// again on this stream once the connection's window lets it. Their share of the connection window is withheld
-    /// (`connectionWindowWithheld`) until `consumeConnectionWindow`: the engine gives it back once the bytes left it
-    /// (SPEC §17: "the connection window likewise"). A closed stream's bytes not given back to its window go back to
-    /// the connection's at its close, as with `consumeRequestBody`; those withheld stay with the engine.
+    /// again on this stream once the connection's window lets it. The connection's window is the engine's to give
+    /// back (`connectionWindowWithheld`, `consumeConnectionWindow`), as its bound on held bytes allows (SPEC §17:
+    /// "the connection window likewise"). A closed stream's bytes not given back to its window go back to the
+    /// connection's at its close, as with `consumeRequestBody`.
     public func consumeStreamWindow(_ id: HTTP2StreamID, count: Int) {
         guard !isDead, count > 0, let held = streams[id]?.unconsumed, held > 0 else { return }
         let n = min(count, held)
         streams[id]!.unconsumed = held - n
-        connectionWindowWithheld += n
         _ = nghttp2_session_consume_stream(session, id, n)
     }
 
-    /// Gives up to `count` withheld bytes (`consumeStreamWindow`) back to the connection's window. WINDOW_UPDATE goes
+    /// Gives up to `count` withheld bytes (`connectionWindowWithheld`) back to the connection's window. WINDOW_UPDATE goes
     /// out when half the window is consumed (nghttp2's rule).
     public func consumeConnectionWindow(count: Int) {
         let n = min(count, connectionWindowWithheld)

@@ -325,6 +325,7 @@ extension HTTP2ServerSession {
             return 0
         }
         streams[id]!.unconsumed += data.count
+        connectionWindowWithheld += data.count
         events.append(.requestBody(id, Array(data)))
         return 0
     }
@@ -333,7 +334,9 @@ extension HTTP2ServerSession {
         guard let stream = streams.removeValue(forKey: id) else { return 0 }
         openStreams -= 1
         // Bytes the engine had not consumed yet still hold the connection window: give it back.
-        connectionBytesToRelease += stream.unconsumed
+        let released = min(stream.unconsumed, connectionWindowWithheld)
+        connectionWindowWithheld -= released
+        connectionBytesToRelease += released
         let end: HTTP2StreamEnd
         if let known = stream.end {
             end = known

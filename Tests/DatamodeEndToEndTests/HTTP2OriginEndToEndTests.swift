@@ -462,22 +462,68 @@ import Testing
     /// takes 2 streams at once, all arrive whole. The window the 2 started streams reopen past the bound goes to the
     /// waiting ones until their own buffers are full; only then to the started ones.
     @Test func curlsParallelUploadsToAnOriginTakingTwoStreamsAllArrive() throws {
-        let rig = try Rig(maxConcurrentStreams: 2)
-        var arguments = ["--parallel", "--parallel-max", "24", "-w", "%{http_code}\n"]
+        try Self.curlsParallelUploadsAllArrive(concurrency: 2, count: 24, size: 1 << 20, gets: 0)
+    }
+
+    /// Three uploads of 3 MB and two GETs beside them, to an origin that takes one stream at a time (review 17:
+    /// against nghttpd `-m 1` and this origin, everything stalled until curl gave up). The waiting uploads' bytes,
+    /// which only the first one's end lets move, held more than half the connection window, so its WINDOW_UPDATE
+    /// never went out and the first upload starved: those bytes now hold their own streams' windows only.
+    @Test func curlsParallelUploadsToAnOriginTakingOneStreamAtATimeAllArrive() throws {
+        try Self.curlsParallelUploadsAllArrive(concurrency: 1, count: 3, size: 3_000_000, gets: 2)
+    }
+
+    static func curlsParallelUploadsAllArrive(concurrency: Int, count: Int, size: Int, gets: Int) throws {
+        let rig = try Rig(maxConcurrentStreams: concurrency)
+        var arguments = ["--parallel", "--parallel-max", String(count + gets), "-w", "%{http_code}\n"]
         var expected: [String] = []
-        for i in 0..<24 {
-            let body = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 12 &+ i) }
+        for i in 0..<count {
+            let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 12 &+ i) }
             let path = rig.directory + "/upload\(i).bin"
             try Data(body).write(to: URL(fileURLWithPath: path))
             let digest = try ExternalCommand.run("/usr/bin/sha256sum", [path], timeout: 30)
             expected.append("received \(body.count) bytes sha256 \(digest.stdout.prefix(64))")
             arguments += ["-T", path, rig.url("/stall-read/0?n=\(i)")]
         }
+        for i in 0..<gets { arguments += [rig.url("/hello?n=\(i)")] }
         let result = try rig.curl(arguments, http: "--http2")
         #expect(result.status == 0, "\(result.output)")
         let lines = result.stdout.split(separator: "\n").map(String.init)
-        #expect(lines.filter { $0 == "200" }.count == 24, "\(result.output)")
+        #expect(lines.filter { $0 == "200" }.count == count + gets, "\(result.output)")
+        #expect(lines.filter { $0 == "hello over h2" }.count == gets, "\(result.output)")
         for line in expected { #expect(lines.contains(line), "\(line) missing: \(result.output)") }
+    }
+
+    /// An h2 origin's connection is shared by the proxy's clients: one that reads nothing of a 20 MB answer holds its
+    /// own stream, never the answers other clients wait for from that origin (session 18: the connection window went
+    /// back only as the streams' bytes moved on, and a 1 KB answer on the same connection waited as long as the
+    /// stalled download did).
+    @Test(arguments: clients)
+    func aClientThatReadsNothingDoesNotHoldOthersAnswersFromTheSameOrigin(http: String) throws {
+        let rig = try Rig()
+        let script = """
+            import socket, ssl, subprocess, sys
+            port, origin, ca, http = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(("CONNECT localhost:%s HTTP/1.1\\r\\nHost: localhost:%s\\r\\n\\r\\n" % (origin, origin)).encode())
+            head = b""
+            while b"\\r\\n\\r\\n" not in head: head += s.recv(1)
+            context = ssl.create_default_context(cafile=ca); context.set_alpn_protocols(["http/1.1"])
+            t = context.wrap_socket(s, server_hostname="localhost")
+            t.sendall(b"GET /stream/20000000 HTTP/1.1\\r\\nHost: localhost:%s\\r\\n\\r\\n" % origin.encode())
+            t.recv(1)  # its answer began; from here on this client reads nothing
+            for i in range(3):
+                done = subprocess.run(["curl", "-sS", "--max-time", "10", "--suppress-connect-headers", "-x",
+                                       "http://127.0.0.1:%d" % port, http, "--cacert", ca, "-w", " %{http_code}\\n",
+                                       "https://localhost:%s/hello?n=%d" % (origin, i)], capture_output=True, text=True)
+                print(done.stdout.strip() or done.stderr.strip(), flush=True)
+            """
+        let path = rig.directory + "/stalled-reader.py"
+        try script.write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try ExternalCommand.run("/usr/bin/env", ["python3", path, String(rig.proxy.port), String(rig.origin.port),
+                                                               rig.caPath, http], timeout: 60)
+        #expect(result.stdout == String(repeating: "hello over h2\n 200\n", count: 3), "\(result.output)")
     }
 
     /// One large upload h2 ↔ h2 and h2 ↔ HTTP/1.1, with the origin reading at once: the per-connection bound on held

@@ -143,6 +143,55 @@ import Testing
         #expect(events.contains(.streamClosed(id, .completed)))
     }
 
+    /// An origin's connection is shared by the exchanges of different clients: an answer nobody reads yet holds its
+    /// own stream's window, never the connection's, so another stream's answer still arrives whole. (Session 18: the
+    /// connection window went back only as streams consumed, and one stalled download held a 1 KB answer on the same
+    /// connection for as long as its client read nothing.)
+    @Test func anUnreadAnswerHoldsItsOwnStreamOnly() throws {
+        let client = try HTTP2ClientSession(configuration: HTTP2ClientConfiguration(initialWindowSize: 65_536))
+        let server = try HTTP2ServerSession()
+        let slow = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/slow", fields: [],
+                                           endStream: true)
+        let fast = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/fast", fields: [],
+                                           endStream: true)
+        let body = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        var served: [HTTP2StreamID: Int] = [:]
+        func serve(_ sid: HTTP2StreamID) {
+            while let done = served[sid], done < body.count {
+                let n = min(16_384, body.count - done)
+                let more = body[done..<(done + n)].withUnsafeBytes { (try? server.sendResponseBody(sid, $0)) ?? false }
+                served[sid] = done + n
+                if !more { return }
+            }
+            try? server.finishResponse(sid)
+        }
+        var slowBytes = 0
+        var fastBody: [UInt8] = []
+        let (events, _) = Self.pump(client, server, onServer: { event in
+            switch event {
+            case .request(let sid, _, endStream: true):
+                try? server.sendResponseHead(sid, status: 200, fields: [], endStream: false)
+                served[sid] = 0
+                serve(sid)
+            case .responseBodyDrained(let sid):
+                serve(sid)
+            default:
+                break
+            }
+        }, onClient: { event in
+            guard case .responseBody(let sid, let bytes) = event else { return }
+            if sid == slow {
+                slowBytes += bytes.count  // never consumed: its client reads nothing
+            } else {
+                fastBody += bytes
+                client.consumeResponseBody(sid, count: bytes.count)
+            }
+        })
+        #expect(fastBody == body, "\(fastBody.count) of \(body.count) bytes of the read answer arrived")
+        #expect(events.contains(.streamClosed(fast, .completed)))
+        #expect(slowBytes > 0 && slowBytes <= 65_536, "the unread answer kept to its own stream window: \(slowBytes)")
+    }
+
     /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS bounds `canStartStream`; GOAWAY ends it.
     @Test func concurrencyAndGoawayBoundNewStreams() throws {
         let client = try HTTP2ClientSession()

@@ -251,6 +251,47 @@ struct ServerSessionTests {
         #expect(link.server.connectionWindowWithheld == 0)
     }
 
+    /// Bytes a stream cannot move on yet (its exchange's input full, its origin's concurrency taken) hold the
+    /// stream's window, and the connection's only as long as the engine withholds it: they count as withheld from
+    /// their arrival, so the engine can give the connection window back while the stream's stays shut. (Session 18:
+    /// counted only once the stream's window went back, such bytes pinned more than half the connection window,
+    /// nghttp2 never sent its WINDOW_UPDATE, and the upload that could finish starved behind them.)
+    @Test func bytesAStreamCannotMoveOnDoNotPinTheConnectionWindow() throws {
+        let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 65_536, connectionWindowSize: 65_536))
+        let stuck = link.client.request(method: "POST", body: .init(bytes: Self.bytes(50_000, seed: 5), pauseAt: 50_000))
+        try link.pump()
+        #expect(link.server.connectionWindowWithheld == 50_000)
+        // The engine cannot move the stream's bytes on, but its bound lets the connection's window go back.
+        link.server.consumeConnectionWindow(count: link.server.connectionWindowWithheld)
+        try link.pump()
+        #expect(link.server.connectionWindowWithheld == 0)
+        #expect(nghttp2_session_get_remote_window_size(link.client.session) == 65_536)
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, stuck) == 65_536 - 50_000)
+        // So another stream's whole body gets through, consumed as it comes.
+        let other = link.client.request(method: "POST", body: .init(bytes: Self.bytes(200_000, seed: 6)))
+        var received = 0
+        try link.pump { event in
+            guard case .requestBody(other, let bytes) = event else { return }
+            received += bytes.count
+            link.server.consumeRequestBody(other, count: bytes.count)
+        }
+        #expect(received == 200_000)
+        #expect(link.events.contains { if case .requestEnd(other, _) = $0 { true } else { false } })
+    }
+
+    /// A refused stream's bytes (nobody reads them) go back to both windows at once: nothing stays withheld.
+    @Test func bytesNobodyReadsAreNotWithheld() throws {
+        let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 65_536, connectionWindowSize: 65_536))
+        let id = link.client.request(method: "POST", body: .init(bytes: Self.bytes(40_000, seed: 7), pauseAt: 40_000))
+        try link.pump { event in
+            if case .requestBody(let sid, let bytes) = event { link.server.consumeRequestBody(sid, count: bytes.count) }
+        }
+        #expect(link.server.connectionWindowWithheld == 0)
+        link.client.reset(id, .cancel)
+        try link.pump()
+        #expect(link.server.connectionWindowWithheld == 0)
+    }
+
     @Test("The engine resets a stream mid-response: the client sees RST_STREAM with the code")
     func proxyResetMidResponse() throws {
         let link = try Link()
