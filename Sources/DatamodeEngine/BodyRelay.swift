@@ -6,7 +6,8 @@ import DatamodeHTTP
 /// (chunk-size lines, trailers) are looked at, and only those are ever made contiguous.
 ///
 /// The framing is validated as it passes (RFC 9112 §7.1): a bad chunk size aborts the relay, so the peer on
-/// the other side never receives a stream that a different parser could split differently (smuggling).
+/// the other side never receives a stream that a different parser could split differently (smuggling). A trailer
+/// section with fields no trailer may carry on goes out without them (`TrailerSection`), the one framing rewritten.
 /// `package`: the fuzz target (DatamodeFuzz) drives it beside the reference decoder.
 package struct BodyRelay {
     enum Mode {
@@ -36,6 +37,8 @@ package struct BodyRelay {
     package private(set) var delivered: UInt64 = 0
     /// Body bytes moved without the chunked framing around them (chunk-size lines, the last chunk, trailers).
     package private(set) var payload: UInt64 = 0
+    /// The trailer fields left out of a chunked body's trailer section (`TrailerSection`), as received.
+    package private(set) var droppedTrailerFields: [String] = []
     /// The client's side of this body is an HTTP/2 stream (SPEC §17): it sends or receives the body as DATA, and
     /// the chunked framing the exchange sees is the stream's own (`HTTP2Stream`), never the client's.
     let overHTTP2: Bool
@@ -102,7 +105,13 @@ package struct BodyRelay {
                     if strip { drain(length, from: source) } else { move(length, from: source, to: destination, framing: true) }
                     mode = .chunked(decoder, stripFraming: strip)
                 case .end(let length):
-                    if strip { drain(length, from: source) } else { move(length, from: source, to: destination, framing: true) }
+                    if strip {
+                        drain(length, from: source)
+                    } else if decoder.dropsTrailerFields {
+                        moveWithoutDroppedTrailers(length, from: source, to: destination)
+                    } else {
+                        move(length, from: source, to: destination, framing: true)
+                    }
                     mode = .done
                     return .complete
                 case .invalid(let error):
@@ -154,6 +163,27 @@ package struct BodyRelay {
         }
         transferred += UInt64(n)
         if !framing { payload += UInt64(n) }
+    }
+
+    /// The last-chunk element (`n` bytes), whose trailer section has fields no trailer may carry on
+    /// (`TrailerSection`): the element goes out without them, the rest of it unchanged, and their names are kept for
+    /// the log (`droppedTrailerFields`).
+    private mutating func moveWithoutDroppedTrailers(_ n: Int, from source: OpaquePointer, to destination: OpaquePointer?) {
+        guard let start = evbuffer_pullup(source, n),
+              let filtered = TrailerSection.withoutDroppedFields(UnsafeRawBufferPointer(start: start, count: n)) else {
+            // The decoder validated the element: only a bug gets here. The body still ends, with no trailers.
+            assertionFailure("the decoder ended the body with an element that is not a last chunk")
+            drain(n, from: source)
+            if let destination { evbuffer_add(destination, "0\r\n\r\n", 5); delivered += 5 }
+            return
+        }
+        droppedTrailerFields = filtered.dropped
+        if let destination {
+            evbuffer_add(destination, filtered.element, filtered.element.count)
+            delivered += UInt64(filtered.element.count)
+        }
+        evbuffer_drain(source, n)
+        transferred += UInt64(n)
     }
 
     private mutating func drain(_ n: Int, from source: OpaquePointer) {

@@ -46,7 +46,13 @@ enum ChunkedElements {
             evbuffer_drain(input, length)
             return .framing
         case .end(let length):
-            let trailers = Self.trailers(UnsafeRawBufferPointer(start: start!, count: length))
+            // The relay that wrote the text has left out what no trailer may carry on (`BodyRelay`); were anything
+            // left, it goes here too, before the head parser reads the section (`Content-Length` beside
+            // `Transfer-Encoding` would make it refuse every field).
+            let element = UnsafeRawBufferPointer(start: start!, count: length)
+            let trailers = decoder.dropsTrailerFields
+                ? TrailerSection.withoutDroppedFields(element).map { $0.element.withUnsafeBytes { Self.trailers($0) } } ?? []
+                : Self.trailers(element)
             evbuffer_drain(input, length)
             return .end(trailers: trailers)
         case .invalid(let error):

@@ -108,7 +108,17 @@ extension ExchangeDriver {
         let moved = Int(body.transferred - taken)
         let left = evbuffer_get_length(source)
         counted(direction, moved, recorded: record ? Int(body.clientBytes - clientBytes) : 0)
+        if progress == .complete, !body.droppedTrailerFields.isEmpty { trailerFieldsDropped(direction, body.droppedTrailerFields) }
         return step(progress, before: left + moved, left: left)
+    }
+
+    /// A chunked body ended with trailer fields left out (`TrailerSection`): RFC 9110 §6.5.2 lets a recipient discard
+    /// them, and the log says which.
+    private func trailerFieldsDropped(_ direction: LinkDirection, _ names: [String]) {
+        worker.logger.info("trailer fields dropped", metadata: [
+            "url": "\(exchange.url)", "body": "\(direction == .down ? "response" : "request")",
+            "fields": "\(names.joined(separator: ", "))",
+        ])
     }
 
     /// `bytes` of a body or a tunnel crossed the link `direction` (moved by `relay` or by splice(2)): the one place

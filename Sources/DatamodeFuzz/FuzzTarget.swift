@@ -326,6 +326,9 @@ private struct ReferenceChunked {
     var outcome = Outcome.needMore
     var consumed = 0
     var payload: [UInt8] = []
+    /// What the relay forwards when it keeps the framing: what it took, but a trailer section without the fields
+    /// no trailer may carry on (`TrailerSection`); nil unless complete.
+    var forwarded: [UInt8]?
 
     init(_ bytes: UnsafeRawBufferPointer) {
         var decoder = ChunkedDecoder()
@@ -341,6 +344,9 @@ private struct ReferenceChunked {
             case .needMore: return
             case .framing(let length): consumed += length
             case .end(let length):
+                let element = UnsafeRawBufferPointer(rebasing: bytes[consumed..<(consumed + length)])
+                forwarded = Array(bytes[..<consumed])
+                    + (decoder.dropsTrailerFields ? TrailerSection.withoutDroppedFields(element)!.element : Array(element))
                 consumed += length
                 outcome = .complete
                 return
@@ -379,7 +385,7 @@ private func checkRelay(_ bytes: UnsafeRawBufferPointer, strip: Bool, _ referenc
     }
     var delivered = [UInt8](repeating: 0, count: evbuffer_get_length(destination))
     if !delivered.isEmpty { _ = delivered.withUnsafeMutableBytes { evbuffer_copyout(destination, $0.baseAddress, $0.count) } }
-    let expected = strip ? reference.payload : Array(bytes[..<reference.consumed])
+    let expected = strip ? reference.payload : reference.forwarded ?? Array(bytes[..<reference.consumed])
     guard outcome == reference.outcome, relay.transferred == UInt64(reference.consumed),
           evbuffer_get_length(source.buffer) == arrived - reference.consumed, delivered == expected else {
         fatalError("chunked in place (strip \(strip)): \(outcome) after \(relay.transferred) bytes, \(delivered.count) delivered; "

@@ -26,6 +26,9 @@ public struct ChunkedDecoder: Sendable {
     /// Chunk-data bytes still expected. While > 0 the caller moves data itself (zero-copy) and reports it with consumeData.
     public private(set) var dataRemaining: UInt64 = 0
     public private(set) var isComplete: Bool = false
+    /// The trailer section of the element that ended the body has fields `TrailerSection.isDropped` names: forward
+    /// `TrailerSection.withoutDroppedFields` of the element, not the element.
+    public private(set) var dropsTrailerFields: Bool = false
 
     /// The largest chunk size accepted, inclusive: 2^60 - 1. SPEC §6 refuses anything above, as nginx and HAProxy
     /// refuse such sizes.
@@ -208,8 +211,10 @@ public struct ChunkedDecoder: Sendable {
 
     /// `trailer-section = *( field-line CRLF )` then CRLF (RFC 9112 §7.1.2) from `start`, with the header field-line
     /// rules; the end reported includes everything before `start` (the last-chunk line).
-    /// Trailers that would change framing or routing (Content-Length, Transfer-Encoding, Host) are refused:
-    /// RFC 9110 §6.5.1 forbids them there, and a recipient that merges trailers into the head would be smuggled to.
+    /// Trailers that would change framing or routing (Content-Length, Transfer-Encoding, Host) or that are
+    /// connection-specific are not refused but noted (`dropsTrailerFields`): the caller forwards the element without
+    /// them (`TrailerSection`). RFC 9110 §6.5.1 forbids them there, and a recipient that merges trailers into the head
+    /// would be smuggled to; refusing the body instead cut a response whose every byte had already gone out.
     private mutating func parseTrailers(_ p: UnsafeRawBufferPointer, from start: Int) -> ChunkedFramingResult {
         var fields: [HTTPField] = []
         let collect = p.count - start > 2
@@ -218,12 +223,7 @@ public struct ChunkedDecoder: Sendable {
         case .invalid(.headerSectionTooLarge): return .invalid(.malformed("trailer section too large"))
         case .invalid(let e): return .invalid(e)
         case .complete(let end):
-            for f in fields {
-                let name = ASCII.lowercased(f.name)
-                if name == "content-length" || name == "transfer-encoding" || name == "host" {
-                    return .invalid(.malformed("framing field in trailer section"))
-                }
-            }
+            dropsTrailerFields = fields.contains { TrailerSection.isDropped($0.name) }
             state = .complete
             isComplete = true
             return .end(length: end)

@@ -42,15 +42,12 @@ public enum HTTP2ResponseTranslation {
         return fields
     }
 
-    /// The fields of a response's trailer section (from a chunked HTTP/1.1 body) as HTTP/2 trailers: the same
-    /// rules as `fields(of:)` and no framing or routing fields (RFC 9110 §6.5.1).
+    /// The fields of a trailer section (from a chunked HTTP/1.1 body) as HTTP/2 trailers: names lowercased, and
+    /// without what no trailer may carry on (`TrailerSection`: the connection-specific fields of `fields(of:)`, and
+    /// framing and routing, RFC 9110 §6.5.1).
     public static func trailerFields(_ trailers: [HTTPField]) -> [HTTPField] {
         trailers.compactMap { field in
-            let name = lowercased(field.name)
-            if isConnectionSpecific(name) || name == "content-length" || name == "host" || name == "trailer" {
-                return nil
-            }
-            return HTTPField(name: name, value: field.value)
+            TrailerSection.isDropped(field.name) ? nil : HTTPField(name: lowercased(field.name), value: field.value)
         }
     }
 

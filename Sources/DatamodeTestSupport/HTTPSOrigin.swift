@@ -18,6 +18,9 @@ import Glibc
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
 /// - `/chunked/N`: a `103 Early Hints`, then those N bytes chunked (chunks of 1 to 9,000 bytes) with a trailer
 ///   `x-checksum: <sha256 of the body>`;
+/// - `/forbidden-trailers`: `body before trailers\n` chunked, then a trailer section of `Content-Length`, `Host`,
+///   `TE`, `Transfer-Encoding`, `Connection`, `Keep-Alive`, `Upgrade`, `Proxy-Connection` and `Trailer` (none allowed in
+///   trailers, RFC 9110 §6.5.1) and `X-Checksum: abc123` (allowed);
 /// - `/close-delimited/N`, `/cut/N`: N bytes without `Content-Length`, then a clean TLS close (close_notify) or a
 ///   dropped TCP connection (a truncation the client must be able to see);
 /// - `/cut-mid-record/N`: as `/cut/N`, but the last thing on the wire is half a TLS record (a record header that
@@ -240,6 +243,20 @@ public final class HTTPSOrigin: @unchecked Sendable {
                     i += len(part)
                     step = step * 7 % 9001 or 1
                 self.wfile.write(b"0\r\nx-checksum: %s\r\n\r\n" % hashlib.sha256(body).hexdigest().encode())
+                self.wfile.flush()
+            elif self.path == "/forbidden-trailers":
+                # A trailer section with fields RFC 9110 §6.5.1 keeps out of trailers (framing, routing) and the
+                # connection-specific ones of RFC 9113 §8.2.2, beside one a trailer may carry (`X-Checksum`).
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Trailer", "X-Checksum")
+                self.end_headers()
+                self.wfile.write(b"15\r\nbody before trailers\n\r\n0\r\n"
+                                 b"Content-Length: 5\r\nHost: trailer.example\r\nTE: trailers\r\n"
+                                 b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+                                 b"Upgrade: h2c\r\nProxy-Connection: keep-alive\r\nTrailer: X-Checksum\r\n"
+                                 b"X-Checksum: abc123\r\n\r\n")
                 self.wfile.flush()
             elif self.path.startswith(("/close-delimited/", "/cut/", "/cut-mid-record/")):
                 # No Content-Length: the body ends with the connection. /close-delimited/N ends it properly

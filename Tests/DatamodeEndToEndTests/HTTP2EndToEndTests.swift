@@ -319,6 +319,49 @@ import Testing
         #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
 
+    /// An origin's trailer section with fields no trailer may carry (RFC 9110 §6.5.1: framing and routing; RFC 9113
+    /// §8.2.2: connection-specific) beside one it may (`X-Checksum`): every client gets the whole body, the allowed
+    /// trailer and none of the others, and its response ends normally (RFC 9110 §6.5.2: a recipient may discard them).
+    /// An h2 client used to get the body, then RST_STREAM INTERNAL_ERROR (curl failed the transfer), and an HTTP/1.1
+    /// client a body cut before its last chunk: the proxy refused the whole trailer section once the body had gone out.
+    @Test func forbiddenTrailerFieldsAreDroppedAndTheOthersRelayed() throws {
+        let rig = try Rig()
+        let forbidden = ["content-length", "host", "te", "transfer-encoding", "connection", "keep-alive", "upgrade",
+                         "proxy-connection", "trailer"]
+        for http in ["--http2", "--http1.1"] {
+            let dump = rig.directory + "/trailers\(http).txt"
+            let result = try rig.curl(["-D", dump, "-w", "code=%{http_code}\n", rig.url("/forbidden-trailers")], http: http)
+            #expect(result.status == 0, "\(http): \(result.output)")
+            #expect(result.stdout == "body before trailers\ncode=200\n", "\(http): \(result.output)")
+            // What follows the head in curl's dump is the trailer section.
+            let sections = try String(contentsOfFile: dump, encoding: .utf8).components(separatedBy: "\r\n\r\n")
+            let trailers = sections.count > 1 ? sections[1].lowercased().components(separatedBy: "\r\n") : []
+            #expect(trailers.contains("x-checksum: abc123"), "\(http): \(sections)")
+            let names = trailers.map { String($0.prefix { $0 != ":" }) }
+            #expect(Set(names).isDisjoint(with: forbidden), "\(http): \(sections)")
+        }
+        let streams = rig.proxy.accessLog.filter { $0["url"] as? String == rig.url("/forbidden-trailers") }
+        #expect(streams.count == 2 && streams.allSatisfy { $0["outcome"] as? String == "forwarded" }, "\(streams)")
+        #expect(rig.proxy.stderr.contains("trailer fields dropped"), "said in the log: \(rig.proxy.stderr)")
+        #expect(rig.proxy.stderr.contains("Content-Length, Host, TE, Transfer-Encoding, Connection"), "\(rig.proxy.stderr)")
+
+        // A plain-HTTP client, on the wire: the same trailer section.
+        let directory = try ScratchDirectory.make("datamode-plain-trailers")
+        defer { ScratchDirectory.remove(directory) }
+        let origin = try HTTPSOrigin(directory: directory + "/origin", tls: false)
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "", directory: directory + "/proxy")
+        defer { proxy.stop() }
+        let client = try RawHTTPClient(port: proxy.port)
+        try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
+        let response = try client.readResponse()
+        #expect(response.status == 200 && response.body == Array("body before trailers\n".utf8))
+        #expect(response.trailers.map { "\($0.name.lowercased()): \($0.value)" } == ["x-checksum: abc123"], "\(response.trailers)")
+        // The connection is kept: the response ended where its framing said.
+        try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+    }
+
     /// A response head larger than the h2 client takes, though within what the proxy relays to an HTTP/1.1 client: one
     /// over what the proxy sends in one header block (`limits.header-section` plus 16 KiB; curl announces no
     /// SETTINGS_MAX_HEADER_LIST_SIZE), and one over what the client announced (Python `h2`: 64 KiB). Each is answered

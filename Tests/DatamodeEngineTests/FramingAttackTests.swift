@@ -208,7 +208,7 @@ import Testing
     /// The last chunk arrives alone, its trailer section a moment later, and the trailer section is refused: the
     /// last-chunk line must not have gone ahead on its own. An origin that saw `0\r\n` would take the body as
     /// ended, or not, depending on how the client's bytes happened to arrive at the proxy.
-    @Test(arguments: ["Content-Length: 5\r\n\r\n", "Transfer-Encoding: chunked\r\n\r\n", "X: a\r\n  folded\r\n\r\n"])
+    @Test(arguments: ["X : a\r\n\r\n", "X: a\u{0}b\r\n\r\n", "X: a\r\n  folded\r\n\r\n"])
     func aLastChunkIsNotForwardedBeforeItsTrailerSectionIsValid(trailers: String) throws {
         let origin = try RecordingOrigin { _ in .ok() }
         defer { origin.stop() }
@@ -229,6 +229,26 @@ import Testing
         #expect(origin.requests.isEmpty)
         let received = origin.receivedBytes(onConnection: 1)
         #expect(received == before, "origin got more: \(String(decoding: received.dropFirst(before.count), as: UTF8.self).debugDescription)")
+    }
+
+    /// A trailer field no trailer may carry on (framing, routing, connection-specific: `TrailerSection`, RFC 9110
+    /// §6.5.1) is left out of the trailer section the origin gets, in whatever pieces it arrives; the body and the
+    /// other trailer fields go as they came. A recipient that merged trailers into the head never sees them.
+    @Test func aTrailerSectionReachesTheOriginWithoutFramingOrRoutingFields() throws {
+        let origin = try RecordingOrigin { _ in .ok() }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+
+        try client.send(Self.chunkedHead.replacingOccurrences(of: "{o}", with: origin.authority) + "5\r\nfirst\r\n0\r\nContent-")
+        Thread.sleep(forTimeInterval: 0.2)
+        try client.send("Length: 5\r\nX-Checksum: c\r\nHost: elsewhere.example\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        let response = try client.readResponse()
+        #expect(response.status == 200)
+        let received = String(decoding: origin.receivedBytes(onConnection: 1), as: UTF8.self)
+        #expect(received.hasSuffix("\r\n\r\n5\r\nfirst\r\n0\r\nX-Checksum: c\r\n\r\n"), "\(received.debugDescription)")
+        #expect(origin.requests.count == 1)
     }
 
     // MARK: limits (SPEC §6 defaults: request line 8 KiB, header section 64 KiB, 100 fields)

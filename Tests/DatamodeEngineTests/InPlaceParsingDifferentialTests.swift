@@ -138,6 +138,13 @@ struct ReferenceChunked {
     var consumed = 0
     var payload: [UInt8] = []
     var sizes: [UInt64] = []
+    /// What a relay that keeps the framing forwards: every byte taken, but a trailer section without the fields no
+    /// trailer may carry on (`TrailerSection`); nil unless complete.
+    var forwarded: [UInt8]?
+
+    static func lastChunk(_ element: UnsafeRawBufferPointer, drops: Bool) -> [UInt8] {
+        drops ? TrailerSection.withoutDroppedFields(element)!.element : Array(element)
+    }
 
     init(_ wire: [UInt8]) {
         var decoder = ChunkedDecoder()
@@ -157,6 +164,8 @@ struct ReferenceChunked {
                     consumed += length
                     if decoder.dataRemaining > 0 { sizes.append(decoder.dataRemaining) }
                 case .end(let length):
+                    forwarded = Array(wire[..<consumed]) + Self.lastChunk(UnsafeRawBufferPointer(rebasing: all[consumed..<(consumed + length)]),
+                                                                          drops: decoder.dropsTrailerFields)
                     consumed += length
                     outcome = .complete
                     return
@@ -216,8 +225,9 @@ struct InPlaceChunked {
             return "\(outcome): in place took \(transferred) bytes, reference \(reference.consumed)"
         }
         if left != arrived - reference.consumed { return "\(outcome): in place left \(left) of \(arrived) bytes in the source" }
-        // Framing passes verbatim, or (stripped, for an HTTP/1.0 client) only the chunk data does.
-        let expected = strip ? reference.payload : Array(wire[..<reference.consumed])
+        // Framing passes verbatim but for dropped trailer fields, or (stripped, for an HTTP/1.0 client) only the
+        // chunk data does.
+        let expected = strip ? reference.payload : reference.forwarded ?? Array(wire[..<reference.consumed])
         if delivered != expected {
             return "\(outcome): in place delivered \(delivered.count) bytes, reference \(expected.count) (sizes \(reference.sizes))"
         }

@@ -119,3 +119,16 @@ import Testing
         #expect(fields.contains(HTTPField(name: "link", value: "</a.css>; rel=preload")))
     }
 }
+
+/// A trailer section as HTTP/2 trailers (RFC 9113 §8.1): names lowercased; framing, routing and the
+/// connection-specific fields left out (`TrailerSection`), since the codec refuses a connection-specific one and the
+/// stream, whose body has gone out, was reset (curl failed a transfer it had whole).
+@Suite struct TrailerTranslationTests {
+    @Test func onlyTheFieldsATrailerMayCarryGoToHTTP2() {
+        let trailers = ["Content-Length", "Host", "TE", "Transfer-Encoding", "Connection", "Keep-Alive", "Upgrade",
+                        "Proxy-Connection", "Trailer", "X-Checksum", "Server-Timing"].map { HTTPField(name: $0, value: "v") }
+        let fields = HTTP2ResponseTranslation.trailerFields(trailers)
+        #expect(fields == [HTTPField(name: "x-checksum", value: "v"), HTTPField(name: "server-timing", value: "v")])
+        #expect(fields.allSatisfy { HTTP2ResponseTranslation.problem(with: $0) == nil })
+    }
+}
