@@ -26,10 +26,13 @@ public enum HTTP2ResponseTranslation {
     /// `:status`, written by the session. `content-length` stays: the engine relays exactly that many bytes; but not
     /// on a 1xx or a 204, where a server must not send it (RFC 9110 §8.6) and an HTTP/2 client takes one that
     /// disagrees with the (absent) DATA as a malformed response (RFC 9113 §8.1.1): curl's nghttp2 failed the
-    /// request, where an HTTP/1.1 client is served (session 17's review).
+    /// request, where an HTTP/1.1 client is served (session 17's review). A 1xx, which only tells of the final response
+    /// to come (RFC 9110 §15.2: `Link` hints), loses a `host` too: a request's field an origin echoed into its interim
+    /// head, which `:authority` stands for in HTTP/2 (RFC 9113 §8.3.1) and no client acts on (session 18's review).
     public static func fields(of head: ResponseHead) -> [HTTPField] {
         let named = head.connectionTokens
-        let lengthNotAllowed = head.status < 200 || head.status == 204
+        let interim = head.status < 200
+        let lengthNotAllowed = interim || head.status == 204
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.fields.count)
         // By index: `for field in head.fields` copied each field (a retain and a release per string).
@@ -37,6 +40,7 @@ public enum HTTP2ResponseTranslation {
             let name = lowercased(head.fields[i].name)
             if isConnectionSpecific(name) || named.fieldNames.contains(name) { continue }
             if lengthNotAllowed && name == "content-length" { continue }
+            if interim && name == "host" { continue }
             fields.append(HTTPField(name: name, value: head.fields[i].value))
         }
         return fields

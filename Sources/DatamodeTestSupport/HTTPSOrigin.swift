@@ -18,6 +18,8 @@ import Glibc
 /// - `/bytes/N`: N bytes, byte i being `HTTPSOrigin.patternByte(i)` (a test compares what it got with them);
 /// - `/chunked/N`: a `103 Early Hints`, then those N bytes chunked (chunks of 1 to 9,000 bytes) with a trailer
 ///   `x-checksum: <sha256 of the body>`;
+/// - `/early-hints-hop-by-hop`: a `103` with `Link` and `Host`, `Connection`, `Keep-Alive`, `Proxy-Connection`,
+///   `Upgrade`, `TE`, then a `200` with the body `after hints\n`;
 /// - `/forbidden-trailers`: `body before trailers\n` chunked, then a trailer section of `Content-Length`, `Host`,
 ///   `TE`, `Transfer-Encoding`, `Connection`, `Keep-Alive`, `Upgrade`, `Proxy-Connection` and `Trailer` (none allowed in
 ///   trailers, RFC 9110 §6.5.1) and `X-Checksum: abc123` (allowed);
@@ -244,6 +246,12 @@ public final class HTTPSOrigin: @unchecked Sendable {
                     step = step * 7 % 9001 or 1
                 self.wfile.write(b"0\r\nx-checksum: %s\r\n\r\n" % hashlib.sha256(body).hexdigest().encode())
                 self.wfile.flush()
+            elif self.path == "/early-hints-hop-by-hop":
+                # A 103 with a request's Host and the connection-specific fields of RFC 9113 §8.2.2 beside its Link.
+                self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n"
+                                 b"Host: hints.example\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+                                 b"Proxy-Connection: keep-alive\r\nUpgrade: h2c\r\nTE: trailers\r\n\r\n")
+                self.reply(200, b"after hints\n", "text/plain")
             elif self.path == "/forbidden-trailers":
                 # A trailer section with fields RFC 9110 §6.5.1 keeps out of trailers (framing, routing) and the
                 # connection-specific ones of RFC 9113 §8.2.2, beside one a trailer may carry (`X-Checksum`).

@@ -319,6 +319,24 @@ import Testing
         #expect(heads.contains("x-checksum: \(digest.stdout.prefix(64))"), "the trailer, after the body: \(heads)")
     }
 
+    /// A `103` from an HTTP/1.1 origin goes to an h2 client through the translation a final head goes through (RFC 9113
+    /// §8.2.2): its `Link` arrives, and neither the request's `Host` it carried nor the connection-specific fields.
+    /// The 103's `host` used to reach the client.
+    @Test func anEarlyHintsHeadLosesHostAndTheConnectionSpecificFieldsOverH2() throws {
+        let rig = try Rig()
+        let dump = rig.directory + "/hints.txt"
+        let result = try Self.h2(rig, ["-D", dump, "-w", "code=%{http_code}\n", rig.url("/early-hints-hop-by-hop")])
+        #expect(result.status == 0 && result.stdout == "after hints\ncode=200\n", "\(result.output)")
+        let sections = try String(contentsOfFile: dump, encoding: .utf8).components(separatedBy: "\r\n\r\n")
+        try #require(sections.count >= 2 && sections[0].hasPrefix("HTTP/2 103"), "\(sections)")
+        let lines = sections[0].components(separatedBy: "\r\n").dropFirst()
+        #expect(lines.contains("link: </style.css>; rel=preload"), "\(sections[0])")
+        let names = Set(lines.map { String($0.prefix { $0 != ":" }) })
+        #expect(names.isDisjoint(with: ["host", "connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                                        "upgrade", "te"]), "\(sections[0])")
+        #expect(sections[1].hasPrefix("HTTP/2 200"), "\(sections)")
+    }
+
     /// An origin's trailer section with fields no trailer may carry (RFC 9110 §6.5.1: framing and routing; RFC 9113
     /// §8.2.2: connection-specific) beside one it may (`X-Checksum`): every client gets the whole body, the allowed
     /// trailer and none of the others, and its response ends normally (RFC 9110 §6.5.2: a recipient may discard them).

@@ -120,6 +120,25 @@ import Testing
     }
 }
 
+/// A 1xx to an HTTP/2 client (RFC 9113 §8.2.2): its hints stay; `host` (a request's field echoed back) and the
+/// connection-specific fields go, as from a final head. A final head's `host` is left as it was.
+@Suite struct InterimTranslationTests {
+    @Test(arguments: [100, 103])
+    func anInterimHeadKeepsItsHintsOnly(status: Int) {
+        let head = ResponseHead(version: .http11, status: status, reason: "R", fields: [
+            HTTPField(name: "Link", value: "</a.css>; rel=preload"), HTTPField(name: "Host", value: "hints.example"),
+            HTTPField(name: "Connection", value: "keep-alive"), HTTPField(name: "Keep-Alive", value: "timeout=5"),
+            HTTPField(name: "Proxy-Connection", value: "keep-alive"), HTTPField(name: "Transfer-Encoding", value: "chunked"),
+            HTTPField(name: "Upgrade", value: "h2c"), HTTPField(name: "TE", value: "trailers")])
+        #expect(HTTP2ResponseTranslation.fields(of: head) == [HTTPField(name: "link", value: "</a.css>; rel=preload")])
+    }
+
+    @Test func aFinalHeadKeepsItsHost() {
+        let head = ResponseHead(version: .http11, status: 200, reason: "OK", fields: [HTTPField(name: "Host", value: "a")])
+        #expect(HTTP2ResponseTranslation.fields(of: head) == [HTTPField(name: "host", value: "a")])
+    }
+}
+
 /// A trailer section as HTTP/2 trailers (RFC 9113 §8.1): names lowercased; framing, routing and the
 /// connection-specific fields left out (`TrailerSection`), since the codec refuses a connection-specific one and the
 /// stream, whose body has gone out, was reset (curl failed a transfer it had whole).
