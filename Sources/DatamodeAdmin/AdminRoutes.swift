@@ -96,7 +96,7 @@ extension AdminAPI {
         AdminRoute("/variants/{id}", [.get, .head, .put, .delete], readers: .token,
                    help: "one variant; PUT creates or replaces an API variant, DELETE removes it (config ones are read-only)") {
             api, request, parameters in
-            VariantsEndpoint(api: api).handleItem(request, id: parameters[0].removingPercentEncoding ?? "")
+            VariantsEndpoint(api: api).handleItem(request, pathSegment: parameters[0])
         },
         AdminRoute("/conditions", [.get, .head, .put, .delete], readers: .readToken,
                    help: "the link profile in force, its values and why; PUT {\"profile\": NAME} sets one until DELETE") {

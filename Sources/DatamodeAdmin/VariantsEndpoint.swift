@@ -15,7 +15,21 @@ struct VariantsEndpoint {
         return AdminJSON.ok(variants.map(VariantJSON.document))
     }
 
-    func handleItem(_ request: AdminRequest, id: String) -> AdminResponse {
+    /// `pathSegment`: the `{id}` of the path as received, percent-encoded (`id(fromPathSegment:)`).
+    func handleItem(_ request: AdminRequest, pathSegment: String) -> AdminResponse {
+        guard let id = Self.id(fromPathSegment: pathSegment) else {
+            let quoted = Self.quoted(pathSegment)
+            switch request.method {
+            case "PUT":
+                return AdminProblem.response(ProxyErrorCode.invalidVariant.status, ProxyErrorCode.invalidVariant.rawValue,
+                                             "variant id \(quoted) may contain only letters, digits, '.', '_' and '-' "
+                                                 + "(percent-decoded)")
+            case "GET", "HEAD", "DELETE":
+                return AdminProblem.response(404, "not-found", "no variant \(quoted)")
+            default:
+                return AdminAPI.methodNotAllowed(request)
+            }
+        }
         let variants = api.runtime.load().snapshot.policy.variants
         let existing = variants.first { $0.id == id }
         switch request.method {
@@ -48,6 +62,30 @@ struct VariantsEndpoint {
         default:
             return AdminAPI.methodNotAllowed(request)
         }
+    }
+
+    /// The variant id `segment` names: percent-decoded (RFC 3986 §2.1), and nil unless every byte it decodes to is one
+    /// of an id's (`Variant.isIDCharacter`, SPEC §5). Decoding to a String first made a byte that is not UTF-8 an
+    /// empty id (`caf%E9` was refused as "id must not be empty") and put the decoded text, whatever it was, in the
+    /// refusal.
+    static func id(fromPathSegment segment: String) -> String? {
+        guard let decoded = segment.removingPercentEncoding, !decoded.isEmpty,
+              decoded.utf8.allSatisfy(Variant.isIDCharacter) else { return nil }
+        return decoded
+    }
+
+    /// `segment` as received, in quotes, for a refusal: printable ASCII as it is (percent escapes stay escapes),
+    /// every other byte and `"` and `\` percent-encoded, so nothing the client sent is decoded into the answer.
+    static func quoted(_ segment: String) -> String {
+        var out = "\""
+        for b in segment.utf8 {
+            if b > 0x20 && b < 0x7F && b != UInt8(ascii: "\"") && b != UInt8(ascii: "\\") {
+                out.unicodeScalars.append(Unicode.Scalar(b))
+            } else {
+                out += (b < 0x10 ? "%0" : "%") + String(b, radix: 16, uppercase: true)
+            }
+        }
+        return out + "\""
     }
 
     /// Compiles, persists, then publishes. A variant that does not compile changes nothing.

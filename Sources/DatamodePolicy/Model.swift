@@ -279,6 +279,18 @@ public struct Variant: Hashable, Sendable {
         self.when = when
         self.source = source
     }
+
+    /// The characters of a variant id: letters, digits, `.`, `_` and `-` (SPEC §5). An id appears in
+    /// `/variants/{id}`, in `Data-Mode-Variant` and in the access log as it is, so it needs no escaping anywhere.
+    public static func isIDCharacter(_ b: UInt8) -> Bool {
+        switch b {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+             UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"):
+            return true
+        default:
+            return false
+        }
+    }
 }
 
 /// An invalid rule or variant, named so an operator can find it.

@@ -441,7 +441,7 @@ final class PolicyIndex: Sendable {
     static func compile(_ variant: Variant, subject: String) throws(PolicyError) -> (CompiledVariant, Int?) {
         func fail(_ message: String) -> PolicyError { PolicyError(subject: subject, message: message) }
         guard !variant.id.isEmpty else { throw fail("id must not be empty") }
-        guard variant.id.utf8.allSatisfy(isIDChar) else {
+        guard variant.id.utf8.allSatisfy(Variant.isIDCharacter) else {
             throw fail("id may contain only letters, digits, '.', '_' and '-'")
         }
         let normalized: (pattern: String, authorityLength: Int?)
@@ -599,16 +599,6 @@ final class PolicyIndex: Sendable {
             return true
         default:
             return "!#$%&'*+-.^_`|~".utf8.contains(b)
-        }
-    }
-
-    static func isIDChar(_ b: UInt8) -> Bool {
-        switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-             UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"):
-            return true
-        default:
-            return false
         }
     }
 }

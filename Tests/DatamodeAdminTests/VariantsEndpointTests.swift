@@ -84,6 +84,25 @@ struct VariantsEndpointTests {
         #expect(!FileManager.default.fileExists(atPath: admin.store.variantsPath))
     }
 
+    /// The path's id is percent-decoded to bytes, and they must be an id's (`[A-Za-z0-9._-]`, SPEC §5): a byte that is not
+    /// UTF-8 was taken for an empty id, and a UTF-8 one was decoded into the answer. The refusal quotes the id as
+    /// received, with anything but printable ASCII (and `"`, `\`) percent-encoded.
+    @Test("an id outside [A-Za-z0-9._-] once percent-decoded: 400 invalid-variant quoting it as received", arguments: [
+        ("caf%E9", #""caf%E9""#), ("caf%C3%A9", #""caf%C3%A9""#), ("caf%c3%a9", #""caf%c3%a9""#), ("a%00b", #""a%00b""#),
+        ("a%2Fb", #""a%2Fb""#), ("a%22b", #""a%22b""#), ("%20", #""%20""#),
+    ])
+    func putRefusesAnIDOutsideTheCharacters(_ segment: String, _ quoted: String) throws {
+        let admin = try AdminFixture(Self.file)
+        let response = admin.handle("PUT", "/variants/" + segment, #"{"match": "http://a.example/*", "target": "http://b.example/"}"#)
+        expectProblem(response, 400, "invalid-variant")
+        let detail = response.object["detail"] as? String ?? ""
+        #expect(detail == "variant id \(quoted) may contain only letters, digits, '.', '_' and '-' (percent-decoded)", "\(detail)")
+        #expect(admin.snapshot.policy.variants.map(\.id) == ["cfg"])
+        #expect(!FileManager.default.fileExists(atPath: admin.store.variantsPath))
+        expectProblem(admin.handle("GET", "/variants/" + segment), 404, "not-found")
+        expectProblem(admin.handle("DELETE", "/variants/" + segment), 404, "not-found")
+    }
+
     @Test("config variants are read-only here (409)", arguments: ["PUT", "DELETE"])
     func configVariantsReadOnly(_ method: String) throws {
         let admin = try AdminFixture(Self.file)
@@ -106,7 +125,7 @@ struct VariantsEndpointTests {
         #expect(try admin.store.loadVariants(files: admin.snapshot.configuration.variantFiles).isEmpty)
     }
 
-    @Test("the id in the path is percent-decoded, then checked as a config variant's")
+    @Test("the id in the path is percent-decoded, then checked as a config variant's; a refusal quotes it as received")
     func percentEncodedID() throws {
         let admin = try AdminFixture()
         let response = admin.handle("PUT", "/variants/h%65ro", #"{"match": "http://a.example/x", "target": "http://a.example/y"}"#)
@@ -115,7 +134,7 @@ struct VariantsEndpointTests {
         #expect(admin.handle("GET", "/variants/hero").status == 200)
         let spaced = admin.handle("PUT", "/variants/hero%20small", #"{"match": "http://a.example/x", "target": "http://a.example/y"}"#)
         expectProblem(spaced, 400, "invalid-variant")
-        #expect((spaced.object["detail"] as? String)?.contains("\"hero small\"") == true, "\(spaced.text)")
+        #expect((spaced.object["detail"] as? String)?.contains("\"hero%20small\"") == true, "\(spaced.text)")
     }
 
     @Test("other methods: 405 with Allow", arguments: [

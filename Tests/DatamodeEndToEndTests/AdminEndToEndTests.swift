@@ -323,6 +323,30 @@ struct AdminEndToEndTests {
         }
     }
 
+    /// An id that percent-decodes to bytes outside the allowed characters, UTF-8 or not, is refused for what it is:
+    /// `caf%E9` (Latin-1, not UTF-8) used to be reported as an empty id, and `caf%C3%A9` came back garbled. The
+    /// problem names the allowed characters and quotes the id as it came, percent-encoded.
+    @Test("PUT /variants/{id} with an id outside [A-Za-z0-9._-]: 400 that quotes the id as received")
+    func variantsPutIDOutsideTheAllowedCharacters() throws {
+        let good: [String: Any] = ["match": "http://cdn.example/img/*.jpg", "target": "http://cdn.example/img/$1@small.jpg"]
+        try withAdminProxy { proxy, admin throws in
+            for id in ["caf%E9", "caf%C3%A9", "caf%c3%a9", "a%00b", "a%2Fb", "%FF%FE"] {
+                let reply = try admin.put("/variants/\(id)", jsonText(good))
+                expectProblem(reply, 400, error: "invalid-variant", id)
+                let detail = reply.object["detail"] as? String ?? ""
+                #expect(detail.contains("\"\(id)\""), "\(id): the id as received: \(reply.bodyText)")
+                #expect(detail.contains("letters, digits, '.', '_' and '-'"), "\(id): \(reply.bodyText)")
+                #expect(!detail.contains("empty"), "\(id): \(reply.bodyText)")
+            }
+            expectProblem(try admin.get("/variants/caf%E9"), 404, error: "not-found", "GET of such an id")
+            #expect(try admin.get("/variants").array?.isEmpty == true)
+            #expect(StateFileSnapshot(directory: proxy.stateDirectory).files.isEmpty, "refused PUTs wrote state")
+            // A percent-encoded id of the allowed characters is that id.
+            #expect(try admin.put("/variants/caf%2De", jsonText(good)).status == 201)
+            #expect(try admin.get("/variants/caf-e").object["id"] as? String == "caf-e")
+        }
+    }
+
     @Test("A GET never changes anything: no state file appears, none is rewritten, the mode's since stays")
     func getsChangeNothing() throws {
         try withAdminProxy { proxy, admin throws in
