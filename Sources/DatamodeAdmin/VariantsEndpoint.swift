@@ -18,7 +18,7 @@ struct VariantsEndpoint {
     /// `pathSegment`: the `{id}` of the path as received, percent-encoded (`id(fromPathSegment:)`).
     func handleItem(_ request: AdminRequest, pathSegment: String) -> AdminResponse {
         guard let id = Self.id(fromPathSegment: pathSegment) else {
-            let quoted = Self.quoted(pathSegment)
+            let quoted = AdminPathSegment.quoted(pathSegment)
             switch request.method {
             case "PUT":
                 return AdminProblem.response(ProxyErrorCode.invalidVariant.status, ProxyErrorCode.invalidVariant.rawValue,
@@ -72,20 +72,6 @@ struct VariantsEndpoint {
         guard let decoded = segment.removingPercentEncoding, !decoded.isEmpty,
               decoded.utf8.allSatisfy(Variant.isIDCharacter) else { return nil }
         return decoded
-    }
-
-    /// `segment` as received, in quotes, for a refusal: printable ASCII as it is (percent escapes stay escapes),
-    /// every other byte and `"` and `\` percent-encoded, so nothing the client sent is decoded into the answer.
-    static func quoted(_ segment: String) -> String {
-        var out = "\""
-        for b in segment.utf8 {
-            if b > 0x20 && b < 0x7F && b != UInt8(ascii: "\"") && b != UInt8(ascii: "\\") {
-                out.unicodeScalars.append(Unicode.Scalar(b))
-            } else {
-                out += (b < 0x10 ? "%0" : "%") + String(b, radix: 16, uppercase: true)
-            }
-        }
-        return out + "\""
     }
 
     /// Compiles, persists, then publishes. A variant that does not compile changes nothing.
