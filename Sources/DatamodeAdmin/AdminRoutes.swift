@@ -142,7 +142,7 @@ extension AdminAPI {
         AdminRoute("/deferred/{id}", [.get, .head, .delete], readers: .token,
                    help: "one stored upload; DELETE cancels it while it is queued") {
             api, request, parameters in
-            DeferredEndpoint(api: api).handleItem(request, id: parameters[0].removingPercentEncoding ?? "")
+            DeferredEndpoint(api: api).handleItem(request, pathSegment: parameters[0])
         },
         AdminRoute("/refusals", [.get, .head], readers: .token,
                    help: "the last 200 refused requests, newest first: time, client, method, url, error, reasons, rule, session") {

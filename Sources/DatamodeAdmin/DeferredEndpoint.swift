@@ -37,8 +37,12 @@ public struct DeferredEndpoint {
         }
     }
 
-    func handleItem(_ request: AdminRequest, id: String) -> AdminResponse {
+    /// `pathSegment`: the `{id}` of the path as received, percent-encoded; a 404 quotes it so
+    /// (`AdminPathSegment.quoted`), never decoded into the answer, and one that does not decode to text is no upload's.
+    func handleItem(_ request: AdminRequest, pathSegment: String) -> AdminResponse {
         guard let deferral = api.deferral else { return Self.unavailable() }
+        let notFound = AdminProblem.response(404, "not-found", "no deferred upload \(AdminPathSegment.quoted(pathSegment))")
+        guard let id = pathSegment.removingPercentEncoding, !id.isEmpty else { return notFound }
         switch request.method {
         case "DELETE":
             switch Self.wait({ deferral.store.cancel(id, now: deferral.now(), completion: $0) }) {
@@ -46,12 +50,13 @@ public struct DeferredEndpoint {
                 deferral.counters.count(.cancelled)
                 api.events.emit(.deferred, scope: entry.session ?? "global", data: Self.eventData(entry, outcome: "cancelled"))
                 return AdminJSON.ok(Self.document(entry))
+            case .failure(.notFound): return notFound
             case .failure(let error): return Self.failure(error)
             }
         default:
             switch Self.wait({ deferral.store.get(id, completion: $0) }) {
             case .success(let entry?): return AdminJSON.ok(Self.document(entry))
-            case .success(nil): return AdminProblem.response(404, "not-found", "no deferred upload \(id)")
+            case .success(nil): return notFound
             case .failure(let error): return Self.failure(error)
             }
         }

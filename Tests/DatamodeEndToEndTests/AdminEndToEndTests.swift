@@ -347,6 +347,20 @@ struct AdminEndToEndTests {
         }
     }
 
+    /// A deferred upload's id that is not one (not UTF-8 once decoded, or no such upload) is named in the 404 as it
+    /// came: `/deferred/%FF` used to answer "no deferred upload " with nothing after it.
+    @Test("GET and DELETE /deferred/{id} of an unknown or undecodable id: 404 that quotes the id as received")
+    func deferredUnknownIDIsQuotedAsReceived() throws {
+        try withAdminProxy { _, admin throws in
+            for id in ["%FF", "caf%C3%A9", "no-such-upload"] {
+                for reply in [try admin.get("/deferred/\(id)"), try admin.delete("/deferred/\(id)")] {
+                    expectProblem(reply, 404, error: "not-found", id)
+                    #expect(reply.object["detail"] as? String == "no deferred upload \"\(id)\"", "\(id): \(reply.bodyText)")
+                }
+            }
+        }
+    }
+
     @Test("A GET never changes anything: no state file appears, none is rewritten, the mode's since stays")
     func getsChangeNothing() throws {
         try withAdminProxy { proxy, admin throws in
