@@ -93,17 +93,6 @@ enum ASCII {
         }
     }
 
-    /// ASCII-lowercased copy (non-ASCII bytes unchanged).
-    static func lowercased(_ s: String) -> String {
-        return s.withUTF8Bytes { u in
-            if !u.contains(where: { $0 &- 0x41 < 26 }) { return String(decoding: u, as: UTF8.self) }
-            return String(unsafeUninitializedCapacity: u.count) { out in
-                for i in 0..<u.count { out[i] = ByteClass.lower(u[i]) }
-                return u.count
-            }
-        }
-    }
-
     /// Trims OWS (SP / HTAB) from both ends of `s[from..<to]` and returns the bounds.
     @inline(__always)
     static func trimOWS(_ u: UnsafeBufferPointer<UInt8>, _ from: Int, _ to: Int) -> (Int, Int) {
