@@ -123,43 +123,67 @@ import Testing
         #expect(try rig.metrics().counter("datamode_http2_streams_total", ["side": "origin"]) == 24)
     }
 
-    /// nghttpd (nghttp2's own server, Debian nghttp2-server) as the origin, nghttp-independent client curl: files
-    /// byte-exact over one shared connection.
+    /// nghttpd (nghttp2's own server, Debian nghttp2-server) serving `file` as `/file.bin` from a scratch directory,
+    /// taking `maxConcurrentStreams` streams at once, and a proxy that intercepts `localhost` in front of it.
+    final class NghttpdRig {
+        let directory: String
+        let port: UInt16
+        let proxy: ProxyProcess
+        private let nghttpd = Process()
+
+        init(_ name: String, file: [UInt8], maxConcurrentStreams: Int) throws {
+            directory = try ScratchDirectory.make(name)
+            let docs = directory + "/docs"
+            try FileManager.default.createDirectory(atPath: docs, withIntermediateDirectories: true)
+            try Data(file).write(to: URL(fileURLWithPath: docs + "/file.bin"))
+            let certificate = directory + "/cert.pem", key = directory + "/key.pem"
+            let made = try ExternalCommand.run("/usr/bin/openssl", [
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
+                "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key, "-out", certificate,
+            ])
+            try #require(made.status == 0, "\(made.output)")
+            port = try LoopbackPort.refusingConnections()
+            nghttpd.executableURL = URL(fileURLWithPath: "/usr/sbin/nghttpd")
+            nghttpd.arguments = ["--htdocs=" + docs, "--address=127.0.0.1", "--max-concurrent-streams=\(maxConcurrentStreams)",
+                                 String(port), key, certificate]
+            nghttpd.standardOutput = FileHandle.nullDevice
+            nghttpd.standardError = FileHandle.nullDevice
+            try nghttpd.run()
+            proxy = try ProxyProcess(config: """
+                connect: {ports: [\(port)]}
+                tls: {intercept: [localhost]}
+                """, environment: ["SSL_CERT_FILE": certificate], directory: directory + "/proxy")
+        }
+
+        deinit {
+            proxy.stop()
+            kill(nghttpd.processIdentifier, SIGKILL)
+            nghttpd.waitUntilExit()
+            ScratchDirectory.remove(directory)
+        }
+
+        /// curl `--http2 --parallel` through the proxy with `arguments` after the common ones.
+        func curl(_ arguments: [String]) throws -> ExternalCommand.Result {
+            try ExternalCommand.run("/usr/bin/curl", ["-sS", "--max-time", "30", "-x", "http://127.0.0.1:\(proxy.port)",
+                                                      "--cacert", proxy.stateDirectory + "/ca.pem", "--http2", "--parallel",
+                                                      "-w", "%{http_code} %{size_download}\n"] + arguments, timeout: 60)
+        }
+
+        func url(_ query: String) -> String { "https://localhost:\(port)/file.bin?\(query)" }
+    }
+
+    /// nghttpd as the origin, nghttp-independent client curl: files byte-exact over one shared connection.
     @Test func nghttpdServesThroughTheProxy() throws {
-        let directory = try ScratchDirectory.make("datamode-nghttpd")
-        defer { ScratchDirectory.remove(directory) }
-        let docs = directory + "/docs"
-        try FileManager.default.createDirectory(atPath: docs, withIntermediateDirectories: true)
         let file = (0..<1_000_000).map { H2Origin.patternByte($0) }
-        try Data(file).write(to: URL(fileURLWithPath: docs + "/file.bin"))
-        let certificate = directory + "/cert.pem", key = directory + "/key.pem"
-        let made = try ExternalCommand.run("/usr/bin/openssl", [
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1",
-            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key, "-out", certificate,
-        ])
-        try #require(made.status == 0, "\(made.output)")
-        let port = try LoopbackPort.refusingConnections()
-        let nghttpd = Process()
-        nghttpd.executableURL = URL(fileURLWithPath: "/usr/sbin/nghttpd")
-        nghttpd.arguments = ["--htdocs=" + docs, "--address=127.0.0.1", "--max-concurrent-streams=4", String(port), key, certificate]
-        nghttpd.standardOutput = FileHandle.nullDevice
-        nghttpd.standardError = FileHandle.nullDevice
-        try nghttpd.run()
-        defer { kill(nghttpd.processIdentifier, SIGKILL); nghttpd.waitUntilExit() }
-        let proxy = try ProxyProcess(config: """
-            connect: {ports: [\(port)]}
-            tls: {intercept: [localhost]}
-            """, environment: ["SSL_CERT_FILE": certificate], directory: directory + "/proxy")
-        defer { proxy.stop() }
-        var arguments = ["-sS", "--max-time", "30", "-x", "http://127.0.0.1:\(proxy.port)", "--cacert",
-                         proxy.stateDirectory + "/ca.pem", "--http2", "--parallel", "-w", "%{http_code} %{size_download}\n"]
-        for i in 0..<8 { arguments += ["-o", directory + "/got\(i).bin", "https://localhost:\(port)/file.bin?\(i)"] }
-        let result = try ExternalCommand.run("/usr/bin/curl", arguments, timeout: 60)
+        let rig = try NghttpdRig("datamode-nghttpd", file: file, maxConcurrentStreams: 4)
+        var arguments: [String] = []
+        for i in 0..<8 { arguments += ["-o", rig.directory + "/got\(i).bin", rig.url(String(i))] }
+        let result = try rig.curl(arguments)
         #expect(result.stdout.split(separator: "\n").filter { $0 == "200 1000000" }.count == 8, "\(result.output)")
         for i in 0..<8 {
-            #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/got\(i).bin")) == Data(file))
+            #expect(try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/got\(i).bin")) == Data(file))
         }
-        let metrics = try AdminAPIClient(port: proxy.adminPort).scrape()
+        let metrics = try AdminAPIClient(port: rig.proxy.adminPort).scrape()
         #expect(metrics.counter("datamode_http2_connections_active", ["side": "origin"]) == 1)
         #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 8)
     }
