@@ -188,6 +188,23 @@ import Testing
         #expect(metrics.counter("datamode_http2_streams_total", ["side": "origin"]) == 8)
     }
 
+    /// Review 17's case with nghttpd itself taking one stream at a time (`-m 1`): curl's three parallel uploads of
+    /// 3 MB and two GETs beside them over one h2 connection all get their answers (they stalled until curl gave up).
+    /// nghttpd reads and drops the bodies and answers with the file; `curlsParallelUploadsToAnOriginTakingOneStream
+    /// AtATimeAllArrive` checks the bodies' bytes against the Python origin.
+    @Test func nghttpdTakingOneStreamAtATimeAnswersParallelUploadsAndGets() throws {
+        let file = (0..<10_000).map { H2Origin.patternByte($0) }
+        let rig = try NghttpdRig("datamode-nghttpd-m1", file: file, maxConcurrentStreams: 1)
+        let upload = rig.directory + "/upload.bin"
+        try Data((0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 10) }).write(to: URL(fileURLWithPath: upload))
+        var arguments: [String] = []
+        for i in 0..<3 { arguments += ["-o", "/dev/null", "-T", upload, rig.url("up\(i)")] }
+        for i in 0..<2 { arguments += ["-o", "/dev/null", rig.url("get\(i)")] }
+        let result = try rig.curl(arguments)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.stdout.split(separator: "\n").filter { $0 == "200 10000" }.count == 5, "\(result.output)")
+    }
+
     /// nghttp (Debian nghttp2-client) as the client, h2 at both ends: nghttp has no proxy option, so a small CONNECT
     /// shim opens the tunnel through the proxy and relays; nghttp speaks TLS and h2 inside it with the tunnel's
     /// authority. Two requests multiplexed on one connection, both answered.
