@@ -230,31 +230,38 @@ import Testing
     /// whole early answer and its FIN, and the connection is closed about 5 s later (`Timeouts.lingerAtMost`), not
     /// at once (the answer would be lost to a reset) and not never (a client could hold a socket forever).
     @Test func aClientThatNeverStopsSendingIsClosedWhenTheLingerRunsOut() throws {
-        let directory = try ScratchDirectory.make("datamode-linger-expiry")
+        try Self.withPlainOrigin("datamode-linger-expiry") { origin, client in
+            try client.send("POST http://127.0.0.1:\(origin.port)/answer-early HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n"
+                            + "Content-Length: 100000000\r\n\r\n")
+            let response = try client.readResponse(method: "POST")
+            #expect(response.status == 200)
+            #expect(String(decoding: response.body, as: UTF8.self) == "answered early\n")
+            // The FIN after the answer: the connection lingers, reading what the client still sends.
+            #expect(client.isClosedByPeer(within: .seconds(5)), "no FIN after the answer")
+            let answered = ContinuousClock.now
+            // Trickle the body (4 KiB every 20 ms) until sending fails: the proxy closed the socket.
+            let piece = [UInt8](repeating: 0x61, count: 4096)
+            var cutAt: ContinuousClock.Instant?
+            while cutAt == nil && ContinuousClock.now - answered < .seconds(20) {
+                do { try client.send(piece) } catch { cutAt = .now }
+                usleep(20_000)
+            }
+            let cut = try #require(cutAt, "the proxy still read the body 20 s after the answer")
+            let lingered = cut - answered
+            #expect(lingered > .seconds(3) && lingered < .seconds(10), "lingered \(lingered)")
+        }
+    }
+
+    /// A plain-HTTP origin (`HTTPSOrigin` without TLS), a proxy with the default configuration in front of it, and a
+    /// raw client connected to the proxy.
+    static func withPlainOrigin(_ name: String, _ body: (HTTPSOrigin, RawHTTPClient) throws -> Void) throws {
+        let directory = try ScratchDirectory.make(name)
         defer { ScratchDirectory.remove(directory) }
         let origin = try HTTPSOrigin(directory: directory + "/origin", tls: false)
         defer { origin.stop() }
         let proxy = try ProxyProcess(config: "", directory: directory + "/proxy")
         defer { proxy.stop() }
-        let client = try RawHTTPClient(port: proxy.port)
-        try client.send("POST http://127.0.0.1:\(origin.port)/answer-early HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n"
-                        + "Content-Length: 100000000\r\n\r\n")
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 200)
-        #expect(String(decoding: response.body, as: UTF8.self) == "answered early\n")
-        // The FIN after the answer: the connection lingers, reading what the client still sends.
-        #expect(client.isClosedByPeer(within: .seconds(5)), "no FIN after the answer")
-        let answered = ContinuousClock.now
-        // Trickle the body (4 KiB every 20 ms) until sending fails: the proxy closed the socket.
-        let piece = [UInt8](repeating: 0x61, count: 4096)
-        var cutAt: ContinuousClock.Instant?
-        while cutAt == nil && ContinuousClock.now - answered < .seconds(20) {
-            do { try client.send(piece) } catch { cutAt = .now }
-            usleep(20_000)
-        }
-        let cut = try #require(cutAt, "the proxy still read the body 20 s after the answer")
-        let lingered = cut - answered
-        #expect(lingered > .seconds(3) && lingered < .seconds(10), "lingered \(lingered)")
+        try body(origin, try RawHTTPClient(port: proxy.port))
     }
 
     /// No byte is lost and no truncation is sealed as complete (SPEC §6 over h2): a close-delimited body ends the
@@ -364,20 +371,15 @@ import Testing
         #expect(rig.proxy.stderr.contains("Content-Length, Host, TE, Transfer-Encoding, Connection"), "\(rig.proxy.stderr)")
 
         // A plain-HTTP client, on the wire: the same trailer section.
-        let directory = try ScratchDirectory.make("datamode-plain-trailers")
-        defer { ScratchDirectory.remove(directory) }
-        let origin = try HTTPSOrigin(directory: directory + "/origin", tls: false)
-        defer { origin.stop() }
-        let proxy = try ProxyProcess(config: "", directory: directory + "/proxy")
-        defer { proxy.stop() }
-        let client = try RawHTTPClient(port: proxy.port)
-        try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
-        let response = try client.readResponse()
-        #expect(response.status == 200 && response.body == Array("body before trailers\n".utf8))
-        #expect(response.trailers.map { "\($0.name.lowercased()): \($0.value)" } == ["x-checksum: abc123"], "\(response.trailers)")
-        // The connection is kept: the response ended where its framing said.
-        try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
-        #expect(try client.readResponse().status == 200)
+        try Self.withPlainOrigin("datamode-plain-trailers") { origin, client in
+            try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
+            let response = try client.readResponse()
+            #expect(response.status == 200 && response.body == Array("body before trailers\n".utf8))
+            #expect(response.trailers.map { "\($0.name.lowercased()): \($0.value)" } == ["x-checksum: abc123"], "\(response.trailers)")
+            // The connection is kept: the response ended where its framing said.
+            try client.send("GET http://127.0.0.1:\(origin.port)/forbidden-trailers HTTP/1.1\r\nHost: 127.0.0.1:\(origin.port)\r\n\r\n")
+            #expect(try client.readResponse().status == 200)
+        }
     }
 
     /// A response head larger than the h2 client takes, though within what the proxy relays to an HTTP/1.1 client: one
