@@ -91,8 +91,9 @@ final class HTTP2Session: ClientSession {
 
     private var idleMilliseconds: Int64 { max(1, worker.settings.clientIdleMs) }
 
-    private func armTimer() {
-        if let timer { dm_event_add_ms(timer, idleMilliseconds) }
+    /// The timer fires in `milliseconds` (a whole `client-idle` period when nil).
+    private func armTimer(milliseconds: Int64? = nil) {
+        if let timer { dm_event_add_ms(timer, max(1, milliseconds ?? idleMilliseconds)) }
     }
 
     // MARK: reading
@@ -340,8 +341,13 @@ final class HTTP2Session: ClientSession {
                 codec.drain()
                 closing = true
             }
+            armTimer()
+            return
         }
-        armTimer()
+        // Looked at again when a period since the last progress runs out, not a whole period from now: a client that
+        // stopped reading is closed `client-idle` after the last byte moved, not up to twice that (session 18's
+        // outside test: 120 s for 60 s).
+        armTimer(milliseconds: Int64((period - idleFor) / 1_000_000) + 1)
     }
 
     // MARK: closing

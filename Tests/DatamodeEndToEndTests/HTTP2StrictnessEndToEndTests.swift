@@ -144,13 +144,14 @@ import Testing
         #expect(try Self.errors(rig, "too-many-streams") ?? 0 >= 1)
     }
 
-    /// A client that never opens its window does not hold the connection past `client-idle`.
+    /// A client that never opens its window does not hold the connection past `client-idle` after the last byte
+    /// moved: closed at about 2 s, not at the timer's next whole period (about 4 s; an outside test saw 120 s for 60).
     @Test func aClientThatNeverOpensItsWindowIsClosedAfterClientIdle() throws {
         let rig = try Rig("timeouts: {client-idle: 2s}")
         let outcome = try Self.probe(rig, "zero-window")
         let seconds = outcome.line.split(separator: " ").last.flatMap { Double($0) } ?? -1
         #expect(outcome.line.hasPrefix("closed after") || outcome.line.hasPrefix("goaway"), "\(outcome.output)")
-        #expect(seconds >= 1.5 && seconds < 10, "\(outcome.output)")
+        #expect(seconds >= 1.5 && seconds < 3.5, "\(outcome.output)")
     }
 
     /// SPEC §17: the HTTP/2 preface in clear text on the proxy port gets 505 and a close.
