@@ -151,8 +151,9 @@ final class HTTP2Session: ClientSession {
         }
     }
 
-    /// SPEC §17 "flow control is backpressure ... the connection window likewise": the connection window withheld
-    /// from the client (`HTTP2Stream.requestBodyMovedOn` gave back only the streams' windows) goes back while the
+    /// SPEC §17 "flow control is backpressure ... the connection window likewise": the connection window of every
+    /// request body byte the streams received (`HTTP2ServerSession.connectionWindowWithheld`, counted from arrival;
+    /// `HTTP2Stream.requestBodyMovedOn` gives back only the streams' own windows) goes back while the
     /// streams hold less than `requestBytesBound` inside the proxy (`HTTP2Stream.heldRequestBytes`: their exchanges'
     /// inputs and everything queued towards their origins). So what one connection makes the proxy hold is about
     /// the bound plus one connection window, however many streams it opens: each stream's buffers keep to their own
