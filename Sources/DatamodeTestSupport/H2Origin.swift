@@ -24,7 +24,8 @@ import Glibc
 /// `/refuse-once` (REFUSED_STREAM the first time on
 /// each connection), `/stall-read/MS` (no DATA of the stream acknowledged for MS milliseconds after its head, so the
 /// origin's windows stay shut that long; then all of it, and once the stream ended the answer `received N bytes sha256
-/// HEX`, as `HTTPSOrigin`'s), `/sink/…` (the request recorded whole — fields in order, body — and answered `201` once its
+/// HEX`, as `HTTPSOrigin`'s), `/stall-stream/MS` (the same, but the connection's window is opened as DATA arrives:
+/// only the stream's own window stays shut), `/sink/…` (the request recorded whole — fields in order, body — and answered `201` once its
 /// stream ended: `received`), `/bad-response/KIND` (a malformed response: a `connection` or `transfer-encoding` field, an
 /// uppercase name, CR/LF in a value, a request pseudo-header, no `:status`, more DATA than `content-length`).
 public final class H2Origin: @unchecked Sendable {
@@ -151,6 +152,7 @@ class Connection:
         self.release_at = {}    # /stall-read/ stream id -> when its DATA starts being acknowledged
         self.stalled = []       # (stream id, flow-controlled length) not acknowledged yet
         self.digests = {}       # /stall-read/ stream id -> [sha256, byte count] (the body is not kept)
+        self.stream_only = set()  # /stall-stream/ stream ids: the connection's window was opened on arrival
 
     def send(self):
         data = self.conn.data_to_send()
@@ -197,9 +199,11 @@ class Connection:
             self.requests[sid] = (event.headers, bytearray())
             path = dict((n.decode() if isinstance(n, bytes) else n, v) for n, v in event.headers).get(":path", b"")
             text = path.decode() if isinstance(path, bytes) else path
-            if text.startswith("/stall-read/"):
+            if text.startswith("/stall-read/") or text.startswith("/stall-stream/"):
                 self.release_at[sid] = time.time() + int(text.split("?")[0].split("/")[2]) / 1000
                 self.digests[sid] = [hashlib.sha256(), 0]
+            if text.startswith("/stall-stream/"):
+                self.stream_only.add(sid)
             if event.stream_ended or (path.decode() if isinstance(path, bytes) else path).startswith("/answer-early"):
                 self.respond(sid)
         elif isinstance(event, h2.events.DataReceived):
@@ -211,6 +215,9 @@ class Connection:
                 self.requests[sid][1].extend(event.data)
             if time.time() < self.release_at.get(sid, 0):
                 self.stalled.append((sid, event.flow_controlled_length))
+                if sid in self.stream_only and event.flow_controlled_length:
+                    # /stall-stream/: the connection's window opens at once, the stream's only later.
+                    self.conn.increment_flow_control_window(event.flow_controlled_length)
             else:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
         elif isinstance(event, h2.events.StreamEnded):
@@ -232,6 +239,9 @@ class Connection:
         for sid, length in self.stalled:
             if now < self.release_at.get(sid, 0):
                 kept.append((sid, length))
+            elif sid in self.stream_only:
+                if length and sid in self.open:
+                    self.conn.increment_flow_control_window(length, stream_id=sid)
             else:
                 self.conn.acknowledge_received_data(length, sid)
         if len(kept) != len(self.stalled):
@@ -254,7 +264,7 @@ class Connection:
                                    end_stream=True)
             self.finish(sid)
             return
-        if path.startswith("/stall-read/"):
+        if path.startswith("/stall-read/") or path.startswith("/stall-stream/"):
             digest, count = self.digests.pop(sid)
             self.release_at.pop(sid, None)
             payload = ("received %d bytes sha256 %s\n" % (count, digest.hexdigest())).encode()

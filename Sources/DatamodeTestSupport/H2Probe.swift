@@ -485,11 +485,21 @@ elif scenario == "uploads-stalled":
     # as bytes move on). Then every stream to its end; each answer must name its own body's length and sha256.
     # OPENER (optional): first an upload the proxy refuses in constrained mode ("refused": `Allow-Constrained: ?0`,
     # a 403 whose body it reads to throw away) or stores ("stored": with `Prefer: respond-async`, SPEC §18.3), of
-    # which the client sends 1 byte of 2 MiB and then nothing: a stream that waits for the client alone.
+    # which the client sends 1 byte of 2 MiB and then nothing: a stream that waits for the client alone. Or
+    # "flowing": beside the others, all along, an ordinary upload of 16 MiB to /stall-read/0, which the origin reads
+    # at once (not counted in by-mark; its answer printed as "opener ...").
     import hashlib
     path, count, size, mark = extra[0], int(extra[1]), int(extra[2]), float(extra[3])
     opener = extra[4] if len(extra) > 4 else "none"
-    if opener != "none":
+    flow_id, flow_left, flow_digest, flow_answer, flow_status, flow_body = None, 0, hashlib.sha256(), None, "?", b""
+    if opener == "flowing":
+        flow_id = conn.get_next_available_stream_id()
+        flow_left = 16 << 20
+        conn.send_headers(flow_id, request_headers("/stall-read/0", "POST", [("content-length", str(flow_left))]),
+                          end_stream=False)
+        tls.sendall(conn.data_to_send())
+        flow_block = bytes((j * 5 + 3) & 0xff for j in range(256)) * 64
+    elif opener != "none":
         oid = conn.get_next_available_stream_id()
         fields = [("allow-constrained", "?0"), ("content-length", str(2 << 20))]
         if opener == "stored":
@@ -511,7 +521,7 @@ elif scenario == "uploads-stalled":
     sent, at_mark, closed = 0, None, False
     started = time.time()
     tls.settimeout(0.05)
-    while len(answers) < count and not closed and time.time() - started < 120:
+    while (len(answers) < count or flow_left > 0) and not closed and time.time() - started < 120:
         if at_mark is None and time.time() - started >= mark:
             at_mark = sent
         moved = True
@@ -528,6 +538,13 @@ elif scenario == "uploads-stalled":
                 digests[sid].update(blocks[sid][:room])
                 sent += room
                 moved = True
+            if flow_left > 0:
+                room = min(conn.local_flow_control_window(flow_id), conn.max_outbound_frame_size, flow_left)
+                if room > 0:
+                    flow_left -= room
+                    conn.send_data(flow_id, flow_block[:room], end_stream=flow_left == 0)
+                    flow_digest.update(flow_block[:room])
+                    moved = True
             out = conn.data_to_send()
             if out:
                 tls.sendall(out)
@@ -544,6 +561,15 @@ elif scenario == "uploads-stalled":
                 # The opener's answer (a 403, or a 202 once stored), or the connection's own events.
                 if isinstance(event, h2.events.DataReceived):
                     conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if flow_id is not None and getattr(event, "stream_id", None) == flow_id:
+                    if isinstance(event, h2.events.ResponseReceived):
+                        flow_status = dict(event.headers).get(b":status", b"?").decode()
+                    elif isinstance(event, h2.events.DataReceived):
+                        flow_body += event.data
+                    elif isinstance(event, h2.events.StreamEnded):
+                        flow_answer = "%s %s" % (flow_status, flow_body.decode(errors="replace").strip())
+                    elif isinstance(event, h2.events.StreamReset):
+                        flow_answer = "reset %s" % h2.errors.ErrorCodes(event.error_code).name
             elif isinstance(event, h2.events.ResponseReceived):
                 status[event.stream_id] = dict(event.headers).get(b":status", b"?").decode()
             elif isinstance(event, h2.events.DataReceived):
@@ -557,6 +583,26 @@ elif scenario == "uploads-stalled":
         at_mark = sent
     expected = dict((sid, "200 received %d bytes sha256 %s" % (size, digests[sid].hexdigest())) for sid in ids)
     wrong = [(sid, answers.get(sid)) for sid in ids if answers.get(sid) != expected[sid]]
+    if flow_id is not None:
+        while flow_answer is None and not closed and time.time() - started < 120:
+            data = receive()
+            if data is None:
+                continue
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if getattr(event, "stream_id", None) != flow_id:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived):
+                    flow_status = dict(event.headers).get(b":status", b"?").decode()
+                elif isinstance(event, h2.events.DataReceived):
+                    flow_body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, flow_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    flow_answer = "%s %s" % (flow_status, flow_body.decode(errors="replace").strip())
+            tls.sendall(conn.data_to_send())
+        expected_flow = "200 received %d bytes sha256 %s" % (16 << 20, flow_digest.hexdigest())
+        print("opener %s" % ("ok" if flow_answer == expected_flow else "wrong: %s" % flow_answer))
     print("first wrong: %s" % (wrong[:1],))
     print("by-mark %d sent %d answered %d matched %d" % (at_mark, sent, len(answers), count - len(wrong)))
 elif scenario == "drain":
