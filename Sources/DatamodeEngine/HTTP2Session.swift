@@ -174,14 +174,17 @@ final class HTTP2Session: ClientSession {
     /// (`curlsParallelUploadsToAnOriginTakingTwoStreamsAllArrive`): the exception cannot be granted once per starving
     /// stream only. So a client that keeps one such stream starving (sends it nothing while its origin takes more)
     /// keeps the bound lifted, and its other streams are held by their own buffers' watermarks alone, as before the
-    /// bound (measured: 91 MB of 100 uploads of 1 MiB to an origin that opens its connection window at once and
-    /// the streams' only later, with one idle stream beside them).
+    /// bound — and so does any client that feeds some streams before others (session 18's outside test: 178 MiB held
+    /// for 60 stalled uploads beside one flowing). What keeps the bound then is `settleStreamWindows`: at the bound
+    /// every stream's window is squeezed, so the connection window that goes back to a starving stream can move at
+    /// most a squeezed window on each of the others.
     /// Runs from `flushOutput`, before the frames are written: a WINDOW_UPDATE it queues goes out with them.
     private func settleConnectionWindow() {
-        let withheld = codec.connectionWindowWithheld
-        guard withheld > 0 else { return }
         var held = 0
         streams.forEachValue { held += $0.heldRequestBytes }
+        settleStreamWindows(held: held)
+        let withheld = codec.connectionWindowWithheld
+        guard withheld > 0 else { return }
         if held >= requestBytesBound {
             var starving = false
             streams.forEachValue { if !starving && $0.starvesForRequestBody { starving = true } }
@@ -190,10 +193,32 @@ final class HTTP2Session: ClientSession {
         codec.consumeConnectionWindow(count: withheld)
     }
 
+    /// At `requestBytesBound` the streams' windows are squeezed (`HTTP2ServerSession.squeezeStreamWindows`: the
+    /// client's unused grants taken back, every stream down to 64 KiB), and while squeezed a stream's window reopens
+    /// only while the stream itself holds less than that (`HTTP2Stream.giveBackStreamWindow`). So what a connection
+    /// makes the proxy hold stays about the bound plus one connection window plus a squeezed window a stream, however
+    /// the client shares the connection window out, and a stream whose bytes keep moving keeps moving. Below half
+    /// the bound the configured windows come back (no SETTINGS back and forth at the edge: crossing it either way
+    /// takes half the bound of bytes moving on).
+    private func settleStreamWindows(held: Int) {
+        if !codec.streamWindowsSqueezed {
+            guard held >= requestBytesBound, codec.squeezeStreamWindows() else { return }
+            worker.logger.info("http2 stream windows squeezed", metadata: [
+                "client": "\(peerText)", "held": "\(held)", "streams": "\(streams.count)",
+            ])
+        } else if held < requestBytesBound / 2, codec.restoreStreamWindows() {
+            worker.logger.info("http2 stream windows restored", metadata: ["client": "\(peerText)", "held": "\(held)"])
+        }
+        streams.forEachValue { $0.giveBackStreamWindow() }
+    }
+
+    /// Whether the streams' windows are squeezed (`settleStreamWindows`).
+    var streamWindowsSqueezed: Bool { codec.streamWindowsSqueezed }
+
     /// Held request bytes may have gone, or a stream's origin may take more: the bound is looked at again from the
     /// loop (`flushOutput`), once however often asked before (an h2 origin's WINDOW_UPDATE tells each of its streams).
     func requestBytesMayHaveLeft() {
-        guard !released, codec.connectionWindowWithheld > 0 else { return }
+        guard !released, codec.connectionWindowWithheld > 0 || codec.streamWindowsSqueezed else { return }
         boundToSettle = true
         scheduleFlush()
     }

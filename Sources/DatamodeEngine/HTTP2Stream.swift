@@ -174,8 +174,17 @@ final class HTTP2Stream {
     /// was written to it on this stream (its window); the connection's window follows as the connection's bound
     /// allows (`HTTP2Session.settleConnectionWindow`).
     func requestBodyMovedOn() {
-        defer { connection.requestBytesMayHaveLeft() }
+        giveBackStreamWindow()
+        connection.requestBytesMayHaveLeft()
+    }
+
+    /// Gives the bytes written to the session's input back to the stream's window, while that input is below its read
+    /// watermark; while the connection's stream windows are squeezed (`HTTP2Session.settleStreamWindows`), only
+    /// while the stream holds less than a squeezed window inside the proxy, so a stream whose origin stalled stops
+    /// taking bytes at about that, and one whose origin takes them goes on.
+    func giveBackStreamWindow() {
         guard unconsumed > 0, let exchangeInput, evbuffer_get_length(exchangeInput) < Flow.highWater else { return }
+        if connection.streamWindowsSqueezed && heldRequestBytes >= Int(HTTP2ServerSession.squeezedStreamWindow) { return }
         let count = unconsumed
         unconsumed = 0
         connection.codec.consumeStreamWindow(id, count: count)

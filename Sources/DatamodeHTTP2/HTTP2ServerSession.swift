@@ -249,6 +249,41 @@ public final class HTTP2ServerSession {
         _ = nghttp2_session_consume_connection(session, n)
     }
 
+    // MARK: - Stream windows under pressure
+
+    /// What `squeezeStreamWindows` lowers every stream's window to: HTTP/2's default (RFC 9113 §6.9.2), what nginx
+    /// gives a stream before its handler reads the body.
+    public static let squeezedStreamWindow: UInt32 = 65_535
+
+    /// The streams' windows are squeezed: the SETTINGS that lowers them is queued or sent, and none restored them.
+    public private(set) var streamWindowsSqueezed = false
+
+    /// Lowers `SETTINGS_INITIAL_WINDOW_SIZE` to `squeezedStreamWindow`. From the client's receipt of that SETTINGS
+    /// every stream's window shrinks by the difference, the open ones' too (RFC 9113 §6.9.2): the window the proxy
+    /// granted and the client has not used yet is taken back (a window may go negative), and new streams open with
+    /// the small one. It is the only way HTTP/2 has to take a granted window back; the engine does it when the
+    /// connection's streams hold too much (`HTTP2Session.settleStreamWindows`). False when it changes nothing (the
+    /// configured window is no larger, or already squeezed) or nghttp2 refused (too many SETTINGS unacknowledged).
+    public func squeezeStreamWindows() -> Bool {
+        guard !isDead, !streamWindowsSqueezed, configuration.initialWindowSize > Self.squeezedStreamWindow,
+              submitInitialWindowSize(Self.squeezedStreamWindow) else { return false }
+        streamWindowsSqueezed = true
+        return true
+    }
+
+    /// Gives the streams their configured window (`http2.initial-window`) back: every stream's window grows by the
+    /// difference from the client's receipt. False when nothing changed.
+    public func restoreStreamWindows() -> Bool {
+        guard !isDead, streamWindowsSqueezed, submitInitialWindowSize(configuration.initialWindowSize) else { return false }
+        streamWindowsSqueezed = false
+        return true
+    }
+
+    private func submitInitialWindowSize(_ size: UInt32) -> Bool {
+        var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: size)]
+        return nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count) == 0
+    }
+
     // MARK: - Responses
 
     /// A 1xx response (`103 Early Hints`, `100 Continue`) before the final one (RFC 9113 §8.1). 101 is refused:

@@ -488,6 +488,22 @@ import Testing
         #expect(run.answered == 99 && run.matched == 99, "\(run.output)")
     }
 
+    /// Session 18's outside test: the bound lifted whenever any upload flowed. One ordinary 16 MiB upload, read by the
+    /// origin at once, beside 40 uploads of 2 MiB whose origin streams stay shut for 4 s (the origin opens its
+    /// connection window, not theirs): the flowing stream starved for the connection window between its frames, so the
+    /// window went back again and again, and the client spent it on the stalled streams until each one's own buffers
+    /// were full (≈ 3 MiB a stream: 178 MiB for 60). What the stalled streams can take now is the bound, one
+    /// connection window, and a squeezed stream window each (`HTTP2Session.squeezeStreamWindows`); the flowing upload
+    /// and then every stalled one arrive whole.
+    @Test func aFlowingUploadDoesNotLiftTheBoundForStalledOnes() throws {
+        let rig = try Rig()
+        let run = try Self.uploads(rig, port: rig.origin.port, path: "/stall-stream/4000", count: 40, size: 2 << 20,
+                                   mark: 3, opener: "flowing")
+        #expect(run.byMark < 12 << 20, "the stalled streams took \(run.byMark) bytes from one connection")
+        #expect(run.answered == 40 && run.matched == 40, "\(run.output)")
+        #expect(run.output.contains("opener ok"), "\(run.output)")
+    }
+
     /// The bound on what a connection's streams hold must not deadlock them: 24 uploads of 1 MiB on one client
     /// connection to an h2 origin that takes 2 streams at once. The 22 waiting their turn hold their bytes (more than
     /// the bound) while the 2 started ones need the connection window to finish and free their places: a stream

@@ -279,6 +279,42 @@ struct ServerSessionTests {
         #expect(link.events.contains { if case .requestEnd(other, _) = $0 { true } else { false } })
     }
 
+    /// Squeezing takes back what a stream was granted and did not use (its window may go below zero), new streams
+    /// open with the squeezed window, the bytes given back reopen it from there, and restoring gives the difference
+    /// back to every stream.
+    @Test func squeezingTakesUnusedGrantsBackAndRestoringGivesThemBack() throws {
+        let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 1 << 20, connectionWindowSize: 1 << 20))
+        let held = link.client.request(method: "POST", body: .init(bytes: Self.bytes(300_000, seed: 8), pauseAt: 100_000))
+        try link.pump()
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, held) == (1 << 20) - 100_000)
+        #expect(link.server.squeezeStreamWindows())
+        #expect(!link.server.squeezeStreamWindows(), "squeezed once")
+        try link.pump()
+        #expect(link.server.streamWindowsSqueezed)
+        // 1 MiB - 100,000 + (65,535 - 1 MiB) < 0: nothing more may be sent on it.
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, held) == 0)
+        let fresh = link.client.request(method: "POST", body: .init(bytes: Self.bytes(10, seed: 9), pauseAt: 0))
+        try link.pump()
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, fresh) == 65_535)
+        // The 100,000 bytes moved on: the stream may send from the squeezed window again.
+        link.server.consumeStreamWindow(held, count: 100_000)
+        try link.pump()
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, held) == 65_535)
+        #expect(link.server.restoreStreamWindows())
+        #expect(!link.server.restoreStreamWindows(), "restored once")
+        try link.pump()
+        #expect(!link.server.streamWindowsSqueezed)
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, held) == 1 << 20)
+        #expect(nghttp2_session_get_stream_remote_window_size(link.client.session, fresh) == 1 << 20)
+    }
+
+    /// A configured window no larger than the squeezed one is never squeezed.
+    @Test func aSmallConfiguredWindowIsNotSqueezed() throws {
+        let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 65_535, connectionWindowSize: 65_535))
+        #expect(!link.server.squeezeStreamWindows())
+        #expect(!link.server.streamWindowsSqueezed)
+    }
+
     /// A refused stream's bytes (nobody reads them) go back to both windows at once: nothing stays withheld.
     @Test func bytesNobodyReadsAreNotWithheld() throws {
         let link = try Link(HTTP2ServerConfiguration(initialWindowSize: 65_536, connectionWindowSize: 65_536))
