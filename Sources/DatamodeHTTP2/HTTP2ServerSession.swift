@@ -50,6 +50,7 @@ public final class HTTP2ServerSession {
     public internal(set) var connectionWindowWithheld = 0
     /// Set once the connection is ending (our limit, nghttp2's protocol error, or a fatal error).
     var connectionError: HTTP2ConnectionError?
+    var squeeze: StreamWindowSqueeze
     /// nghttp2 returned a fatal error: the session must not be used again; only `goawayTail` goes out.
     var isDead = false
     var goawayTail: [UInt8] = []
@@ -106,6 +107,7 @@ public final class HTTP2ServerSession {
                 now: @escaping () -> UInt64 = HTTP2ServerSession.monotonicNanoseconds) throws(HTTP2SessionError) {
         self.configuration = configuration
         self.now = now
+        squeeze = StreamWindowSqueeze(configuredWindow: configuration.initialWindowSize)
         let start = now()
         let floods = configuration.floods
         resetBudget = FloodBudget(floods.resets, now: start)
@@ -251,37 +253,22 @@ public final class HTTP2ServerSession {
 
     // MARK: - Stream windows under pressure
 
-    /// What `squeezeStreamWindows` lowers every stream's window to: HTTP/2's default (RFC 9113 §6.9.2), what nginx
-    /// gives a stream before its handler reads the body.
-    public static let squeezedStreamWindow: UInt32 = 65_535
+    /// What `squeezeStreamWindows` lowers every stream's window to.
+    public static let squeezedStreamWindow = StreamWindowSqueeze.squeezedWindow
 
     /// The streams' windows are squeezed: the SETTINGS that lowers them is queued or sent, and none restored them.
-    public private(set) var streamWindowsSqueezed = false
+    public var streamWindowsSqueezed: Bool { squeeze.active }
 
-    /// Lowers `SETTINGS_INITIAL_WINDOW_SIZE` to `squeezedStreamWindow`. From the client's receipt of that SETTINGS
-    /// every stream's window shrinks by the difference, the open ones' too (RFC 9113 §6.9.2): the window the proxy
-    /// granted and the client has not used yet is taken back (a window may go negative), and new streams open with
-    /// the small one. It is the only way HTTP/2 has to take a granted window back; the engine does it when the
-    /// connection's streams hold too much (`HTTP2Session.settleStreamWindows`). False when it changes nothing (the
-    /// configured window is no larger, or already squeezed) or nghttp2 refused (too many SETTINGS unacknowledged).
+    /// Lowers `SETTINGS_INITIAL_WINDOW_SIZE` to `squeezedStreamWindow` (`StreamWindowSqueeze`): the client's unused
+    /// grants are taken back. The engine does it when the connection's streams hold too much
+    /// (`HTTP2Session.settleStreamWindows`). False when it changes nothing or nghttp2 refused.
     public func squeezeStreamWindows() -> Bool {
-        guard !isDead, !streamWindowsSqueezed, configuration.initialWindowSize > Self.squeezedStreamWindow,
-              submitInitialWindowSize(Self.squeezedStreamWindow) else { return false }
-        streamWindowsSqueezed = true
-        return true
+        !isDead && squeeze.squeeze(session)
     }
 
-    /// Gives the streams their configured window (`http2.initial-window`) back: every stream's window grows by the
-    /// difference from the client's receipt. False when nothing changed.
+    /// Gives the streams their configured window (`http2.initial-window`) back. False when nothing changed.
     public func restoreStreamWindows() -> Bool {
-        guard !isDead, streamWindowsSqueezed, submitInitialWindowSize(configuration.initialWindowSize) else { return false }
-        streamWindowsSqueezed = false
-        return true
-    }
-
-    private func submitInitialWindowSize(_ size: UInt32) -> Bool {
-        var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: size)]
-        return nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count) == 0
+        !isDead && squeeze.restore(session)
     }
 
     // MARK: - Responses
