@@ -137,7 +137,9 @@ stats = {"connections": 0, "maxOpen": 0, "streams": 0, "sunk": 0}
 lock = threading.Lock()
 
 def pattern(n):
-    return bytes(((i * 31 + 7) & 0xff) for i in range(n))
+    # byte i is (i * 31 + 7) & 0xff, which repeats every 256 bytes
+    block = bytes(((i * 31 + 7) & 0xff) for i in range(256))
+    return block * (n // 256) + block[:n % 256]
 
 class Connection:
     def __init__(self, sock):

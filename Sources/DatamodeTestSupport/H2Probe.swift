@@ -605,6 +605,82 @@ elif scenario == "uploads-stalled":
         print("opener %s" % ("ok" if flow_answer == expected_flow else "wrong: %s" % flow_answer))
     print("first wrong: %s" % (wrong[:1],))
     print("by-mark %d sent %d answered %d matched %d" % (at_mark, sent, len(answers), count - len(wrong)))
+elif scenario == "unread-downloads":
+    # COUNT GETs of PATH (N pattern bytes each: byte i is (i * 31 + 7) & 0xff) on one connection, whose answers the
+    # client leaves unread for HOLD seconds once every one began, while it samples the proxy's (PID's) resident
+    # memory; then it reads them all, each checked against the pattern. What the proxy holds meanwhile is what one
+    # connection's unread streams cost it.
+    import hashlib
+    path, count, hold, pid = extra[0], int(extra[1]), float(extra[2]), int(extra[3])
+    size = int(path.rsplit("/", 1)[1])
+    block = bytes(((i * 31 + 7) & 0xff) for i in range(256))
+    expected = hashlib.sha256(block * (size // 256) + block[:size % 256]).hexdigest()
+    def rss():
+        with open("/proc/%d/status" % pid) as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+    before = rss()
+    ids = []
+    for _ in range(count):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, request_headers(path), end_stream=True)
+        ids.append(sid)
+    tls.sendall(conn.data_to_send())
+    begun, digests, lengths, ended, failed = set(), {}, {}, set(), []
+    def take(events):
+        for event in events:
+            sid = getattr(event, "stream_id", None)
+            if isinstance(event, h2.events.ResponseReceived):
+                begun.add(sid)
+            elif isinstance(event, h2.events.DataReceived):
+                begun.add(sid)
+                digests.setdefault(sid, hashlib.sha256()).update(event.data)
+                lengths[sid] = lengths.get(sid, 0) + len(event.data)
+                if reading[0]:
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                else:
+                    unacknowledged.append((sid, event.flow_controlled_length))
+            elif isinstance(event, h2.events.StreamEnded):
+                ended.add(sid)
+            elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                failed.append(repr(event))
+    reading, unacknowledged = [False], []
+    tls.settimeout(0.1)
+    started = time.time()
+    while len(begun) < count and not failed and time.time() - started < 20:
+        data = receive()
+        if data:
+            take(conn.receive_data(data))
+        elif data == b"":
+            break
+    held = before
+    until = time.time() + hold
+    while time.time() < until:
+        data = receive()  # what the windows still let through, unacknowledged
+        if data:
+            take(conn.receive_data(data))
+        held = max(held, rss())
+    reading[0] = True
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    for sid, length in unacknowledged:
+        conn.acknowledge_received_data(length, sid)
+    conn.increment_flow_control_window(64 << 20)
+    tls.sendall(conn.data_to_send())
+    started = time.time()
+    while len(ended) < count and not failed and time.time() - started < 60:
+        data = receive()
+        if data == b"":
+            break
+        if data:
+            take(conn.receive_data(data))
+            out = conn.data_to_send()
+            if out:
+                tls.sendall(out)
+    whole = sum(1 for sid in ids if sid in ended and lengths.get(sid) == size and digests[sid].hexdigest() == expected)
+    print("failed: %s begun %d" % (failed[:1], len(begun)))
+    print("rss-before %d rss-held %d whole %d of %d" % (before, held, whole, count))
 elif scenario == "drain":
     # SIGTERM to the proxy (pid in extra[1]) while a large body is on its way: GOAWAY comes, the stream finishes.
     # Read raw after the request: a client library closes its state at GOAWAY and would refuse the DATA after it.
