@@ -28,6 +28,8 @@ final class HTTP2OriginSession {
     /// The lowest last stream of the origin's GOAWAYs (RFC 9113 §6.8: a stream above it was not processed).
     private(set) var goawayLastStreamID: HTTP2StreamID?
     private(set) var released = false
+    /// Response bytes arrived, or moved on while squeezed: `flushOutput` looks at the windows (`settleStreamWindows`).
+    private var windowsToSettle = false
 
     /// Until the origin's first SETTINGS say how many streams it takes, one: its SETTINGS come with the end of the
     /// handshake, and guessing higher (RFC 9113 §6.5.2 only recommends 100) gets streams refused by a smaller origin.
@@ -129,7 +131,12 @@ final class HTTP2OriginSession {
             case .response(let id, let status, let fields, let endStream):
                 streams[id]?.responseHead(status: status, fields: fields, endStream: endStream)
             case .responseBody(let id, let bytes):
-                if let stream = streams[id] { stream.responseBody(bytes) } else { codec.consumeResponseBody(id, count: bytes.count) }
+                if let stream = streams[id] {
+                    stream.responseBody(bytes)
+                    windowsToSettle = true
+                } else {
+                    codec.consumeResponseBody(id, count: bytes.count)
+                }
             case .responseEnd(let id, let trailers):
                 streams[id]?.responseEnded(trailers: trailers)
             case .requestBodyDrained(let id):
@@ -180,6 +187,10 @@ final class HTTP2OriginSession {
     /// Moves the codec's frames to the wire while it takes them; closes once a closing connection has nothing left.
     func flushOutput() {
         guard !released, let bev else { return }
+        if windowsToSettle {
+            windowsToSettle = false
+            settleStreamWindows()
+        }
         let output = bufferevent_get_output(bev)!
         var rounds = 0
         while codec.wantsWrite, evbuffer_get_length(output) < Flow.highWater, rounds < 64 {
@@ -199,6 +210,38 @@ final class HTTP2OriginSession {
         if closing && streams.isEmpty && attached == 0 && !codec.wantsWrite && evbuffer_get_length(output) == 0 {
             release(detail: "closed")
         }
+    }
+
+    /// The response bytes the streams received and their exchanges did not take yet (`unconsumedResponseBytes`: each
+    /// stream's window goes back only as its exchange takes them) at which every stream's window is squeezed
+    /// (`HTTP2ClientSession.squeezeStreamWindows`, back below half of it). Every client of the origin shares this
+    /// connection, and what one holds unread would otherwise be the origin's whole grant on each of its streams
+    /// (session 18's outside test: 1 MiB a stream, 40 unread h2 streams ≈ 45 MB); squeezed, a stream not taken
+    /// holds what it had and one squeezed window more, while the streams that are taken go on in 64 KiB windows.
+    static let heldResponseBound = 4 << 20
+
+    /// Looked at from `flushOutput`, before the frames are written (a SETTINGS it queues goes out with them): on
+    /// response bytes arriving, and while squeezed on bytes moving on.
+    private func settleStreamWindows() {
+        var held = 0
+        streams.forEachValue { held += $0.unconsumedResponseBytes }
+        if !codec.streamWindowsSqueezed {
+            guard held >= Self.heldResponseBound, codec.squeezeStreamWindows() else { return }
+            worker.logger.info("http2 origin stream windows squeezed", metadata: [
+                "origin": "\(key.host):\(key.port)", "held": "\(held)", "streams": "\(streams.count)",
+            ])
+        } else if held < Self.heldResponseBound / 2, codec.restoreStreamWindows() {
+            worker.logger.info("http2 origin stream windows restored", metadata: [
+                "origin": "\(key.host):\(key.port)", "held": "\(held)",
+            ])
+        }
+    }
+
+    /// A stream's exchange took response bytes: while squeezed, the windows may come back.
+    func responseBytesMayHaveMoved() {
+        guard codec.streamWindowsSqueezed, !released else { return }
+        windowsToSettle = true
+        scheduleFlush()
     }
 
     /// Asks the loop to run `flushOutput` soon (once, however often asked before it runs), after the callbacks

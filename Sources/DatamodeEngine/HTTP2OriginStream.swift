@@ -365,7 +365,11 @@ final class HTTP2OriginStream {
         let count = unconsumed
         unconsumed = 0
         session.codec.consumeResponseBody(id, count: count)
+        session.responseBytesMayHaveMoved()
     }
+
+    /// Response bytes the origin sent on this stream that its exchange has not taken yet (they wait in the pair).
+    var unconsumedResponseBytes: Int { unconsumed }
 
     /// A response head for the exchange, `framing` (the field that delimits the body, when the origin's fields do
     /// not) last. Handed over in memory when the exchange's parser would read back exactly that head from its text

@@ -78,6 +78,7 @@ public final class HTTP2ClientSession {
     /// The origin's first SETTINGS arrived (until then its concurrency is not known).
     public internal(set) var remoteSettingsReceived = false
     var lastLibraryMessage = ""
+    var squeeze: StreamWindowSqueeze
 
     /// A class, not a struct: the callbacks look a stream up once and change it in place, rather than copying it
     /// out of and back into the dictionary for every field of every response.
@@ -95,6 +96,7 @@ public final class HTTP2ClientSession {
 
     public init(configuration: HTTP2ClientConfiguration = HTTP2ClientConfiguration()) throws(HTTP2SessionError) {
         self.configuration = configuration
+        squeeze = StreamWindowSqueeze(configuredWindow: configuration.initialWindowSize)
         var option: OpaquePointer?
         guard nghttp2_option_new(&option) == 0, let option else { throw .nghttp2("nghttp2_option_new failed") }
         defer { nghttp2_option_del(option) }
@@ -247,6 +249,21 @@ public final class HTTP2ClientSession {
         let n = min(count, held)
         streams[id]!.unconsumed = held - n
         _ = nghttp2_session_consume_stream(session, id, n)
+    }
+
+    /// The streams' windows are squeezed (`squeezeStreamWindows`) and not restored yet.
+    public var streamWindowsSqueezed: Bool { squeeze.active }
+
+    /// Lowers every stream's window to 64 KiB (`StreamWindowSqueeze`): the origin's unused grants are taken back. The
+    /// engine does it when the connection's streams received more than their exchanges take
+    /// (`HTTP2OriginSession.settleStreamWindows`). False when it changes nothing or nghttp2 refused.
+    public func squeezeStreamWindows() -> Bool {
+        !isDead && squeeze.squeeze(session)
+    }
+
+    /// Gives the streams their configured window back. False when nothing changed.
+    public func restoreStreamWindows() -> Bool {
+        !isDead && squeeze.restore(session)
     }
 
     public func resetStream(_ id: HTTP2StreamID, code: HTTP2ErrorCode) {

@@ -1,3 +1,4 @@
+import CNghttp2
 import DatamodeHTTP
 @testable import DatamodeHTTP2
 import Testing
@@ -190,6 +191,35 @@ import Testing
         #expect(fastBody == body, "\(fastBody.count) of \(body.count) bytes of the read answer arrived")
         #expect(events.contains(.streamClosed(fast, .completed)))
         #expect(slowBytes > 0 && slowBytes <= 65_536, "the unread answer kept to its own stream window: \(slowBytes)")
+    }
+
+    /// The origin side's squeeze takes back what the origin was granted and did not send yet, on every stream, and
+    /// restoring gives it back (`HTTP2OriginSession.settleStreamWindows`).
+    @Test func squeezingTakesTheOriginsUnusedGrantsBack() throws {
+        let client = try HTTP2ClientSession(configuration: HTTP2ClientConfiguration(initialWindowSize: 1 << 20))
+        let server = try HTTP2ServerSession()
+        let sent = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/sent", fields: [],
+                                           endStream: true)
+        let idle = try client.startRequest(method: "GET", scheme: "https", authority: "a", path: "/idle", fields: [],
+                                           endStream: true)
+        let body = [UInt8](repeating: 7, count: 100_000)
+        _ = Self.pump(client, server, onServer: { event in
+            guard case .request(let sid, _, endStream: true) = event else { return }
+            try? server.sendResponseHead(sid, status: 200, fields: [], endStream: false)
+            if sid == sent { _ = body.withUnsafeBytes { try? server.sendResponseBody(sid, $0) } }
+        })
+        #expect(nghttp2_session_get_stream_remote_window_size(server.session, sent) == (1 << 20) - 100_000)
+        #expect(client.squeezeStreamWindows())
+        #expect(!client.squeezeStreamWindows(), "squeezed once")
+        _ = Self.pump(client, server)
+        #expect(client.streamWindowsSqueezed)
+        #expect(nghttp2_session_get_stream_remote_window_size(server.session, sent) == 0)
+        #expect(nghttp2_session_get_stream_remote_window_size(server.session, idle) == 65_535)
+        #expect(client.restoreStreamWindows())
+        _ = Self.pump(client, server)
+        #expect(!client.streamWindowsSqueezed)
+        #expect(nghttp2_session_get_stream_remote_window_size(server.session, sent) == (1 << 20) - 100_000)
+        #expect(nghttp2_session_get_stream_remote_window_size(server.session, idle) == 1 << 20)
     }
 
     /// The origin's SETTINGS_MAX_CONCURRENT_STREAMS bounds `canStartStream`; GOAWAY ends it.
