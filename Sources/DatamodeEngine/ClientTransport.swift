@@ -44,7 +44,7 @@ final class ClientTransport {
     private weak var stream: HTTP2Stream?
     /// A stream's exchange: the session's write callback runs when the stream took the output down to this, as a
     /// bufferevent's does at its write low watermark (0 once the session closes when written).
-    private var streamWriteLowWater = Flow.lowWater
+    private var streamWriteLowWater = Flow.streamLowWater
     /// The HTTP/2 stream this exchange's end belongs to (nil for a connection).
     var http2Stream: HTTP2Stream? { stream }
     /// EV_READ is off while the input sits at its high watermark (`holdReadingIfFull`).
@@ -123,6 +123,10 @@ final class ClientTransport {
 
     /// What is queued in the output (plaintext under TLS): what backpressure and the pumps measure.
     var outputLength: Int { evbuffer_get_length(output) }
+
+    /// How much the output may hold before the exchange stops moving the answer into it (and its upstream's read
+    /// watermark then stops reading the origin): a stream's exchange keeps less (`Flow.streamHighWater`).
+    var outputHighWater: Int { isStream ? Flow.streamHighWater : Flow.highWater }
 
     /// What is queued for the client and not yet written to its socket: under TLS also the records the filter made
     /// and the socket has not taken yet (bounded by the socket bufferevent's write watermark). Whether a connection

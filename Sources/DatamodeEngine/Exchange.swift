@@ -85,6 +85,14 @@ enum Flow {
     static let highWater = 512 * 1024
     /// The write callback (which resumes moving) fires once the output drains to this.
     static let lowWater = 128 * 1024
+    /// What an HTTP/2 stream's exchange buffers at each step of its answer (its output, its upstream's input): one
+    /// client connection carries up to `max-concurrent-streams` of them, and each answer may wait for as long as the
+    /// client leaves its stream unread, so a stream keeps little at each step; its answer waits for the client in
+    /// the codec's queue (`HTTP2ServerConfiguration.responseBodyHighWatermark`). Session 18's outside test: at
+    /// `highWater` a step, 100 unread streams on two connections held 629 MB.
+    static let streamHighWater = 64 * 1024
+    /// A stream's exchange may write more once its output drains to this.
+    static let streamLowWater = 16 * 1024
     /// libevent reads at most 16 KiB per callback by default; larger reads cut callback overhead on bulk bodies.
     static let maxSingleIO = 256 * 1024
     /// Response heads from origins: more generous than request limits (Set-Cookie-heavy sites).

@@ -256,7 +256,7 @@ final class ExchangeDriver {
                 tunnel.pump(fromClient: true)
             }
         } else {
-            if response != nil && evbuffer_get_length(upstream.input) > 0 && outputLength < Flow.highWater {
+            if response != nil && evbuffer_get_length(upstream.input) > 0 && outputLength < transport.outputHighWater {
                 pumpResponseBody()
             }
             if isCurrent, self.upstream === upstream, !requestBody.isComplete,

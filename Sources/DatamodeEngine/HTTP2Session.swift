@@ -51,7 +51,10 @@ final class HTTP2Session: ClientSession {
         guard let codec = try? HTTP2ServerSession(configuration: HTTP2ServerConfiguration(
             maxConcurrentStreams: UInt32(settings.http2.maxConcurrentStreams),
             initialWindowSize: UInt32(settings.http2.initialWindow),
-            headerLimits: settings.limits)) else { return nil }
+            headerLimits: settings.limits,
+            // A stream's answer waits for the client here, up to two of its exchange's steps (`Flow.streamHighWater`).
+            responseBodyHighWatermark: 2 * Flow.streamHighWater,
+            responseBodyLowWatermark: Flow.streamHighWater / 2)) else { return nil }
         self.codec = codec
         requestBytesBound = max(4 * Flow.highWater, Int(codec.configuration.connectionWindowSize))
         lastProgress = worker.clock.nowNanoseconds()

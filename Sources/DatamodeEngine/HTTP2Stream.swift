@@ -199,7 +199,7 @@ final class HTTP2Stream {
     /// Request body bytes of this stream inside the proxy: in the session's input, and queued towards the origin by
     /// its exchange (the upstream's output; for an h2 origin, the pair's other end and the origin codec's queue).
     var heldRequestBytes: Int {
-        let queued = session?.machine.exchange?.upstream?.heldRequestBytes ?? 0
+        let queued = session?.machine.exchange?.upstream.map(Self.heldRequestBytes) ?? 0
         return (exchangeInput.map { evbuffer_get_length($0) } ?? 0) + queued
     }
 
@@ -217,8 +217,16 @@ final class HTTP2Stream {
     /// stream left idle by its client must not lift the connection's bound (session 17's review: one idle stored
     /// upload let 99 MiB through to a stalled origin); it waits for the bound like any other.
     private static func takesRequestBytesNow(_ session: HTTP1Session) -> Bool {
-        if case .forwarding(let driver) = session.machine.state { return driver.upstream?.takesRequestBytesNow ?? false }
-        return false
+        guard case .forwarding(let driver) = session.machine.state, let upstream = driver.upstream, upstream.state == .busy
+        else { return false }
+        return upstream.originStream?.takesRequestBytesNow ?? true  // an h2 origin's stream: its windows open
+    }
+
+    /// Request bytes `upstream` holds, not yet out of the proxy: in its output, and for a stream of an h2 origin, in
+    /// its end of the pair and the codec's queue (`HTTP2OriginStream.heldRequestBytes`).
+    private static func heldRequestBytes(_ upstream: UpstreamConnection) -> Int {
+        guard upstream.state != .closed else { return 0 }
+        return evbuffer_get_length(upstream.output) + (upstream.originStream?.heldRequestBytes ?? 0)
     }
 
     private func write(_ text: String) {
@@ -384,7 +392,7 @@ final class HTTP2Stream {
         switch framing {
         case .contentLength:
             guard available > 0 else { return false }
-            let n = Int(min(UInt64(available), remaining))
+            let n = Int(min(UInt64(available), remaining, UInt64(responseRoom)))
             guard send(input, count: n) else { return false }
             let left = remaining - UInt64(n)
             phase = .body(framing, remaining: left, decoder: decoder)
@@ -392,11 +400,12 @@ final class HTTP2Stream {
             return left != 0 && !paused
         case .untilClose:
             // Whole only when the session ended cleanly and every byte it wrote went out: `settleAfterSessionEnd`.
-            if available > 0 { _ = send(input, count: available) }
-            return false
+            guard available > 0 else { return false }
+            return send(input, count: min(available, responseRoom)) && !paused
         case .chunked:
             switch ChunkedElements.next(input, &decoder) {
-            case .data(let n):
+            case .data(let available):
+                let n = min(available, responseRoom)
                 guard send(input, count: n) else { return false }
                 decoder.consumeData(n)
                 phase = .body(framing, remaining: 0, decoder: decoder)
@@ -417,6 +426,12 @@ final class HTTP2Stream {
             finish(trailers: [])
             return false
         }
+    }
+
+    /// How many more bytes the codec's queue for this stream takes before it says stop: a relay step takes no more, so
+    /// the queue keeps to its watermark (a whole step past it doubled the queue's storage, for every unread stream).
+    private var responseRoom: Int {
+        max(1, connection.codec.configuration.responseBodyHighWatermark - connection.codec.bufferedResponseBytes(id))
     }
 
     /// Hands `count` bytes at the front of `input` to the codec; false when the stream failed.

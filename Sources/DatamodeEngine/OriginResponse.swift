@@ -141,6 +141,7 @@ final class OriginResponse {
             clientKeepsConnection: !strip)
         let response = OriginResponse(driver: driver, head: head,
                                       body: BodyRelay(framing: framing, stripChunkFraming: strip, overHTTP2: driver.transport.isStream))
+        upstream.responseBodyStarts(forStream: driver.transport.isStream)
         let mayBeHeldBack = exchange.variant == nil && (driver.manifestCap != nil || driver.imageSettings != nil)
         if !mayBeHeldBack, driver.transport.isStream,
            let length = handToStream(driver, MessageHeads.relayedResponseHead(
@@ -200,7 +201,7 @@ final class OriginResponse {
             return
         }
         guard let step = driver.relay(.down, &body, from: upstream.input, to: driver.output,
-                                      room: Flow.highWater - driver.outputLength) else { return }
+                                      room: driver.transport.outputHighWater - driver.outputLength) else { return }
         // Nothing of this response has been written while all of it is still queued at the output's tail.
         let unwritten = !headHanded && driver.outputLength >= headLength + Int(body.delivered)
         driver.perform(driver.machine.responseBodyStep(step, unwritten: unwritten))

@@ -87,6 +87,8 @@ final class UpstreamConnection {
     private var ioSuspended = false
     /// Plain TCP, once connected: reads the socket in place of the bufferevent (whose EV_READ stays off).
     private var reader = SocketReader()
+    /// The read watermark is `Flow.streamHighWater` (`responseBodyStarts`) until the connection is let go.
+    private var readsInStreamSteps = false
 
     init(worker: Worker, key: UpstreamKey, offersH2: Bool = false) {
         self.worker = worker
@@ -306,9 +308,20 @@ final class UpstreamConnection {
         if state == .idle { state = .busy }
     }
 
+
     func detach() {
         owner = nil
+        if readsInStreamSteps { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater) }
+        readsInStreamSteps = false
     }
+
+    /// The final head was read: an HTTP/2 stream's exchange reads the body `Flow.streamHighWater` at a time, as its
+    /// output keeps as little (a head needs room for all of it). Plain TCP reads keep `Flow.highWater`.
+    func responseBodyStarts(forStream: Bool) {
+        readsInStreamSteps = forStream
+        if forStream { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.streamHighWater) }
+    }
+
 
     /// Queues the request head (sent as soon as the connection is up) and starts the response timer in its
     /// first role, the send watchdog (see `OriginResponseTimer`). A negative timeout: a tunnel, no timer.
@@ -334,19 +347,6 @@ final class UpstreamConnection {
     }
 
     private var responseTimer = OriginResponseTimer(timeoutMs: -1)
-
-    /// Request bytes queued here and not yet out of the proxy: in `output`, and for a stream of an h2 origin, in its
-    /// end of the pair and the codec's queue (`HTTP2OriginStream.heldRequestBytes`).
-    var heldRequestBytes: Int {
-        guard state != .closed else { return 0 }
-        return evbuffer_get_length(output) + (originStream?.heldRequestBytes ?? 0)
-    }
-
-    /// Whether the origin would take request bytes now: connected, and for a stream of an h2 origin, its windows open.
-    var takesRequestBytesNow: Bool {
-        guard state == .busy else { return false }
-        return originStream?.takesRequestBytesNow ?? true
-    }
 
     /// Request bytes left for the origin, or may now (an h2 origin opened a window): an HTTP/2 client's connection
     /// looks at its bound on held request bytes again (`HTTP2Session.settleConnectionWindow`).

@@ -442,6 +442,29 @@ import Testing
         }
     }
 
+    /// Session 18's outside test: what one h2 client connection's unread answers make the proxy hold had no bound of
+    /// its own (≈ 3 MiB a stream from an h2 origin: the origin's stream window, then the pair's, the exchange's and
+    /// the codec's buffers; 100 streams on two connections took 629 MB). 40 GETs of 4 MB on one connection, none
+    /// read for 3 s once all began, from the h2 origin and from the HTTP/1.1 one: the proxy's resident memory may
+    /// grow by less than 768 KiB a stream (measured before: 2,550 KiB from the h2 origin, 1,700 from the HTTP/1.1
+    /// one; after: about 570 and 480, each stream's answer waiting in its codec queue, 64 KiB at each step behind it,
+    /// and from the h2 origin what the squeezed windows let through); then every answer is read whole.
+    @Test(arguments: ["h2", "http/1.1"])
+    func unreadAnswersOfOneConnectionHoldLittleEach(origin: String) throws {
+        let rig = try Rig()
+        let count = 40
+        let (port, path) = origin == "h2" ? (rig.origin.port, "/stream/4000000") : (rig.http1Origin.port, "/bytes/4000000")
+        let outcome = try H2Probe.run("unread-downloads", proxyPort: rig.proxy.port, host: "localhost", port: port,
+                                      caPath: rig.caPath,
+                                      arguments: [path, String(count), "3", String(rig.proxy.process.processIdentifier)],
+                                      timeout: 120)
+        let words = outcome.line.split(separator: " ").map(String.init)
+        try #require(words.count == 8 && words[0] == "rss-before", "\(outcome.output)")
+        let grown = (Int(words[3]) ?? 0) - (Int(words[1]) ?? 0)
+        #expect(grown < count * 768, "\(count) unread answers took \(grown) KiB of the proxy's memory")
+        #expect(words[5] == String(count), "\(outcome.output)")
+    }
+
     /// Runs `H2Probe`'s `uploads-stalled` through the proxy to `port`: `count` uploads of `size` bytes on one client
     /// connection to `path`. Returns the bytes the client could send by `mark` seconds, then how many streams were
     /// answered and how many of those answers named their own body (length and sha256).
