@@ -30,6 +30,10 @@ final class HTTP2OriginSession {
     private(set) var released = false
     /// Response bytes arrived, or moved on while squeezed: `flushOutput` looks at the windows (`settleStreamWindows`).
     private var windowsToSettle = false
+    /// What the streams held when `settleStreamWindows` last counted, and the response bytes that arrived since: their
+    /// sum bounds what they hold now (only arrivals add), so the streams are counted only once it reaches the bound.
+    private var heldWhenSettled = 0
+    private var arrivedSinceSettled = 0
 
     /// Until the origin's first SETTINGS say how many streams it takes, one: its SETTINGS come with the end of the
     /// handshake, and guessing higher (RFC 9113 §6.5.2 only recommends 100) gets streams refused by a smaller origin.
@@ -133,6 +137,7 @@ final class HTTP2OriginSession {
             case .responseBody(let id, let bytes):
                 if let stream = streams[id] {
                     stream.responseBody(bytes)
+                    arrivedSinceSettled += bytes.count
                     windowsToSettle = true
                 } else {
                     codec.consumeResponseBody(id, count: bytes.count)
@@ -223,8 +228,11 @@ final class HTTP2OriginSession {
     /// Looked at from `flushOutput`, before the frames are written (a SETTINGS it queues goes out with them): on
     /// response bytes arriving, and while squeezed on bytes moving on.
     private func settleStreamWindows() {
+        if !codec.streamWindowsSqueezed && heldWhenSettled + arrivedSinceSettled < Self.heldResponseBound { return }
         var held = 0
         streams.forEachValue { held += $0.unconsumedResponseBytes }
+        heldWhenSettled = held
+        arrivedSinceSettled = 0
         if !codec.streamWindowsSqueezed {
             guard held >= Self.heldResponseBound, codec.squeezeStreamWindows() else { return }
             worker.logger.info("http2 origin stream windows squeezed", metadata: [
