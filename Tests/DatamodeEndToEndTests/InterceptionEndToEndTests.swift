@@ -148,6 +148,58 @@ import Testing
         try Self.expectPattern(file, length: length)
     }
 
+    /// A client with a small receive window that reads slowly and asks for the close (`Connection: close`): every
+    /// body byte arrives, in order, and then close_notify (SPEC §6, §9). The proxy writes a TLS client's records
+    /// straight to its socket after each callback (`ClientTransport.tlsHandshakeCompleted`); a socket that takes only
+    /// part of them leaves the rest to libevent's write event, which must keep the filter encrypting as the socket
+    /// drains (or a large response stalls), and the close must wait for the last record (or the end is cut).
+    /// Arguments: proxy port, origin port, CA file, body size. Prints "N bytes, clean end" when all is well.
+    static let slowClosingClient = """
+        import socket, ssl, sys, time
+        proxy_port, port, ca, size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(60)
+        raw.connect(("127.0.0.1", proxy_port))
+        raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            head += raw.recv(1)
+        context = ssl.create_default_context(cafile=ca)
+        context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+        tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+        tls.sendall(b"GET /bytes/%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\nConnection: close\\r\\n\\r\\n" % (size, port))
+        time.sleep(0.2)  # the proxy fills the window and has to wait for it
+        data = bytearray()
+        try:
+            while True:
+                chunk = tls.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+                time.sleep(0.0005)
+        except ssl.SSLError as error:
+            print("TLS error after %d bytes: %s" % (len(data), error))
+            sys.exit(0)
+        body = data.split(b"\\r\\n\\r\\n", 1)[1]
+        block = bytes(((i * 31 + 7) & 0xFF) for i in range(256))
+        want = block * (size // 256) + block[:size % 256]
+        if body == want:
+            print("%d bytes, clean end" % len(body))
+        else:
+            first = next((i for i in range(min(len(body), size)) if body[i] != want[i]), min(len(body), size))
+            print("MISMATCH: %d bytes, first difference at %d" % (len(body), first))
+        """
+
+    @Test(arguments: [1_000, 40_000, 600_000, 5_000_000])
+    func aSlowClientThatAsksForTheCloseGetsEveryByteBeforeCloseNotify(size: Int) throws {
+        let rig = try Rig()
+        let result = try ExternalCommand.run("/usr/bin/python3", ["-c", Self.slowClosingClient, String(rig.proxy.port),
+                                                                   String(rig.origin.port), rig.caPath, String(size)],
+                                             timeout: 120)
+        #expect(result.stdout == "\(size) bytes, clean end\n", "\(result.output)")
+    }
+
     /// The access-log line of the request for `path`, once the proxy has written it (an exchange cut short is logged
     /// as its connection is freed, which may come a moment after the client saw the end).
     static func loggedLine(_ rig: Rig, path: String) -> [String: Any]? {
