@@ -22,7 +22,8 @@ final class ClientTransport {
     private(set) var output: OpaquePointer
     /// The socket (-1 for a stream's exchange).
     let fd: Int32
-    /// Writes are speculative on plain TCP (`SpeculativeWriter`); TLS keeps libevent's own write path.
+    /// Writes are speculative: on plain TCP of `output`; under TLS, once the handshake is done, of the records in
+    /// `socketOutput` (the socket bufferevent's), see `tlsHandshakeCompleted`.
     private(set) var writer = SpeculativeWriter()
     /// The TLS state once a ClientHello was terminated (owned by the filter bufferevent, freed with it).
     private(set) var ssl: OpaquePointer?
@@ -30,6 +31,10 @@ final class ClientTransport {
     private var socketOutput: OpaquePointer?
     /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
     private var watchingSocketOutput = false
+    /// Under TLS, after the handshake: the socket bufferevent, whose records are written speculatively, and the
+    /// callbacks libevent_openssl gave it (they move records between the filter and the socket), which ours wrap.
+    private var socketBev: OpaquePointer?
+    private var filterCallbacks = FilterCallbacks()
     /// The bufferevent was freed by `releaseKeepingSocket`: the connection parked (`ParkedConnections` has the
     /// socket now), and nothing of this transport is used again.
     private(set) var socketHandedOff = false
@@ -103,10 +108,15 @@ final class ClientTransport {
 
     // MARK: writing
 
-    /// Writes what is queued (plain TCP: at once, speculatively; TLS: libevent's write event does it).
+    /// Writes what is queued at once, speculatively: plain TCP its output; TLS the records the filter made of it
+    /// (it encrypts as the plaintext is added), once the handshake is done (until then libevent writes them).
     @inline(__always)
     func flush() {
-        if isPlain { writer.flush(bev, output: output) }
+        if isPlain {
+            writer.flush(bev, output: output)
+        } else if let socketBev, !socketHandedOff {
+            writer.flush(socketBev, output: socketOutput!)
+        }
     }
 
     /// The write callback ran: the speculative writer turns its write event off once the output is empty.
@@ -115,8 +125,9 @@ final class ClientTransport {
         if isPlain && !socketHandedOff { writer.drained(bev, output: output) }
     }
 
-    /// A file segment was queued (`evbuffer_add_file`): its bytes are not in memory.
-    func queuedFile() { writer.queuedFile() }
+    /// A file segment was queued (`evbuffer_add_file`): its bytes are not in memory. (Under TLS the filter reads
+    /// and encrypts them; the writer only ever sees records.)
+    func queuedFile() { if isPlain { writer.queuedFile() } }
 
     /// A write event is armed: the client's taking of bytes will call back.
     var isWaitingToWrite: Bool { writer.waiting }
@@ -277,6 +288,54 @@ final class ClientTransport {
         return true
     }
 
+    /// The client's handshake completed (the filter's BEV_EVENT_CONNECTED): its records are written speculatively
+    /// from now on, as plain TCP's output is (`SpeculativeWriter`), instead of through the socket bufferevent's
+    /// write event, which cost an epoll_ctl to register it, a loop round, the writev, and an epoll_ctl to unregister
+    /// it on every response. libevent writes the handshake itself: the filter makes its flights inside the socket
+    /// bufferevent's read callback, and no session callback follows that to flush them.
+    ///
+    /// The filter turned the socket bufferevent's EV_WRITE on when it was made and never touches it again (with an
+    /// underlying bufferevent, its start_writing and stop_writing only suspend and resume reading); from here the
+    /// writer owns it: off, and on only while the socket did not take all the records (`waiting`). Records the
+    /// filter makes outside a session callback (more of a large response once the socket drained below its low
+    /// watermark, anything OpenSSL answers on its own while reading) are written by the wrappers of the socket
+    /// bufferevent's callbacks (`filterSocketCallbackRan`); the filter still hears of the drain through its own write
+    /// callback, which libevent's write path runs, so a large response to a slow client keeps being encrypted.
+    func tlsHandshakeCompleted() {
+        guard ssl != nil, socketBev == nil, !socketHandedOff,
+              let underlying = bufferevent_get_underlying(bev), let socketOutput else { return }
+        var read: bufferevent_data_cb?
+        var write: bufferevent_data_cb?
+        var event: bufferevent_event_cb?
+        var filterContext: UnsafeMutableRawPointer?
+        bufferevent_getcb(underlying, &read, &write, &event, &filterContext)
+        filterCallbacks = FilterCallbacks(read: read, write: write, event: event, context: filterContext)
+        bufferevent_setcb(underlying, filterSocketReadCallback, filterSocketWriteCallback, filterSocketEventCallback,
+                          context(self))
+        socketBev = underlying
+        // Records still queued (the handshake's last flight, session tickets) stay on libevent's write path until
+        // the socket took them (`filterSocketCallbackRan`); an empty output turns EV_WRITE off now.
+        writer = SpeculativeWriter(waiting: true)
+        writer.drained(underlying, output: socketOutput)
+    }
+
+    /// One of the socket bufferevent's callbacks, libevent_openssl's own, then whatever records it made are written
+    /// (and a write event whose records are all out goes off).
+    func filterSocketCallbackRan(_ kind: FilterCallbacks.Kind, _ what: Int16 = 0) {
+        guard let socketBev else { return }
+        switch kind {
+        case .read: filterCallbacks.read?(socketBev, filterCallbacks.context)
+        case .write: filterCallbacks.write?(socketBev, filterCallbacks.context)
+        case .event:
+            // An error or EOF: the filter reports it to the session (deferred); nothing to write.
+            filterCallbacks.event?(socketBev, what, filterCallbacks.context)
+            return
+        }
+        guard !socketHandedOff, let socketOutput else { return }
+        writer.drained(socketBev, output: socketOutput)
+        writer.flush(socketBev, output: socketOutput)
+    }
+
     /// The protocol the client and the proxy agreed on in the handshake (ALPN, RFC 7301): `h2`, `http/1.1`, or nil.
     var negotiatedProtocol: String? {
         guard let ssl else { return nil }
@@ -347,6 +406,13 @@ final class ClientTransport {
             evbuffer_remove_cb(socketOutput, callbacks.socketDrained, owner)
         }
         if cleanTLSEnd, let ssl { sendCloseNotify(ssl) }
+        // The socket bufferevent may outlive this transport (libevent frees it with the filter, which waits for
+        // its own pending callbacks): its callbacks go back to libevent_openssl's, which point at the filter.
+        if let socketBev, !socketHandedOff {
+            bufferevent_setcb(socketBev, filterCallbacks.read, filterCallbacks.write, filterCallbacks.event,
+                              filterCallbacks.context)
+            self.socketBev = nil
+        }
         reader.stop()
         // A stream's exchange says how it ended (a close-delimited response ends cleanly, a cut one does not); the
         // stream keeps its buffers and relays what is still in `output`.
@@ -372,6 +438,16 @@ struct ClientCallbacks {
                                        socketDrained: tlsSocketOutputCallback)
     static let http2 = ClientCallbacks(read: http2ReadCallback, write: http2WriteCallback, event: http2EventCallback,
                                        socketDrained: http2SocketOutputCallback)
+}
+
+/// The callbacks libevent_openssl set on a TLS filter's socket bufferevent, kept while ours stand in for them
+/// (`ClientTransport.tlsHandshakeCompleted`).
+struct FilterCallbacks {
+    enum Kind { case read, write, event }
+    var read: bufferevent_data_cb?
+    var write: bufferevent_data_cb?
+    var event: bufferevent_event_cb?
+    var context: UnsafeMutableRawPointer?
 }
 
 /// What the worker asks of every client connection it holds, whatever it speaks.

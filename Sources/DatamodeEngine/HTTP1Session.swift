@@ -212,6 +212,7 @@ final class HTTP1Session: ClientSession {
     func clientEvent(_ what: Int16) {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
             // Only a TLS filter reports this: the client's handshake completed.
+            transport.tlsHandshakeCompleted()
             if case .openingInterception(let driver) = machine.state { interceptionHandshakeCompleted(driver) }
             return
         }

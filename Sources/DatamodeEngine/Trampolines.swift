@@ -449,6 +449,23 @@ let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
     owner(ctx, as: ClientTransport.self).inputDrained()
 }
 
+// A TLS client's socket bufferevent after the handshake (`ClientTransport.tlsHandshakeCompleted`): libevent_openssl's
+// callbacks run inside ours, then the records they made are written speculatively. Plain socket bufferevents call
+// back only from the loop.
+let filterSocketReadCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("filterSocketReadCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: ClientTransport.self).filterSocketCallbackRan(.read)
+}
+let filterSocketWriteCallback: bufferevent_data_cb = { _, ctx in
+    CallbackNesting.enter("filterSocketWriteCallback")
+    defer { CallbackNesting.leave() }
+    owner(ctx, as: ClientTransport.self).filterSocketCallbackRan(.write)
+}
+let filterSocketEventCallback: bufferevent_event_cb = { _, what, ctx in
+    owner(ctx, as: ClientTransport.self).filterSocketCallbackRan(.event, what)
+}
+
 let tlsSocketOutputCallback: evbuffer_cb_func = { buffer, _, ctx in
     guard let buffer, evbuffer_get_length(buffer) == 0 else { return }
     owner(ctx, as: HTTP1Session.self).socketOutputDrained()
