@@ -22,8 +22,8 @@ final class ClientTransport {
     private(set) var output: OpaquePointer
     /// The socket (-1 for a stream's exchange).
     let fd: Int32
-    /// Writes are speculative: on plain TCP of `output`; under TLS, once the handshake is done, of the records in
-    /// `socketOutput` (the socket bufferevent's), see `tlsHandshakeCompleted`.
+    /// Writes are speculative: on plain TCP of `output`; under TLS of the records in `socketOutput` (the socket
+    /// bufferevent's), see `wrapFilterCallbacks`.
     private(set) var writer = SpeculativeWriter()
     /// The TLS state once a ClientHello was terminated (owned by the filter bufferevent, freed with it).
     private(set) var ssl: OpaquePointer?
@@ -31,8 +31,9 @@ final class ClientTransport {
     private var socketOutput: OpaquePointer?
     /// An evbuffer callback on `socketOutput` tells a closing TLS connection when its records are all written.
     private var watchingSocketOutput = false
-    /// Under TLS, after the handshake: the socket bufferevent, whose records are written speculatively, and the
-    /// callbacks libevent_openssl gave it (they move records between the filter and the socket), which ours wrap.
+    /// Under TLS: the socket bufferevent, whose records are written speculatively, and the callbacks
+    /// libevent_openssl gave it (they run the handshake, or move records between the filter and the socket), which
+    /// ours wrap.
     private var socketBev: OpaquePointer?
     private var filterCallbacks = FilterCallbacks()
     /// The bufferevent was freed by `releaseKeepingSocket`: the connection parked (`ParkedConnections` has the
@@ -109,7 +110,7 @@ final class ClientTransport {
     // MARK: writing
 
     /// Writes what is queued at once, speculatively: plain TCP its output; TLS the records the filter made of it
-    /// (it encrypts as the plaintext is added), once the handshake is done (until then libevent writes them).
+    /// (it encrypts as the plaintext is added).
     @inline(__always)
     func flush() {
         if isPlain {
@@ -259,9 +260,9 @@ final class ClientTransport {
     /// False when no filter could be made (`ssl` is freed).
     func startTLS(_ ssl: OpaquePointer) -> Bool {
         let socketBev = bev
-        // The speculative writer may have left EV_WRITE on the socket; the filter drives the socket from now on,
-        // reading it through the socket bufferevent's own read path (the filter turns the socket's EV_READ and EV_WRITE
-        // on when it is made), so the reader lets go.
+        // The filter reads the socket through the socket bufferevent's own read path (it turns the socket's EV_READ
+        // on when it is made), so the reader lets go. Writes stay speculative, of records now (`wrapFilterCallbacks`):
+        // a fresh writer writes whatever the socket's output still holds (the CONNECT's answer) before them.
         writer = SpeculativeWriter()
         reader.stop()
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
@@ -278,57 +279,65 @@ final class ClientTransport {
         // Many clients end a TLS connection without close_notify once they have what they wanted; between
         // requests that is an ordinary close, not an error. (Origins do not get this leniency: see UpstreamConnection.)
         bufferevent_openssl_set_allow_dirty_shutdown(filter, 1)
+        // The filter turned the socket's EV_WRITE on as it was made; the writer turns it on only when it must.
+        bufferevent_disable(socketBev, Int16(EV_WRITE))
+        wrapFilterCallbacks(socketBev!)
         bev = filter
         input = bufferevent_get_input(filter)
         output = bufferevent_get_output(filter)
         if let owner { configure(owner: owner, callbacks: callbacks) }
         // The ClientHello already sits in the socket bufferevent's input, and no new byte will come before the
-        // client hears from us: run the handshake on it now.
+        // client hears from us: run the handshake on it now (our wrapper of its read callback writes the flight).
         bufferevent_trigger(socketBev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
         return true
     }
 
-    /// The client's handshake completed (the filter's BEV_EVENT_CONNECTED): its records are written speculatively
-    /// from now on, as plain TCP's output is (`SpeculativeWriter`), instead of through the socket bufferevent's
+    /// Makes the socket bufferevent's callbacks ours, around libevent_openssl's: TLS records are written
+    /// speculatively, as plain TCP's output is (`SpeculativeWriter`), instead of through the socket bufferevent's
     /// write event, which cost an epoll_ctl to register it, a loop round, the writev, and an epoll_ctl to unregister
-    /// it on every response. libevent writes the handshake itself: the filter makes its flights inside the socket
-    /// bufferevent's read callback, and no session callback follows that to flush them.
+    /// it for every response and every handshake flight.
     ///
-    /// The filter turned the socket bufferevent's EV_WRITE on when it was made and never touches it again (with an
-    /// underlying bufferevent, its start_writing and stop_writing only suspend and resume reading); from here the
-    /// writer owns it: off, and on only while the socket did not take all the records (`waiting`). Records the
-    /// filter makes outside a session callback (more of a large response once the socket drained below its low
-    /// watermark, anything OpenSSL answers on its own while reading) are written by the wrappers of the socket
-    /// bufferevent's callbacks (`filterSocketCallbackRan`); the filter still hears of the drain through its own write
-    /// callback, which libevent's write path runs, so a large response to a slow client keeps being encrypted.
-    func tlsHandshakeCompleted() {
-        guard ssl != nil, socketBev == nil, !socketHandedOff,
-              let underlying = bufferevent_get_underlying(bev), let socketOutput else { return }
+    /// Session callbacks end with `flush`, which writes the records the filter made of what they queued. The filter
+    /// also makes records inside the socket bufferevent's own callbacks, where no session callback follows: the
+    /// handshake's flights (the read callback), more of a large response once the socket drained below its low
+    /// watermark (the write callback), anything OpenSSL answers on its own while reading. The wrappers write those
+    /// (`filterSocketCallbackRan`). The filter turns the socket bufferevent's EV_WRITE on only as it is made (with an
+    /// underlying bufferevent its start_writing and stop_writing only suspend and resume reading), so the writer
+    /// owns it: on only while the socket did not take all the records (`waiting`). libevent's write path then runs
+    /// the filter's write callback as the socket drains, so a large response to a slow client keeps being encrypted.
+    private func wrapFilterCallbacks(_ underlying: OpaquePointer) {
         var read: bufferevent_data_cb?
         var write: bufferevent_data_cb?
         var event: bufferevent_event_cb?
         var filterContext: UnsafeMutableRawPointer?
         bufferevent_getcb(underlying, &read, &write, &event, &filterContext)
+        guard filterContext != context(self) else { return }  // ours already
         filterCallbacks = FilterCallbacks(read: read, write: write, event: event, context: filterContext)
         bufferevent_setcb(underlying, filterSocketReadCallback, filterSocketWriteCallback, filterSocketEventCallback,
                           context(self))
         socketBev = underlying
-        // Records still queued (the handshake's last flight, session tickets) stay on libevent's write path until
-        // the socket took them (`filterSocketCallbackRan`); an empty output turns EV_WRITE off now.
-        writer = SpeculativeWriter(waiting: true)
-        writer.drained(underlying, output: socketOutput)
+    }
+
+    /// The client's handshake completed (the filter's BEV_EVENT_CONNECTED): libevent_openssl replaced the socket
+    /// bufferevent's handshake callbacks (and so our wrappers) with those of an open session; wrap them again. Records
+    /// made meanwhile (session tickets) are written by the session callback this runs in, as it ends.
+    func tlsHandshakeCompleted() {
+        guard let socketBev, !socketHandedOff else { return }
+        wrapFilterCallbacks(socketBev)
     }
 
     /// One of the socket bufferevent's callbacks, libevent_openssl's own, then whatever records it made are written
     /// (and a write event whose records are all out goes off).
     func filterSocketCallbackRan(_ kind: FilterCallbacks.Kind, _ what: Int16 = 0) {
         guard let socketBev else { return }
+        // A copy: no access to this transport is held while libevent_openssl (and OpenSSL's callbacks) run.
+        let filter = filterCallbacks
         switch kind {
-        case .read: filterCallbacks.read?(socketBev, filterCallbacks.context)
-        case .write: filterCallbacks.write?(socketBev, filterCallbacks.context)
+        case .read: filter.read?(socketBev, filter.context)
+        case .write: filter.write?(socketBev, filter.context)
         case .event:
             // An error or EOF: the filter reports it to the session (deferred); nothing to write.
-            filterCallbacks.event?(socketBev, what, filterCallbacks.context)
+            filter.event?(socketBev, what, filter.context)
             return
         }
         guard !socketHandedOff, let socketOutput else { return }

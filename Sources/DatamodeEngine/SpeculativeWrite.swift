@@ -11,17 +11,13 @@ import Glibc
 /// plain TCP bufferevents keep EV_WRITE off; at the end of every callback what their outputs hold is written
 /// straight away, and only when the socket does not take it all is EV_WRITE turned on, until the output is
 /// empty again. A TLS filter's output is plaintext: there the socket bufferevent under it, which holds the records,
-/// is written the same way (`ClientTransport.tlsHandshakeCompleted`).
+/// is written the same way (`ClientTransport.wrapFilterCallbacks`).
 struct SpeculativeWriter {
     /// Whether EV_WRITE is on (data is waiting for the socket to drain).
     private(set) var waiting = false
     /// Whether the output may hold a file segment (`evbuffer_add_file`): its bytes are not in memory, so only
     /// libevent's own write (sendfile) can send them. Cleared once the output has been empty.
     private var fileQueued = false
-
-    /// `waiting`: the writer takes over a bufferevent whose EV_WRITE is on (libevent is writing its output);
-    /// `drained` turns it off once the output is empty.
-    init(waiting: Bool = false) { self.waiting = waiting }
 
     /// The output now holds a file segment.
     mutating func queuedFile() { fileQueued = true }

@@ -449,17 +449,15 @@ let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
     owner(ctx, as: ClientTransport.self).inputDrained()
 }
 
-// A TLS client's socket bufferevent after the handshake (`ClientTransport.tlsHandshakeCompleted`): libevent_openssl's
-// callbacks run inside ours, then the records they made are written speculatively. Plain socket bufferevents call
-// back only from the loop.
+// A TLS client's socket bufferevent (`ClientTransport.wrapFilterCallbacks`): libevent_openssl's callbacks run inside
+// ours, then the records they made are written speculatively. Not connection callbacks (`CallbackNesting`): they
+// touch only the transport's writer (the filter's callbacks to the session are deferred; OpenSSL's SNI and ALPN
+// callbacks run inside the handshake, as they always did), and `startTLS` runs the read one from inside the
+// session's read callback, to answer the ClientHello already read.
 let filterSocketReadCallback: bufferevent_data_cb = { _, ctx in
-    CallbackNesting.enter("filterSocketReadCallback")
-    defer { CallbackNesting.leave() }
     owner(ctx, as: ClientTransport.self).filterSocketCallbackRan(.read)
 }
 let filterSocketWriteCallback: bufferevent_data_cb = { _, ctx in
-    CallbackNesting.enter("filterSocketWriteCallback")
-    defer { CallbackNesting.leave() }
     owner(ctx, as: ClientTransport.self).filterSocketCallbackRan(.write)
 }
 let filterSocketEventCallback: bufferevent_event_cb = { _, what, ctx in
