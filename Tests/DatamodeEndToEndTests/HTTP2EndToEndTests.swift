@@ -117,6 +117,20 @@ import Testing
         #expect(slow.stdout == "received \(size) bytes sha256 \(expected)\n", "\(slow.output)")
     }
 
+    /// A client that reads slowly (curl's --limit-rate: it stops reading the socket between bursts): the socket takes
+    /// only part of the TLS records the proxy writes after each callback, the rest waits for libevent's write event,
+    /// and the filter must go on encrypting as the socket drains, or the download stalls (SPEC §6, §17).
+    @Test func fiveMegabytesToASlowReaderAreByteExact() throws {
+        let rig = try Rig()
+        let size = 5 * 1024 * 1024
+        let download = try Self.h2(rig, ["-o", rig.directory + "/down.bin", "-w", "%{http_code} %{size_download}",
+                                         "--limit-rate", "3M", rig.url("/bytes/\(size)")])
+        #expect(download.stdout == "200 \(size)" && download.status == 0, "\(download.output)")
+        let got = try Data(contentsOf: URL(fileURLWithPath: rig.directory + "/down.bin"))
+        #expect(got.count == size)
+        #expect(got.enumerated().allSatisfy { $0.element == HTTPSOrigin.patternByte($0.offset) })
+    }
+
     /// An h2 client (Python's `h2`, flow control by the book) that uploads `size` bytes to `path` through the proxy
     /// on one stream, then sends one GET on the same connection; prints what it saw, or `STALL` when 10 s pass with
     /// its window shut.
