@@ -13,7 +13,9 @@
 ///   framing or routing field;
 /// - events come in a possible order (no body after the end, no second request on a stream);
 /// - the output is whole frames.
-/// Inputs whose first byte has its high bit set go to the origin side instead (`OriginSide.swift`).
+/// Inputs whose first byte has its high bit set go to the origin side instead (`OriginSide.swift`). Its next bit
+/// (0x40) runs either side with a stream window above 64 KiB that the engine stand-in squeezes and restores between
+/// pieces (`squeezeStreamWindows`: SETTINGS changing every stream's window while frames arrive).
 import DatamodeHTTP
 import DatamodeHTTP2
 
@@ -27,9 +29,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         return 0
     }
     var clock: UInt64 = 0
-    // Small limits so that short inputs reach every one.
+    let squeezing = input[0] & 0x40 != 0
+    // Small limits so that short inputs reach every one (a window must be above 64 KiB to be squeezed).
     let configuration = HTTP2ServerConfiguration(
-        maxConcurrentStreams: 8, initialWindowSize: 4096, connectionWindowSize: 8192,
+        maxConcurrentStreams: 8, initialWindowSize: squeezing ? 1 << 17 : 4096, connectionWindowSize: squeezing ? 1 << 17 : 8192,
         headerLimits: HTTPLimits(requestLine: 256, headerSection: 1024, headerCount: 16),
         floods: HTTP2FloodLimits(resets: HTTP2RateLimit(burst: 20, perSecond: 1), pings: HTTP2RateLimit(burst: 10, perSecond: 1),
                                  settings: HTTP2RateLimit(burst: 5, perSecond: 1), emptyFrames: HTTP2RateLimit(burst: 10, perSecond: 1),
@@ -50,6 +53,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     while offset < size {
         let end = min(offset + piece, size)
         for event in session.receive(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: input[offset..<end]))) { checker.check(event, session) }
+        if squeezing { toggleSqueeze(session.squeezeStreamWindows, session.restoreStreamWindows, piece: offset / piece) }
         drain()
         clock += 50_000_000
         offset = end
@@ -57,6 +61,15 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     for _ in 0..<64 where session.wantsWrite { drain() }
     checkWholeFrames(output)
     return 0
+}
+
+/// Squeezes on every third piece and restores on the next (the engine's hysteresis, compressed).
+func toggleSqueeze(_ squeeze: () -> Bool, _ restore: () -> Bool, piece: Int) {
+    switch piece % 3 {
+    case 0: _ = squeeze()
+    case 1: _ = restore()
+    default: break
+    }
 }
 
 struct Checker {

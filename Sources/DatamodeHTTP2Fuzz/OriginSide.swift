@@ -12,7 +12,8 @@ import DatamodeHTTP
 import DatamodeHTTP2
 
 func fuzzOriginSide(_ input: UnsafeBufferPointer<UInt8>, piece: Int) {
-    let configuration = HTTP2ClientConfiguration(initialWindowSize: 4096,
+    let squeezing = input[0] & 0x40 != 0
+    let configuration = HTTP2ClientConfiguration(initialWindowSize: squeezing ? 1 << 17 : 4096,
                                                  headerLimits: HTTPLimits(requestLine: 256, headerSection: 1024, headerCount: 16),
                                                  requestBodyHighWatermark: 512, requestBodyLowWatermark: 128)
     guard let session = try? HTTP2ClientSession(configuration: configuration) else { fatalError("session creation failed") }
@@ -45,6 +46,7 @@ func fuzzOriginSide(_ input: UnsafeBufferPointer<UInt8>, piece: Int) {
         for event in session.receive(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: input[offset..<end]))) {
             checker.check(event, session)
         }
+        if squeezing { toggleSqueeze(session.squeezeStreamWindows, session.restoreStreamWindows, piece: offset / piece) }
         drain()
         offset = end
     }
