@@ -57,8 +57,13 @@ final class ClientTransport {
     private var readHold = ReadHold(drained: clientInputDrainedCallback)
     /// A splice relay has the socket (`suspendForSplice`): only `resumeAfterSplice` turns reading back on.
     private var splicing = false
-    /// Plain TCP: reads the socket in place of the bufferevent (whose EV_READ stays off), one `recv` per readiness.
+    /// Reads the socket in place of the bufferevent (whose EV_READ stays off), one `recv` per readiness: plain TCP
+    /// into `input`, TLS into the socket bufferevent's input, for the filter (`tlsSocketReadable`).
     private var reader = SocketReader()
+    /// Under TLS: the socket bufferevent's input (records), and reading held while it sits at its high watermark
+    /// because the filter does not take it (its own input full).
+    private var socketInput: OpaquePointer?
+    private var socketReadHold = ReadHold(drained: clientSocketInputDrainedCallback)
 
     init(worker: Worker, bev: OpaquePointer) {
         self.worker = worker
@@ -178,12 +183,46 @@ final class ClientTransport {
     /// read path would (bytes: the read callback; EOF or an error: the event callback, reading off).
     func socketReadable() {
         guard let owner else { return }
+        if let socketBev, let socketInput {
+            tlsSocketReadable(socketBev, socketInput)
+            return
+        }
         switch reader.readReady(fd: fd, into: input, scratch: worker.readScratch) {
         case .read: callbacks.read(bev, owner)
         case .nothing: holdReadingIfFull()  // a spurious wake-up, or no room (then hold rather than spin)
         case .end: callbacks.event(bev, Int16(BEV_EVENT_EOF | BEV_EVENT_READING), owner)
         case .failed: callbacks.event(bev, Int16(BEV_EVENT_ERROR | BEV_EVENT_READING), owner)
         }
+    }
+
+    /// Under TLS the reader reads the records into the socket bufferevent's input, and libevent_openssl's read callback
+    /// decrypts them (run by ours, `filterSocketCallbackRan`, which then writes whatever records it made), as
+    /// libevent's own read path would have had it, but with one `recv` where libevent made an `ioctl(FIONREAD)` and
+    /// a `readv` (issue 31: the intercepted rows' client socket); after a full 4 KiB read the rest comes in
+    /// `BulkRead`'s readv, as libevent read up to 256 KiB at once. The filter stops taking records while its own input
+    /// is full: the socket's input then holds reading at its high watermark (`socketReadHold`) until it drains, as a
+    /// plain input does. EOF and errors go to libevent_openssl's event callback, as libevent's read path reports them.
+    private func tlsSocketReadable(_ socketBev: OpaquePointer, _ socketInput: OpaquePointer) {
+        wrapFilterCallbacks(socketBev)  // libevent_openssl sets new ones when the handshake completes
+        switch reader.readReady(fd: fd, into: socketInput, scratch: worker.readScratch) {
+        case .read(let n):
+            let buffered = evbuffer_get_length(socketInput)
+            if n == SocketReader.readSize && buffered < Flow.highWater {
+                BulkRead.readAvailable(fd: fd, into: socketInput, budget: Flow.highWater - buffered)
+            }
+            filterSocketCallbackRan(.read)
+        case .nothing:
+            if socketReadHold.holdIfFull(input: socketInput, owner: context(self)) { reader.setReading(false, bev: bev) }
+        case .end: filterSocketCallbackRan(.event, Int16(BEV_EVENT_EOF | BEV_EVENT_READING))
+        case .failed: filterSocketCallbackRan(.event, Int16(BEV_EVENT_ERROR | BEV_EVENT_READING))
+        }
+    }
+
+    /// Records left the held socket input (`clientSocketInputDrainedCallback`): reading goes on, unless the session's
+    /// own hold keeps it off.
+    func socketInputDrained() {
+        guard let socketInput, socketReadHold.releaseIfDrained(input: socketInput, owner: context(self)) else { return }
+        if !readHold.isHeld && !socketHandedOff { reader.setReading(true, bev: bev) }
     }
 
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv (plain only).
@@ -221,14 +260,19 @@ final class ClientTransport {
     /// slower origin or a link bucket, SPEC §10; requests pipelined behind a busy one) holds reading (`ReadHold`).
     func holdReadingIfFull() {
         guard !socketHandedOff, !isStream else { return }
-        if readHold.holdIfFull(input: input, owner: context(self)) { reader.setReading(false, bev: bev) }
+        guard readHold.holdIfFull(input: input, owner: context(self)) else { return }
+        reader.setReading(false, bev: bev)
+        // Under TLS the filter's reading goes off too: libevent runs its read callback again and again while its
+        // input sits at the watermark with EV_READ on (`ReadHold`).
+        if socketBev != nil { bufferevent_disable(bev, Int16(EV_READ)) }
     }
 
     /// Bytes left the held input (`clientInputDrainedCallback`): below the watermark, reading goes on (unless a
     /// splice has the socket meanwhile).
     func inputDrained() {
         guard readHold.releaseIfDrained(input: input, owner: context(self)) else { return }
-        if !splicing && !socketHandedOff { reader.setReading(true, bev: bev) }
+        if socketBev != nil { bufferevent_enable(bev, Int16(EV_READ)) }
+        if !splicing && !socketHandedOff && !socketReadHold.isHeld { reader.setReading(true, bev: bev) }
     }
 
     // MARK: parking (an idle connection gives its buffers back)
@@ -260,11 +304,10 @@ final class ClientTransport {
     /// False when no filter could be made (`ssl` is freed).
     func startTLS(_ ssl: OpaquePointer) -> Bool {
         let socketBev = bev
-        // The filter reads the socket through the socket bufferevent's own read path (it turns the socket's EV_READ
-        // on when it is made), so the reader lets go. Writes stay speculative, of records now (`wrapFilterCallbacks`):
-        // a fresh writer writes whatever the socket's output still holds (the CONNECT's answer) before them.
+        // The reader goes on reading the socket, into the socket bufferevent's input for the filter now
+        // (`tlsSocketReadable`). Writes stay speculative, of records now (`wrapFilterCallbacks`): a fresh writer writes
+        // whatever the socket's output still holds (the CONNECT's answer) before them.
         writer = SpeculativeWriter()
-        reader.stop()
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
                                                           TLSBuffereventOptions) else {
             SSL_free(ssl)
@@ -279,8 +322,14 @@ final class ClientTransport {
         // Many clients end a TLS connection without close_notify once they have what they wanted; between
         // requests that is an ordinary close, not an error. (Origins do not get this leniency: see UpstreamConnection.)
         bufferevent_openssl_set_allow_dirty_shutdown(filter, 1)
-        // The filter turned the socket's EV_WRITE on as it was made; the writer turns it on only when it must.
-        bufferevent_disable(socketBev, Int16(EV_WRITE))
+        // The filter turned the socket's EV_READ and EV_WRITE on as it was made: the reader reads, and the writer
+        // turns EV_WRITE on only when it must.
+        bufferevent_disable(socketBev, Int16(EV_READ | EV_WRITE))
+        socketInput = bufferevent_get_input(socketBev)
+        if readHold.isHeld {
+            readHold.release(input: input, owner: context(self))  // `input` becomes the filter's
+        }
+        reader.setReading(true, bev: socketBev!)
         wrapFilterCallbacks(socketBev!)
         bev = filter
         input = bufferevent_get_input(filter)
@@ -418,9 +467,15 @@ final class ClientTransport {
         // The socket bufferevent may outlive this transport (libevent frees it with the filter, which waits for
         // its own pending callbacks): its callbacks go back to libevent_openssl's, which point at the filter.
         if let socketBev, !socketHandedOff {
-            bufferevent_setcb(socketBev, filterCallbacks.read, filterCallbacks.write, filterCallbacks.event,
-                              filterCallbacks.context)
+            var current: UnsafeMutableRawPointer?
+            bufferevent_getcb(socketBev, nil, nil, nil, &current)
+            if current == context(self) {  // ours, not libevent_openssl's newer ones (a handshake just completed)
+                bufferevent_setcb(socketBev, filterCallbacks.read, filterCallbacks.write, filterCallbacks.event,
+                                  filterCallbacks.context)
+            }
+            if let socketInput { socketReadHold.release(input: socketInput, owner: context(self)) }
             self.socketBev = nil
+            socketInput = nil
         }
         reader.stop()
         // A stream's exchange says how it ended (a close-delimited response ends cleanly, a cut one does not); the

@@ -444,6 +444,11 @@ let upstreamInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
 }
 
 /// A plain client connection's input shrank while its reading is held at the high watermark.
+/// Records left a TLS client's held socket input (`ClientTransport.socketInputDrained`).
+let clientSocketInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
+    guard let info, info.pointee.n_deleted > 0 else { return }
+    owner(ctx, as: ClientTransport.self).socketInputDrained()
+}
 let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
     guard let info, info.pointee.n_deleted > 0 else { return }
     owner(ctx, as: ClientTransport.self).inputDrained()
