@@ -156,18 +156,9 @@ import Testing
     /// Arguments: proxy port, origin port, CA file, body size. Prints "N bytes, clean end" when all is well.
     static let slowClosingClient = """
         import socket, ssl, sys, time
+        \(strictTunnel)
         proxy_port, port, ca, size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-        raw = socket.socket()
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        raw.settimeout(60)
-        raw.connect(("127.0.0.1", proxy_port))
-        raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
-        head = b""
-        while b"\\r\\n\\r\\n" not in head:
-            head += raw.recv(1)
-        context = ssl.create_default_context(cafile=ca)
-        context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-        tls = context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+        tls = strict_tunnel(proxy_port, port, ca, rcvbuf=4096, timeout=60)
         tls.sendall(b"GET /bytes/%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\nConnection: close\\r\\n\\r\\n" % (size, port))
         time.sleep(0.2)  # the proxy fills the window and has to wait for it
         data = bytearray()
@@ -218,12 +209,16 @@ import Testing
         #expect(firstDifference == nil, "first differing byte at \(firstDifference ?? -1)", sourceLocation: sourceLocation)
     }
 
-    /// Python: `strict_tunnel(proxy_port, port, ca)` opens a CONNECT tunnel to `localhost:port` through the proxy and
-    /// starts TLS in it, trusting `ca`. Strict about the end: Debian's Python ignores a missing close_notify by
+    /// Python: `strict_tunnel(proxy_port, port, ca, rcvbuf=0, timeout=20)` opens a CONNECT tunnel to `localhost:port`
+    /// through the proxy (a receive buffer of `rcvbuf` bytes when given) and starts TLS in it, trusting `ca`. Strict about the end: Debian's Python ignores a missing close_notify by
     /// default, and the tests that use it are about exactly that. Interpolate it at a script's base indentation.
     static let strictTunnel = """
-        def strict_tunnel(proxy_port, port, ca):
-            raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=20)
+        def strict_tunnel(proxy_port, port, ca, rcvbuf=0, timeout=20):
+            raw = socket.socket()
+            if rcvbuf:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window it offers
+            raw.settimeout(timeout)
+            raw.connect(("127.0.0.1", proxy_port))
             raw.sendall(b"CONNECT localhost:%d HTTP/1.1\\r\\nHost: localhost:%d\\r\\n\\r\\n" % (port, port))
             head = b""
             while b"\\r\\n\\r\\n" not in head:
