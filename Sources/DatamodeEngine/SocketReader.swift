@@ -15,8 +15,9 @@ import Glibc
 /// `BulkRead`, as before. The outcome goes to the owner's usual bufferevent callbacks: bytes to the read callback, EOF or an error
 /// to the event callback with `BEV_EVENT_READING`, reading already off, as `bufferevent_readcb` does.
 ///
-/// TLS and HTTP/2 pairs keep libevent's read path (their bytes are records or frames, not the payload). A socket that
-/// goes to a TLS filter, a splice relay or parking stops the reader first (`stop`, `setReading(false)`).
+/// A TLS client's socket is read the same way, its records into the socket bufferevent's input for the filter
+/// (`ClientTransport.tlsSocketReadable`); TLS origins and HTTP/2 pairs keep libevent's read path. A socket that goes
+/// to a splice relay or parking stops the reader first (`stop`, `setReading(false)`).
 struct SocketReader {
     private var event: OpaquePointer?
     /// Whether the read event is added (EV_READ "enabled").
