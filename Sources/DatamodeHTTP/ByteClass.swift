@@ -63,7 +63,7 @@ enum ByteClass {
 }
 
 /// Helpers to make Strings and compare names without Foundation.
-enum ASCII {
+public enum ASCII {
     /// One String from an already validated byte range. Valid UTF-8 is copied as is.
     @inline(__always)
     static func string(_ bytes: UnsafeRawBufferPointer, _ from: Int, _ to: Int) -> String {
@@ -79,7 +79,7 @@ enum ASCII {
         return true
     }
 
-    static func equalsIgnoringCase(_ a: String, _ b: String) -> Bool {
+    public static func equalsIgnoringCase(_ a: String, _ b: String) -> Bool {
         // Lengths first: O(1) for native strings, and almost every mismatch is decided there.
         guard a.utf8.count == b.utf8.count else { return false }
         return a.withUTF8Bytes { ua in

@@ -53,10 +53,10 @@ public enum HTTP2OriginRequestTranslation {
         // By index, here and below: `for field in head.fields` copied each field (a retain and a release per string).
         for i in head.fields.indices {
             switch head.fields[i].name.utf8.count {
-            case 4 where HTTP2RequestBuilder.equalsIgnoringASCIICase(head.fields[i].name, "host"):
+            case 4 where ASCII.equalsIgnoringCase(head.fields[i].name, "host"):
                 hostCount += 1
                 if host == nil { host = head.fields[i].value }
-            case 10 where HTTP2RequestBuilder.equalsIgnoringASCIICase(head.fields[i].name, "connection"):
+            case 10 where ASCII.equalsIgnoringCase(head.fields[i].name, "connection"):
                 hasConnection = true
             default:
                 break
@@ -74,7 +74,7 @@ public enum HTTP2OriginRequestTranslation {
             if name == "te" {
                 // `te: trailers` is the one TE HTTP/2 carries (RFC 9113 §8.2.2).
                 if head.fields[i].value.split(separator: ",").contains(where: {
-                    HTTP2RequestBuilder.equalsIgnoringASCIICase($0.trimmingSpaces, "trailers")
+                    ASCII.equalsIgnoringCase($0.trimmingSpaces, "trailers")
                 }) {
                     fields.append(HTTPField(name: "te", value: "trailers"))
                 }

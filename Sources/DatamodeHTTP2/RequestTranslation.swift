@@ -81,7 +81,7 @@ struct HTTP2RequestBuilder {
                 return .failure(.malformed(reason))
             }
         }
-        if let host, !Self.equalsIgnoringASCIICase(host, authority) {
+        if let host, !ASCII.equalsIgnoringCase(host, authority) {
             return .failure(.malformed(.hostDisagreesWithAuthority))
         }
         // A body cannot follow END_STREAM: a declared length other than 0 is already a disagreement.
@@ -106,7 +106,7 @@ struct HTTP2RequestBuilder {
             return .malformed(.connectionSpecificField(nameString))
         case "te":
             // RFC 9113 §8.2.2: TE may be present only with the value "trailers".
-            guard Self.equalsIgnoringASCIICase(valueString, "trailers") else {
+            guard ASCII.equalsIgnoringCase(valueString, "trailers") else {
                 return .malformed(.connectionSpecificField("te"))
             }
         case "content-length":
@@ -232,16 +232,5 @@ struct HTTP2RequestBuilder {
         // path here and as an authority by whoever sees :authority alone; such a request is refused.
         return RequestTarget.isAbsolute(scheme: scheme, authority: authority, path: path)
             ? nil : .invalidTarget(authority + path)
-    }
-
-    static func equalsIgnoringASCIICase(_ a: String, _ b: String) -> Bool {
-        let a = a.utf8, b = b.utf8
-        guard a.count == b.count else { return false }
-        for (x, y) in zip(a, b) where lower(x) != lower(y) { return false }
-        return true
-    }
-
-    private static func lower(_ b: UInt8) -> UInt8 {
-        b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z") ? b | 0x20 : b
     }
 }
