@@ -384,8 +384,8 @@ final class HTTP1Session: ClientSession {
         release(driver)
     }
 
-    /// Frees everything: the exchange's upstream and splices (when it still has one), the timer, the bufferevent.
-    func release(_ driver: ExchangeDriver? = nil, graceful: Bool = false) {
+    /// Frees the exchange's upstream and splices (if any), the timers and the wire; all but the wire for `successor`.
+    func release(_ driver: ExchangeDriver? = nil, graceful: Bool = false, handingTo successor: HTTP2Session? = nil) {
         guard !released else { return }
         released = true
         // A TLS session that ends normally says so (close_notify), so the client can tell a response delimited by
@@ -397,6 +397,7 @@ final class HTTP1Session: ClientSession {
         timer = nil
         shaping.release()
         stopServerFirstTimer()
+        if let successor { return worker.clientChangedHands(from: self, to: successor) }
         transport.release(cleanTLSEnd: cleanTLSEnd)
         worker.clientClosed(self)
     }
@@ -406,11 +407,7 @@ final class HTTP1Session: ClientSession {
     func handOver(to successor: HTTP2Session) {
         guard !released else { return }
         machine.closed()
-        released = true
-        if let timer { event_free(timer) }
-        timer = nil
-        shaping.release()
-        worker.clientChangedHands(from: self, to: successor)
+        release(handingTo: successor)
     }
 
     /// Drain: close if idle between requests, once what is queued for the client is written; otherwise close after
