@@ -88,6 +88,12 @@ final class ClientTransport {
     /// Plain TCP: the session may splice, bulk-read and park on the socket itself.
     var isPlain: Bool { ssl == nil && !isStream }
 
+    /// TLS: after the client's close_notify or FIN the filter sends nothing more (libevent_openssl), so the client's
+    /// end of the connection is its end both ways, and an exchange with anything left to send ends then (it would
+    /// wait for ever, its upstream held: session 19's outside test kept 14 of 15 cut downloads for good). Plain TCP
+    /// keeps writing after a half-close.
+    var endsBothWaysAtEOF: Bool { ssl != nil && !isStream }
+
     /// Registers `owner`'s callbacks and the connection's watermarks and limits; reading on, writing speculative.
     /// `callbacks`: the HTTP/1 session's, or the HTTP/2 session's once the client chose `h2` (the same wire,
     /// another owner: `HTTP2Session.adopt`).

@@ -225,6 +225,10 @@ final class HTTP1Session: ClientSession {
             abort(.clientAborted, detail: "client connection error")
             return
         }
+        // Under TLS, the end both ways (`endsBothWaysAtEOF`): what is left to send never would be (session 19).
+        if transport.endsBothWaysAtEOF, machine.exchange != nil || unsentOutput > 0 {
+            return abort(.clientAborted, detail: "client ended its TLS connection before the response was sent")
+        }
         // A half-close: what the client sent before it is answered, and what is queued for it is still written.
         machine.clientSentEOF()
         switch machine.state {

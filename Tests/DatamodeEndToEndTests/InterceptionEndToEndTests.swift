@@ -191,6 +191,28 @@ import Testing
         #expect(result.stdout == "\(size) bytes, clean end\n", "\(result.output)")
     }
 
+    /// Session 19's outside test: an HTTP/1.1 client inside TLS that gave up mid-download (curl's `--max-time`:
+    /// close_notify, then its socket closed) was kept for good, its connection counted active and its upstream open
+    /// and unread, as libevent_openssl writes nothing after the client's end and the session waited to write the
+    /// rest as after a half-close. Five such downloads: every connection is let go within seconds, client-aborted.
+    @Test func aTLSClientThatGivesUpMidDownloadIsLetGo() throws {
+        let rig = try Rig()
+        for _ in 0..<5 {
+            _ = try ExternalCommand.run("/usr/bin/curl", ["-s", "--http1.1", "-m", "0.4", "--limit-rate", "1M",
+                                                          "-x", "http://127.0.0.1:\(rig.proxy.port)", "--cacert", rig.caPath,
+                                                          "-o", "/dev/null", "https://localhost:\(rig.origin.port)/bytes/30000000"],
+                                        timeout: 20)
+        }
+        let admin = AdminAPIClient(port: rig.proxy.adminPort)
+        var active: Double?
+        #expect(AdminPolling.until(timeout: .seconds(10)) {
+            active = try? admin.scrape().value("datamode_connections_active")
+            return active == 0
+        }, "connections still active: \(String(describing: active))")
+        let cut = rig.proxy.accessLog.filter { ($0["url"] as? String)?.hasSuffix("/bytes/30000000") == true }
+        #expect(cut.count == 5 && cut.allSatisfy { $0["reason"] as? String == "client-aborted" }, "\(cut)")
+    }
+
     /// The access-log line of the request for `path`, once the proxy has written it (an exchange cut short is logged
     /// as its connection is freed, which may come a moment after the client saw the end).
     static func loggedLine(_ rig: Rig, path: String) -> [String: Any]? {
