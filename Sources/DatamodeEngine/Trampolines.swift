@@ -444,14 +444,15 @@ let upstreamInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
 }
 
 /// A plain client connection's input shrank while its reading is held at the high watermark.
+let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
+    guard let info, info.pointee.n_deleted > 0 else { return }
+    owner(ctx, as: ClientTransport.self).inputDrained()
+}
+
 /// Records left a TLS client's held socket input (`ClientTransport.socketInputDrained`).
 let clientSocketInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
     guard let info, info.pointee.n_deleted > 0 else { return }
     owner(ctx, as: ClientTransport.self).socketInputDrained()
-}
-let clientInputDrainedCallback: evbuffer_cb_func = { _, info, ctx in
-    guard let info, info.pointee.n_deleted > 0 else { return }
-    owner(ctx, as: ClientTransport.self).inputDrained()
 }
 
 // A TLS client's socket bufferevent (`ClientTransport.wrapFilterCallbacks`): libevent_openssl's callbacks run inside

@@ -308,7 +308,6 @@ final class UpstreamConnection {
         if state == .idle { state = .busy }
     }
 
-
     func detach() {
         owner = nil
         if readsInStreamSteps { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater) }
@@ -321,7 +320,6 @@ final class UpstreamConnection {
         readsInStreamSteps = forStream
         if forStream { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.streamHighWater) }
     }
-
 
     /// Queues the request head (sent as soon as the connection is up) and starts the response timer in its
     /// first role, the send watchdog (see `OriginResponseTimer`). A negative timeout: a tunnel, no timer.
