@@ -100,7 +100,6 @@ final class UpstreamConnection {
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
-        if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
         timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
         worker.upstreamOpened(self)
     }
@@ -147,16 +146,21 @@ final class UpstreamConnection {
     /// the exchanges to this origin) and this connection becomes its first stream, the request written so far moved
     /// into the pair. False when no session could be made (the connection then fails).
     private func adoptHTTP2() -> HTTP2OriginSession? {
-        guard let session = HTTP2OriginSession(worker: worker, key: key, wire: bev) else { return nil }
-        becomeStream(of: session)
+        // The request is taken out of the wire's output first: the session turns the wire's writing on, and a TLS
+        // filter then encrypts what its output holds at once (HTTP/1.1 text, to an origin expecting h2's preface).
+        let pending = UpstreamWires.takeQueued(output)
+        guard let session = HTTP2OriginSession(worker: worker, key: key, wire: bev) else {
+            evbuffer_free(pending)
+            return nil
+        }
+        becomeStream(of: session, pending: pending)
         return session
     }
 
     /// `bev` is replaced by one end of a pair whose other end is a stream of `session`, the bytes queued so far
-    /// moved along; the caller disposes of the old `bev`.
-    private func becomeStream(of session: HTTP2OriginSession) {
-        let pending = evbuffer_new()!
-        evbuffer_add_buffer(pending, output)
+    /// (`pending`, else what `output` holds) moved along; the caller disposes of the old `bev`.
+    private func becomeStream(of session: HTTP2OriginSession, pending: OpaquePointer? = nil) {
+        let pending = pending ?? UpstreamWires.takeQueued(output)
         let (end, partner) = UpstreamWires.pair(worker)
         ssl = nil
         bev = end
@@ -225,30 +229,17 @@ final class UpstreamConnection {
     /// A bufferevent cannot connect twice: after a failed connect, move the pending output (the request head)
     /// to a fresh one and try the next resolved address.
     private func reconnectToNextAddress() {
-        let pending = evbuffer_new()!
-        evbuffer_add_buffer(pending, output)
+        let pending = UpstreamWires.takeQueued(output)
         reader.stop()
         bufferevent_free(bev)
         (bev, ssl) = UpstreamWires.socket(worker, key: key, offersH2: offersH2)
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
-        if ssl == nil { bufferevent_disable(bev, Int16(EV_WRITE)) }
         writer = SpeculativeWriter()
         evbuffer_add_buffer(output, pending)
         evbuffer_free(pending)
         connectNext()
-    }
-
-    /// The socket has a peer: the TCP connection was made (a TLS failure after it is the origin's TLS, not reachability).
-    private var tcpConnected: Bool {
-        let fd = bufferevent_getfd(bev)
-        guard fd >= 0 else { return false }
-        var address = sockaddr_storage()
-        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        return withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &length) == 0 }
-        }
     }
 
     /// Not TLS, not a stream: the socket carries the payload itself (splice needs that).
@@ -483,7 +474,7 @@ final class UpstreamConnection {
         }
         state = .connecting
         let result = address.withSockaddr { pointer, length in
-            bufferevent_socket_connect(bev, UnsafeMutablePointer(mutating: pointer), Int32(length))
+            bufferevent_socket_connect(UpstreamWires.connectable(bev), UnsafeMutablePointer(mutating: pointer), Int32(length))
         }
         if result != 0 {
             // Immediate failure (e.g. no route for this address family): try the next address.
@@ -518,7 +509,7 @@ final class UpstreamConnection {
             return
         }
         switch state {
-        case .connecting where key.tls && tcpConnected:
+        case .connecting where key.tls && UpstreamWires.hasPeer(bev):
             // The TCP connection worked; the TLS handshake did not. Another address will not fix that (SPEC §9:
             // 502 upstream-tls-error, the reason in the detail).
             let (reason, detail) = TLSClientContext.failure(bev, ssl: ssl, eof: what & Int16(BEV_EVENT_EOF) != 0)
