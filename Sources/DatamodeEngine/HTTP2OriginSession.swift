@@ -105,10 +105,12 @@ final class HTTP2OriginSession {
         }
     }
 
-    /// The stream's exchange let go (`HTTP2OriginStream.upstreamReleased`).
-    func streamReleased(_ stream: HTTP2OriginStream) {
+    /// The stream's exchange let go (`HTTP2OriginStream.upstreamReleased`); `wasWaiting`: it is in `waiting` (only then
+    /// is the queue searched: a started stream's release searched all of it, 1.7K instructions a request with 372
+    /// streams queued in the bench's h2 row).
+    func streamReleased(_ stream: HTTP2OriginStream, wasWaiting: Bool) {
         attached -= 1
-        if let index = waiting.firstIndex(where: { $0 === stream }) { waiting.remove(at: index) }
+        if wasWaiting, let index = waiting.firstIndex(where: { $0 === stream }) { waiting.remove(at: index) }
         scheduleFlush()
         if attached == 0 { armIdleTimer() }
     }

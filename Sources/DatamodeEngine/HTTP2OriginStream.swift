@@ -519,9 +519,11 @@ final class HTTP2OriginStream {
             self.id = nil
             session.codec.resetStream(id, code: .cancel)
         }
+        let wasWaiting: Bool
+        if case .waiting = request { wasWaiting = true } else { wasWaiting = false }
         request = .over
         response = .over
-        session.streamReleased(self)
+        session.streamReleased(self, wasWaiting: wasWaiting)
         guard let end else { return }
         self.end = nil
         bufferevent_free(end)
