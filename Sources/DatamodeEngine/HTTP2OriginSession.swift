@@ -23,6 +23,8 @@ final class HTTP2OriginSession {
     private var attached = 0
     private var timer: OpaquePointer?
     private var queuedFlush: QueuedFlush?
+    /// Reads the wire's socket for its TLS filter (`TLSSocketFeed`), handed over with the wire.
+    private var feed: TLSSocketFeed?
     /// No new stream: GOAWAY went either way, or the connection failed. It closes once its streams are done.
     private(set) var closing = false
     /// The lowest last stream of the origin's GOAWAYs (RFC 9113 §6.8: a stream above it was not processed).
@@ -39,7 +41,7 @@ final class HTTP2OriginSession {
     /// handshake, and guessing higher (RFC 9113 §6.5.2 only recommends 100) gets streams refused by a smaller origin.
     static let initialConcurrency = 1
 
-    init?(worker: Worker, key: UpstreamKey, wire: OpaquePointer) {
+    init?(worker: Worker, key: UpstreamKey, wire: OpaquePointer, feed: TLSSocketFeed?) {
         self.worker = worker
         self.key = key
         let settings = worker.settings
@@ -49,6 +51,7 @@ final class HTTP2OriginSession {
             requestBodyHighWatermark: Flow.highWater, requestBodyLowWatermark: Flow.lowWater)) else { return nil }
         self.codec = codec
         bev = wire
+        self.feed = feed
         bufferevent_setcb(wire, http2OriginReadCallback, http2OriginWriteCallback, http2OriginEventCallback, context(self))
         bufferevent_enable(wire, Int16(EV_READ | EV_WRITE))
         timer = dm_timer_new(worker.base, http2OriginTimerCallback, context(self))
@@ -309,6 +312,8 @@ final class HTTP2OriginSession {
         if let timer { event_free(timer) }
         timer = nil
         queuedFlush?.free()
+        feed?.stop()
+        feed = nil
         if let bev { bufferevent_free(bev) }
         bev = nil
         worker.metrics.http2OriginConnectionClosed()

@@ -87,6 +87,8 @@ final class UpstreamConnection {
     private var ioSuspended = false
     /// Plain TCP, once connected: reads the socket in place of the bufferevent (whose EV_READ stays off).
     private var reader = SocketReader()
+    /// TLS, once the handshake is done: reads the socket under the filter (goes with the wire to an h2 session).
+    private var feed: TLSSocketFeed?
     /// The read watermark is `Flow.streamHighWater` (`responseBodyStarts`) until the connection is let go.
     private var readsInStreamSteps = false
 
@@ -149,10 +151,11 @@ final class UpstreamConnection {
         // The request is taken out of the wire's output first: the session turns the wire's writing on, and a TLS
         // filter then encrypts what its output holds at once (HTTP/1.1 text, to an origin expecting h2's preface).
         let pending = UpstreamWires.takeQueued(output)
-        guard let session = HTTP2OriginSession(worker: worker, key: key, wire: bev) else {
+        guard let session = HTTP2OriginSession(worker: worker, key: key, wire: bev, feed: feed) else {
             evbuffer_free(pending)
             return nil
         }
+        feed = nil
         becomeStream(of: session, pending: pending)
         return session
     }
@@ -492,6 +495,7 @@ final class UpstreamConnection {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
             let fd = bufferevent_getfd(bev)
             if fd >= 0 { dm_set_nodelay(fd) }
+            if ssl != nil { feed = TLSSocketFeed(worker: worker, filter: bev) }
             if offersH2, let ssl {
                 var session: HTTP2OriginSession?
                 if TLSClientContext.negotiatedH2(ssl) {
@@ -658,6 +662,8 @@ final class UpstreamConnection {
         }
         handedHeads = []
         reader.stop()
+        feed?.stop()
+        feed = nil
         bufferevent_free(bev)
         worker.upstreamClosed(self)
     }
