@@ -314,6 +314,7 @@ final class ClientTransport {
         // (`tlsSocketReadable`). Writes stay speculative, of records now (`wrapFilterCallbacks`): a fresh writer writes
         // whatever the socket's output still holds (the CONNECT's answer) before them.
         writer = SpeculativeWriter()
+        writer.limit = SpeculativeWriter.tlsRecordsLimit
         guard let filter = bufferevent_openssl_filter_new(worker.base, socketBev, ssl, BUFFEREVENT_SSL_ACCEPTING,
                                                           TLSBuffereventOptions) else {
             SSL_free(ssl)

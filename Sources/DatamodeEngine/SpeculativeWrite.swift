@@ -26,6 +26,13 @@ struct SpeculativeWriter {
     /// worse (1.37 against 0.92 CPU s/GB for 100 MiB in the same bench), and the saving is per exchange, not
     /// per byte: heads and small responses are where the epoll_ctl pairs were.
     static let speculativeLimit = 16 * 1024
+    /// A TLS client's records (`ClientTransport.startTLS`): a 100 KiB answer's ~104 KiB of records went through
+    /// libevent's write path, with an epoll_ctl pair and a loop round each time (perf tracepoints: 4.5 epoll_ctl and
+    /// 3.0 writev a request); written at once they cost 145 against 164 µs a request (issue 31's HTTPS 100 KiB row).
+    /// Bulk downloads keep the socket's output above this and go on through libevent's path.
+    static let tlsRecordsLimit = 256 * 1024
+    /// Outputs up to this are written speculatively.
+    var limit = Self.speculativeLimit
 
     /// Writes what `bev`'s output holds; enables EV_WRITE only if some remains. Errors are left for libevent
     /// to report: data stays queued, EV_WRITE goes on, and its write fails again with the error event.
@@ -36,7 +43,7 @@ struct SpeculativeWriter {
             fileQueued = false
             return
         }
-        guard pending <= Self.speculativeLimit else {
+        guard pending <= limit else {
             bufferevent_enable(bev, Int16(EV_WRITE))
             waiting = true
             return
@@ -56,18 +63,20 @@ struct SpeculativeWriter {
         }
     }
 
-    /// Writes the front of `output` with one send(2), or sendmsg(2) when it spans chains, and drains what the
-    /// socket took. libevent's `evbuffer_write` uses writev(2), which goes through the VFS layer (`vfs_writev`,
-    /// `fdget_pos`) on every call; the socket calls do not, and a head or a small response is almost always one
-    /// chain. Failures leave the data queued: EV_WRITE goes on and libevent's own write reports the error.
+    /// Writes the front of `output` (at most 16 chains: a TLS output has a chain per record) with one send(2), or
+    /// sendmsg(2) when it spans chains, and drains what the socket took. libevent's `evbuffer_write` uses writev(2),
+    /// which goes through the VFS layer (`vfs_writev`, `fdget_pos`) on every call; the socket calls do not, and a
+    /// head or a small response is almost always one chain. Failures leave the data queued: EV_WRITE goes on and
+    /// libevent's own write reports the error.
     private static func send(_ output: OpaquePointer, fd: Int32) {
-        var vectors = (iovec(), iovec(), iovec(), iovec())
+        var vectors = (iovec(), iovec(), iovec(), iovec(), iovec(), iovec(), iovec(), iovec(),
+                       iovec(), iovec(), iovec(), iovec(), iovec(), iovec(), iovec(), iovec())
         withUnsafeMutableBytes(of: &vectors) { raw in
             // On Linux <event2/buffer.h> defines evbuffer_iovec as struct iovec.
             let vecs = raw.baseAddress!.assumingMemoryBound(to: iovec.self)
-            let count = Int(evbuffer_peek(output, -1, nil, vecs, 4))
+            let count = Int(evbuffer_peek(output, -1, nil, vecs, 16))
             guard count > 0 else { return }
-            let used = min(count, 4)
+            let used = min(count, 16)
             let sent: Int
             if used == 1 {
                 sent = Glibc.send(fd, vecs[0].iov_base, vecs[0].iov_len, Int32(MSG_NOSIGNAL))
