@@ -1,6 +1,5 @@
 import CDatamodeShims
 import CLibevent
-import COpenSSL
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -29,6 +28,8 @@ enum UpstreamWires {
                                                            TLSBuffereventOptions) {
                 ssl = state
                 bev = filter
+                bufferevent_set_max_single_read(filter, Flow.maxSingleIO)
+                bufferevent_set_max_single_write(filter, Flow.maxSingleIO)
                 // The filter encrypts only while its socket holds less than this, so a slow origin keeps the request
                 // in the filter's output, where backpressure sees it.
                 bufferevent_setwatermark(socketBev, Int16(EV_WRITE), Flow.lowWater, Flow.highWater)
@@ -39,8 +40,6 @@ enum UpstreamWires {
         }
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
-        bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
-        bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
         // EV_WRITE stays off until the connection is made (`UpstreamConnection.connected`): plain TCP writes
         // speculatively, and a TLS filter would encrypt the request queued so far the moment its handshake ends,
         // before the connection heard whether the origin chose h2 (and the head must go to a stream instead).
