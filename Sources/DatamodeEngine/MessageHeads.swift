@@ -65,7 +65,7 @@ enum MessageHeads {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
         forwardedRequest(head, target: target, tags: tags, settings: settings, mode: mode, upgrade: upgrade,
                          framing: framing, connectionTokens: listed, variantTarget: variantTarget, into: &writer)
-        return .text(writer.bytes)
+        return .text(writer.take())
     }
 
     private static func forwardedRequest<Sink: RequestHeadSink>(_ head: RequestHead, target: RequestTarget,
@@ -124,7 +124,7 @@ enum MessageHeads {
         relayedResponse(head, keepAlive: keepAlive, clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding,
                         variant: variant, upgrade: upgrade, framing: framing, connectionTokens: connectionTokens,
                         heldMilliseconds: heldMilliseconds, into: &writer)
-        return writer.bytes
+        return writer.take()
     }
 
     /// `relayedResponse` as a head, not text: for an HTTP/2 stream, which takes it in memory (`HTTP2Stream.take`).
@@ -207,7 +207,7 @@ enum MessageHeads {
             writer.field("Connection", "keep-alive")
         }
         writer.end()
-        return writer.bytes
+        return writer.take()
     }
 }
 

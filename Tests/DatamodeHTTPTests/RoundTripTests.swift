@@ -18,6 +18,28 @@ struct RoundTripTests {
         #expect(r.bytes == Array("HTTP/1.0 204 \r\nVia: 1.1 datamode-proxy\r\n\r\n".utf8))
     }
 
+    /// The writer copies lines into room it grows itself: heads far beyond the capacity it was given, with lines
+    /// longer than all of it, come out byte for byte as the same lines appended one by one, and `take` hands over
+    /// exactly the head (not the room behind it).
+    @Test func headsLargerThanTheirCapacityAreWrittenWhole() {
+        var random = SystemRandomNumberGenerator()
+        for _ in 0..<200 {
+            var w = HeadWriter(capacity: Int.random(in: 0...80, using: &random))
+            var expected = Array("HTTP/1.1 200 OK\r\n".utf8)
+            w.statusLine(version: .http11, status: 200, reason: "OK")
+            for k in 0..<Int.random(in: 0...40, using: &random) {
+                let value = String(repeating: "v", count: Int.random(in: 0...3000, using: &random))
+                w.field("F\(k)", value)
+                expected += Array("F\(k): \(value)\r\n".utf8)
+            }
+            w.end()
+            expected += [13, 10]
+            #expect(w.bytes == expected)
+            #expect(w.take() == expected)
+            #expect(w.bytes.isEmpty)
+        }
+    }
+
     @Test func serializedNormalisesWhitespace() throws {
         let h = try #require(head(parseRequest("\r\nGET / HTTP/1.1\r\nA:b  \r\nB: \tc d\r\n\r\n")))
         #expect(h.serialized() == Array("GET / HTTP/1.1\r\nA: b\r\nB: c d\r\n\r\n".utf8))
