@@ -188,6 +188,11 @@ private func checkPrefix<H: Equatable>(_ result: HeadParseResult<H>, expectCompl
 /// Normalisation is idempotent: the canonical URL parses to the same target.
 private func checkTarget(_ target: RequestTarget, method: String) {
     guard target.form == .absolute || target.form == .authority else { return }
+    // `parse` keeps the client's string as the absolute URL when it is already the one spelling: kept or built,
+    // it must be exactly scheme://Host + path.
+    if target.form == .absolute, target.absoluteURL != target.scheme + "://" + target.hostHeaderValue + target.path {
+        fatalError("absolute URL \(target.absoluteURL) is not its parts' spelling: \(target)")
+    }
     guard case .success(let again) = RequestTarget.parse(target.absoluteURL, method: method), again == target else {
         fatalError("request target not idempotent: \(target)")
     }
