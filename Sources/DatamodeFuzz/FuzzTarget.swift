@@ -17,7 +17,9 @@
 ///   the same verdict at the same byte, with the same head or the same bytes forwarded, as `HTTP1Parser` and
 ///   `ChunkedDecoder` on the whole input;
 /// - a head that `HeadHandoff` lets skip its text (the HTTP/2 streams' seams) is what the parser reads from that text;
-/// - a parsed head translates to HTTP/2 fields the codecs' checks accept (`HTTP2FieldSource.translatedFromHTTP1Head`).
+/// - a parsed head translates to HTTP/2 fields the codecs' checks accept (`HTTP2FieldSource.translatedFromHTTP1Head`);
+/// - the parser's literals for known spellings and its out-of-line name scan agree with building the String and
+///   testing each byte (`ParserFastPaths`).
 import CLibevent
 import DatamodeEngine
 import DatamodeHTTP
@@ -32,6 +34,13 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     // Small limits so that inputs up to -max_len=4096 reach every limit check.
     let small = HTTPLimits(requestLine: 512, headerSection: 2048, headerCount: 32)
     let split = size / 2
+
+    // MARK: the parser's fast paths for names and short strings, on the input's first bytes and its middle
+    for (from, to) in [(0, min(size, 40)), (split, min(size, split + 12))] {
+        if let disagreement = ParserFastPaths.disagreement(bytes, from, to) {
+            fatalError("parser fast path disagrees with its reference: \(disagreement)")
+        }
+    }
 
     // MARK: request heads
     let request = HTTP1Parser.parseRequestHead(bytes, limits: small)
