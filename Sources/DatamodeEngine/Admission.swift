@@ -235,7 +235,7 @@ struct Admission {
 
         let facts = RequestFacts(method: head.method, url: target.absoluteURL, host: target.host, port: Int(target.port),
                                  path: target.path, isConnect: target.form == .authority, client: client,
-                                 fields: head.fields.map { (name: $0.name, value: $0.value) })
+                                 fields: policyFields(head.fields, settings.policy))
         let decision = decide(facts, mode: mode, policy: settings.policy, provenance: &admission.tagSources)
         if let tags = decision.tags {
             admission.tags = tags
@@ -260,6 +260,16 @@ struct Admission {
                 ? (intercepts(target.host) ? .intercept(target) : .tunnel(target)) : .serveVariant(target, tags, rewrite)
         }
         return admission
+    }
+
+    /// The fields of a request the policy reads (`PolicySnapshot.readsField`), for its `RequestFacts`: none, and no
+    /// array, for most requests.
+    static func policyFields(_ fields: [HTTPField], _ policy: PolicySnapshot) -> [(name: String, value: String)] {
+        var read: [(name: String, value: String)] = []
+        for i in fields.indices where policy.readsField(fields[i].name) {
+            read.append((name: fields[i].name, value: fields[i].value))
+        }
+        return read
     }
 
     /// Marks which budgets a request counts against and judges it by the spent ones.

@@ -186,6 +186,8 @@ struct SliceIndex: Sendable {
 /// buckets wins, which is exactly "first in order" over the whole policy.
 final class PolicyIndex: Sendable {
     let rules: [CompiledRule]
+    /// The lowercased field names the rules' `headers` criteria match on, each once.
+    let headerCriterionNames: [[UInt8]]
     let ruleEntries: [RuleEntry]
     /// Host and path globs of all rules, case-insensitive.
     let ruleGlobs: GlobTable
@@ -267,6 +269,11 @@ final class PolicyIndex: Sendable {
             compiledRules.append(compiled)
         }
         self.rules = compiledRules
+        var criterionNames: [[UInt8]] = []
+        for rule in compiledRules {
+            for criterion in rule.headers where !criterionNames.contains(criterion.name) { criterionNames.append(criterion.name) }
+        }
+        self.headerCriterionNames = criterionNames
         self.ruleEntries = entries
         self.ruleGlobs = ruleGlobs
         self.rulesByHost = byHost
