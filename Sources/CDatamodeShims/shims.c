@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <malloc.h>
 #include <string.h>
+#include <time.h>
 
 struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg) {
     return evtimer_new(base, cb, arg);
@@ -32,6 +33,12 @@ int dm_event_add_us(struct event *ev, int64_t microseconds) {
     if (microseconds < 0) microseconds = 0;
     struct timeval tv = { .tv_sec = microseconds / 1000000, .tv_usec = microseconds % 1000000 };
     return event_add(ev, &tv);
+}
+
+uint64_t dm_monotonic_coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 int dm_set_nodelay(int fd) {

@@ -28,7 +28,7 @@ final class HTTP1Session: ClientSession {
     @inline(__always) var output: OpaquePointer { transport.output }
     let peerAddress: IPAddress?
     let peerText: String
-    private var timer: OpaquePointer?
+    private var timer: LazyTimer?
     var machine: StateMachine
     /// Set while `processInput` runs, so a response completed inside it does not recurse into it.
     private var processing = false
@@ -80,7 +80,7 @@ final class HTTP1Session: ClientSession {
 
     func start() {
         transport.configure(owner: context(self))
-        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
+        timer = LazyTimer(base: worker.base, callback: clientTimerCallback, owner: context(self))
         apply(machine.started())
         startTransparent()
     }
@@ -98,7 +98,7 @@ final class HTTP1Session: ClientSession {
         else { return false }
         transport.releaseKeepingSocket()
         released = true
-        if let timer { event_free(timer) }
+        timer?.free()
         timer = nil
         shaping.release()
         machine.parked()
@@ -110,7 +110,7 @@ final class HTTP1Session: ClientSession {
     /// `client-idle` left (the idle clock keeps running until a head's first byte arms `client-header`).
     func resume(idleLeftMilliseconds milliseconds: Int64) {
         transport.configure(owner: context(self))
-        timer = dm_timer_new(worker.base, clientTimerCallback, context(self))
+        timer = LazyTimer(base: worker.base, callback: clientTimerCallback, owner: context(self))
         armTimer(milliseconds)
     }
 
@@ -266,6 +266,7 @@ final class HTTP1Session: ClientSession {
     }
 
     func clientTimerFired() {
+        guard timer?.fired() == true else { return }
         apply(machine.timerFired(outputBacklog: unsentOutput))
     }
 
@@ -397,7 +398,7 @@ final class HTTP1Session: ClientSession {
         let cleanTLSEnd = graceful && !truncated && intercepted?.established == true
         // A tunnel's line is written here, when it ends; so is that of an exchange cut short without a word.
         driver?.released()
-        if let timer { event_free(timer) }
+        timer?.free()
         timer = nil
         shaping.release()
         stopServerFirstTimer()
@@ -448,12 +449,10 @@ final class HTTP1Session: ClientSession {
     }
 
     func armTimer(_ milliseconds: Int64) {
-        guard let timer else { return }
-        dm_event_add_ms(timer, milliseconds)
+        timer?.arm(milliseconds)
     }
 
     func disarmTimer() {
-        guard let timer else { return }
-        event_del(timer)
+        timer?.disarm()
     }
 }

@@ -51,7 +51,7 @@ final class UpstreamConnection {
     private(set) var bev: OpaquePointer
     private(set) var input: OpaquePointer
     private(set) var output: OpaquePointer
-    private var timer: OpaquePointer?
+    private var timer: LazyTimer?
     /// The exchange's lease on this connection: it receives the connection's events (nil while idle in the
     /// pool, or flushing after its tunnel's client went away). Not reference-counted: a weak reference to a
     /// per-request object cost a side table, slow loads and a slow deinit on every request (~2,000 instructions,
@@ -102,7 +102,7 @@ final class UpstreamConnection {
         input = bufferevent_get_input(bev)
         output = bufferevent_get_output(bev)
         bufferevent_setcb(bev, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
-        timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
+        timer = LazyTimer(base: worker.base, callback: upstreamTimerCallback, owner: context(self))
         worker.upstreamOpened(self)
     }
 
@@ -117,7 +117,7 @@ final class UpstreamConnection {
         input = bufferevent_get_input(end)
         output = bufferevent_get_output(end)
         bufferevent_setcb(end, upstreamReadCallback, upstreamWriteCallback, upstreamEventCallback, context(self))
-        timer = dm_timer_new(worker.base, upstreamTimerCallback, context(self))
+        timer = LazyTimer(base: worker.base, callback: upstreamTimerCallback, owner: context(self))
         state = .busy
         worker.upstreamOpened(self)
         originStream = session.attachStream(end: partner, upstream: self)
@@ -127,7 +127,7 @@ final class UpstreamConnection {
     /// Connected (TCP, TLS, or a stream): the request queued so far goes out, the owner hears it.
     private func connected() {
         state = .busy
-        if let timer { event_del(timer) }
+        timer?.disarm()
         carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
         // Plain TCP: EV_WRITE stays off and writes are speculative, `SocketReader` reads; TLS and pairs keep
         // libevent's read and write paths.
@@ -389,7 +389,7 @@ final class UpstreamConnection {
 
     private func responseHeadReceived() {
         responseTimer.headReceived()
-        if let timer { event_del(timer) }
+        timer?.disarm()
     }
 
     /// Whether any of the response waits to be read: a handed head or bytes in `input`.
@@ -582,6 +582,7 @@ final class UpstreamConnection {
     }
 
     func upstreamTimerFired() {
+        guard timer?.fired() == true else { return }
         if let failure = deferredFailure {
             deferredFailure = nil
             fail(failure.code, failure.detail)
@@ -605,7 +606,7 @@ final class UpstreamConnection {
     private func fail(_ code: ProxyErrorCode, _ detail: String) {
         if starting {
             deferredFailure = (code, detail)
-            if let timer { dm_event_add_ms(timer, 0) }
+            timer?.arm(0)
             return
         }
         let owner = self.owner
@@ -624,7 +625,7 @@ final class UpstreamConnection {
     }
 
     func takenFromPool() {
-        if let timer { event_del(timer) }
+        timer?.disarm()
         state = .busy
     }
 
@@ -654,7 +655,7 @@ final class UpstreamConnection {
         owner = nil
         lookup?.cancel()
         lookup = nil
-        if let timer { event_free(timer) }
+        timer?.free()
         timer = nil
         if let originStream {
             self.originStream = nil
@@ -669,8 +670,8 @@ final class UpstreamConnection {
     }
 
     private func armTimer(_ milliseconds: Int64) {
-        guard let timer, milliseconds > 0 else { return }
-        dm_event_add_ms(timer, milliseconds)
+        guard milliseconds > 0 else { return }
+        timer?.arm(milliseconds)
     }
 }
 

@@ -23,6 +23,9 @@ struct event *dm_read_event_new(struct event_base *base, int fd, event_callback_
 int dm_event_add_ms(struct event *ev, int64_t milliseconds);
 /** evtimer_add with a microsecond timeout (link shaping needs finer steps than milliseconds at 1 Gbit/s). */
 int dm_event_add_us(struct event *ev, int64_t microseconds);
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: the vDSO's last tick (1-4 ms resolution), no clock read. For timers
+/// that only need to know whether a deadline of seconds has passed (`LazyTimer`).
+uint64_t dm_monotonic_coarse_ns(void);
 /** Sets TCP_NODELAY: libevent never does, and Nagle + delayed ACK costs ~10 ms per exchange. */
 int dm_set_nodelay(int fd);
 /** The original destination of a connection the kernel redirected (netfilter REDIRECT/DNAT, SPEC §16):
