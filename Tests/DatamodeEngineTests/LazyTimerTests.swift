@@ -59,14 +59,21 @@ import Glibc
         }
     }
 
+    /// Arms for `first` milliseconds, then at once for `then`; runs until it came due. Returns when the second arm
+    /// was made and when it came due (once, or the test fails).
+    static func reArmed(_ base: OpaquePointer, _ box: Box, first: Int64, then: Int64) -> (start: UInt64, due: UInt64) {
+        box.timer.arm(first)
+        let start = dm_monotonic_coarse_ns()
+        box.timer.arm(then)
+        run(base, seconds: 3) { !box.dueAt.isEmpty }
+        #expect(box.dueAt.count == 1)
+        return (start, box.dueAt.first ?? .max)
+    }
+
     @Test func reArmingForSoonerFiresSooner() {
         Self.withTimer { base, box in
-            box.timer.arm(10_000)
-            let start = dm_monotonic_coarse_ns()
-            box.timer.arm(20)
-            Self.run(base, seconds: 3) { !box.dueAt.isEmpty }
-            #expect(box.dueAt.count == 1)
-            if let due = box.dueAt.first { #expect(due + Self.early >= start + 20_000_000 && due < start + 3_000_000_000) }
+            let (start, due) = Self.reArmed(base, box, first: 10_000, then: 20)
+            #expect(due + Self.early >= start + 20_000_000 && due < start + 3_000_000_000)
         }
     }
 
@@ -85,12 +92,8 @@ import Glibc
 
     @Test func atOnceIsAtOnceWhateverWasPending() {
         Self.withTimer { base, box in
-            box.timer.arm(60_000)
-            let start = dm_monotonic_coarse_ns()
-            box.timer.arm(0)
-            Self.run(base, seconds: 3) { !box.dueAt.isEmpty }
-            #expect(box.dueAt.count == 1)
-            if let due = box.dueAt.first { #expect(due < start + 2_000_000_000) }
+            let (start, due) = Self.reArmed(base, box, first: 60_000, then: 0)
+            #expect(due < start + 2_000_000_000)
             box.timer.arm(-1)  // negative: disarmed
             Self.run(base, seconds: 0.05) { false }
             #expect(box.dueAt.count == 1)
