@@ -8,7 +8,9 @@ import CLibevent
 /// disarm cost ~230 and ~140 instructions (a min-heap update), four adds and three deletes a plain keep-alive
 /// exchange (callgrind); nginx and HAProxy keep timers the same way.
 ///
-/// The clock is the coarse monotonic one (1–4 ms resolution, no clock read): `slack` early counts as due.
+/// The clock is the coarse monotonic one (the vDSO's last tick, 1–4 ms resolution): within `slackNanoseconds` of the
+/// deadline counts as due, so a timeout may end up to ~9 ms early. Configured timeouts are whole milliseconds up to a
+/// day (`ConfigValue.maximumDuration`): the deadline arithmetic cannot overflow.
 struct LazyTimer {
     private let event: OpaquePointer
     /// When the timer is due (coarse monotonic nanoseconds), or 0: not armed.
