@@ -64,6 +64,14 @@ def free_port():
         return s.getsockname()[1]
 
 
+def receive(sock):
+    """The next bytes; an end of stream before the answer is whole stops the run (it looped forever)."""
+    data = sock.recv(65536)
+    if not data:
+        raise SystemExit("the proxy closed the connection before its answer was whole")
+    return data
+
+
 def run_client(port, origin_port, path, n):
     """n requests on one keep-alive connection; returns the statuses seen."""
     statuses = []
@@ -73,11 +81,11 @@ def run_client(port, origin_port, path, n):
             sock.sendall(b"GET http://127.0.0.1:%d%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n"
                          % (origin_port, path.encode(), origin_port))
             while b"\r\n\r\n" not in buffer:
-                buffer += sock.recv(65536)
+                buffer += receive(sock)
             head, buffer = buffer.split(b"\r\n\r\n", 1)
             length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
             while len(buffer) < length:
-                buffer += sock.recv(65536)
+                buffer += receive(sock)
             buffer = buffer[length:]
             statuses.append(int(head.split(b" ", 2)[1]))
     return statuses
