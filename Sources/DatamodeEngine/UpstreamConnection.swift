@@ -552,7 +552,11 @@ final class UpstreamConnection {
             readMoreIfPending()
             owner?.upstreamReadable(self)
         case .idle:
-            // An idle connection must be silent; bytes here mean the origin is confused. Do not reuse it.
+            // An idle connection must be silent; bytes here mean the origin is confused. Do not reuse it. A TLS
+            // filter's read callback can come with nothing read: one deferred when it decrypted the last bytes of
+            // the response, which the client's side then took before it ran (issue 31: under load, nearly every
+            // HTTP/1.1 TLS origin connection was closed and a new handshake paid for the next request).
+            guard hasResponseBytes else { return }
             worker.pool.remove(self)
             close()
         case .flushing: evbuffer_drain(input, evbuffer_get_length(input))

@@ -66,6 +66,26 @@ import Testing
         #expect(rig.proxy.stderr.contains("Created the datamode-proxy CA"))
     }
 
+    /// Found by the HTTPS 100 KiB bench row (issue 31): with several clients fetching large answers over HTTP/1.1
+    /// TLS origins, the proxy opened a new origin connection (and paid a TLS handshake) for nearly every request.
+    /// The TLS filter calls an idle pooled connection's read callback with nothing read, and an idle connection
+    /// that "read something" was closed as a confused origin; it happened when the clients read slower than the
+    /// origin sent (50 clients: nearly every request). 32 tunnels, 160 answers of 100 KiB: at most 32 exchanges are
+    /// ever in flight, so 32 origin connections serve them all.
+    @Test func concurrentTunnelsFetchingLargeAnswersReusePooledOriginConnections() throws {
+        let rig = try Rig()
+        let urls = (0..<480).map { _ in rig.url("/bytes/102400") }
+        let result = try rig.curl(["-Z", "--parallel-max", "48", "-D", "-"] + urls.flatMap { ["-o", "/dev/null", $0] })
+        #expect(result.status == 0, "\(result.output)")
+        let counts = result.stdout.split(whereSeparator: \.isNewline).compactMap { line -> Int? in
+            guard line.lowercased().hasPrefix("x-origin-connections:") else { return nil }
+            return Int(line.split(separator: ":")[1].trimmingCharacters(in: .whitespaces))
+        }
+        #expect(counts.count == 480, "\(result.stdout)")
+        #expect((counts.max() ?? .max) <= 48, "origin connections accepted: \(counts)")
+        #expect(rig.proxy.accessLog.filter { $0["status"] as? Int == 200 && $0["url"] as? String == urls[0] }.count == 480)
+    }
+
     /// SPEC §10: a link profile's latency is added once per tunnel; inside an intercepted tunnel that is the first
     /// request's response head, not every request's (a link's delay is paid once per connection, not per request).
     @Test func aProfilesLatencyIsAddedOnceToAnInterceptedTunnel() throws {
