@@ -28,7 +28,11 @@ SQUID_CERTGEN = "/usr/lib/squid/security_file_certgen"
 DM_HTTPS = "datamode-https"
 # `--baseline-bin`: another build beside it, in the same run (before/after a change).
 DM_HTTPS_BASE = "datamode-https-baseline"
-ORDER = ["direct", DM_HTTPS, DM_HTTPS_BASE, "squid-bump", "mitmproxy"]
+# The same build with `http2.upstream: false`: HTTP/1.1 to the origin, one origin connection per client connection,
+# as Squid and mitmproxy do. The origin (nginx) picks h2 when offered, so the main row shares one multiplexed origin
+# connection; this row is the other half of the engine (issue 31: its pooling bug was invisible to the main row).
+DM_HTTPS_H1 = "datamode-https-h1origin"
+ORDER = ["direct", DM_HTTPS, DM_HTTPS_H1, DM_HTTPS_BASE, "squid-bump", "mitmproxy"]
 
 
 def log(msg):
@@ -86,7 +90,7 @@ def curl_probe(b, t):
     return True, "200 over TLS, leaf verified against its CA"
 
 
-def start_datamode(b, name=DM_HTTPS, binary=None):
+def start_datamode(b, name=DM_HTTPS, binary=None, h1_origin=False):
     if b.a.datamode_unavailable or not b.a.proxy_bin:
         t = b.target(name, "datamode-proxy")
         t.reason = b.a.datamode_unavailable or "no binary"
@@ -94,12 +98,15 @@ def start_datamode(b, name=DM_HTTPS, binary=None):
     origin_ca = os.path.join(b.work, "origin-tls", "origin-ca.pem")
 
     def with_tls(base):
-        return base + "tls: {intercept: [\"127.0.0.1\"], upstream-verify: true}\n"
+        text = base + "tls: {intercept: [\"127.0.0.1\"], upstream-verify: true}\n"
+        return text + ("http2: {upstream: false}\n" if h1_origin else "")
 
     # The CA's key goes into the state directory, which must be private (SPEC §9: 0700).
     os.makedirs(os.path.join(b.work, f"{name}-state"), mode=0o700, exist_ok=True)
     # SSL_CERT_FILE: the origin's CA is the trust store the proxy verifies the origin against (SPEC §9).
-    t = b.start_datamode(name, "datamode-proxy" if binary is None else "datamode-proxy (baseline)", extra_yaml=with_tls,
+    label = "datamode-proxy (baseline)" if binary is not None else (
+        "datamode-proxy, HTTP/1.1 to the origin" if h1_origin else "datamode-proxy")
+    t = b.start_datamode(name, label, extra_yaml=with_tls,
                          connect_port=b.origin_tls_port, env={"SSL_CERT_FILE": origin_ca}, probe=False, binary=binary)
     if not t.available:
         return t
@@ -166,6 +173,7 @@ def start_all(b):
     if not ok:
         raise RuntimeError("origin nginx does not serve HTTPS: " + why)
     starters = [(DM_HTTPS, "datamode-proxy", start_datamode),
+                (DM_HTTPS_H1, "datamode-proxy", lambda b: start_datamode(b, DM_HTTPS_H1, h1_origin=True)),
                 (DM_HTTPS_BASE, "baseline", lambda b: start_datamode(b, DM_HTTPS_BASE, b.a.baseline_bin)),
                 ("squid-bump", "squid", start_squid), ("mitmproxy", "mitmproxy", start_mitmproxy)]
     for name, selector, start in starters:

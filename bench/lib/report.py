@@ -208,8 +208,9 @@ def policy_section(res):
     return out
 
 
-HTTPS_ORDER = ["direct", "datamode-https", "datamode-https-baseline", "squid-bump", "mitmproxy"]
+HTTPS_ORDER = ["direct", "datamode-https", "datamode-https-h1origin", "datamode-https-baseline", "squid-bump", "mitmproxy"]
 HTTPS_NAMES = {"direct": "direct (client → origin TLS)", "datamode-https": "**datamode-proxy**",
+               "datamode-https-h1origin": "datamode-proxy, HTTP/1.1 to the origin (`http2.upstream: false`)",
                "datamode-https-baseline": "datamode-proxy (baseline build)",
                "squid-bump": "Squid `ssl_bump` (peek, stare, bump)", "mitmproxy": "mitmproxy (`mitmdump`)"}
 
@@ -258,10 +259,14 @@ def https_targets(res):
         field = "cpu_ms_per_conn" if key == "https_newconn" else "cpu_us_per_req"
         core = "conns_per_core_s" if key == "https_newconn" else "rps_per_core"
         dm, sq, mp = med(key, "datamode-https", field), med(key, "squid-bump", field), med(key, "mitmproxy", field)
-        dmc, mpc = med(key, "datamode-https", core), med(key, "mitmproxy", core)
-        vs_mitm = f"{dmc / mpc:.1f}× mitmproxy's per proxy core (target ≥ 10×)" if dmc and mpc else "vs mitmproxy: —"
-        vs_squid = f"{dm / sq:.2f}× Squid's CPU per unit (target ≤ 1)" if dm and sq else "vs Squid: —"
-        out.append(f"- {title}: datamode-proxy {vs_mitm}; {vs_squid}.")
+        for n, label in (("datamode-https", "datamode-proxy"),
+                         ("datamode-https-h1origin", "datamode-proxy with HTTP/1.1 to the origin")):
+            dm, dmc, mpc = med(key, n, field), med(key, n, core), med(key, "mitmproxy", core)
+            if n != "datamode-https" and dm is None:
+                continue
+            vs_mitm = f"{dmc / mpc:.1f}× mitmproxy's per proxy core (target ≥ 10×)" if dmc and mpc else "vs mitmproxy: —"
+            vs_squid = f"{dm / sq:.2f}× Squid's CPU per unit (target ≤ 1)" if dm and sq else "vs Squid: —"
+            out.append(f"- {title}: {label} {vs_mitm}; {vs_squid}.")
     if "https_h2_1k" in res["measurements"]:
         dmc, mpc = med("https_h2_1k", "datamode-https", "rps_per_core"), med("https_h2_1k", "mitmproxy", "rps_per_core")
         h2cpu, h1cpu = med("https_h2_1k", "datamode-https", "cpu_us_per_req"), med("https_1k", "datamode-https", "cpu_us_per_req")
