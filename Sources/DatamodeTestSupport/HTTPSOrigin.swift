@@ -317,6 +317,10 @@ public final class HTTPSOrigin: @unchecked Sendable {
     class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         daemon_threads = True
         allow_reuse_address = True
+        # socketserver's default backlog is 5: a hundred connections at once (an h2 client's streams, each on an
+        # HTTP/1.1 origin connection) overflowed it, and the kernel's SYN retries outlasted the proxy's connect
+        # timeout. nginx listens with 511.
+        request_queue_size = 511
 
         address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
 
