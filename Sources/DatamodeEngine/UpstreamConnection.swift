@@ -680,16 +680,19 @@ final class UpstreamConnection {
 }
 
 /// Idle keep-alive connections to origins, per host:port, for one worker (no sharing, no locks).
+///
+/// No host:port has a cap of its own: a burst's connections all go back, the most recently used is taken first,
+/// and those the next bursts do not need end at the idle timeout, so the pool holds what the last half minute
+/// needed (HAProxy keeps idle server connections the same way). A cap of 64 per origin closed the rest of every
+/// burst of an HTTP/2 client's streams to an HTTP/1.1 origin, and the next burst paid a TLS handshake for each.
 final class UpstreamPool {
     private var idle: [UpstreamKey: [UpstreamConnection]] = [:]
     private var count = 0
-    /// Most idle connections kept per host:port, and in all.
-    let maxPerKey: Int
+    /// Most idle connections kept in all.
     let maxTotal: Int
     let idleTimeoutMs: Int64
 
-    init(maxPerKey: Int = 64, maxTotal: Int = 1024, idleTimeoutMs: Int64 = 30_000) {
-        self.maxPerKey = maxPerKey
+    init(maxTotal: Int = 1024, idleTimeoutMs: Int64 = 30_000) {
         self.maxTotal = maxTotal
         self.idleTimeoutMs = idleTimeoutMs
     }
@@ -713,10 +716,6 @@ final class UpstreamPool {
             return
         }
         if let index = idle.index(forKey: connection.key) {
-            guard idle.values[index].count < maxPerKey else {
-                connection.close()
-                return
-            }
             connection.becomeIdle(timeoutMs: idleTimeoutMs)
             idle.values[index].append(connection)
         } else {
