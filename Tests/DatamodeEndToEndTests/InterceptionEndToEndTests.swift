@@ -77,10 +77,7 @@ import Testing
         let urls = (0..<480).map { _ in rig.url("/bytes/102400") }
         let result = try rig.curl(["-Z", "--parallel-max", "48", "-D", "-"] + urls.flatMap { ["-o", "/dev/null", $0] })
         #expect(result.status == 0, "\(result.output)")
-        let counts = result.stdout.split(whereSeparator: \.isNewline).compactMap { line -> Int? in
-            guard line.lowercased().hasPrefix("x-origin-connections:") else { return nil }
-            return Int(line.split(separator: ":")[1].trimmingCharacters(in: .whitespaces))
-        }
+        let counts = Self.originConnectionCounts(result.stdout)
         #expect(counts.count == 480, "\(result.stdout)")
         #expect((counts.max() ?? .max) <= 48, "origin connections accepted: \(counts)")
         #expect(rig.proxy.accessLog.filter { $0["status"] as? Int == 200 && $0["url"] as? String == urls[0] }.count == 480)
@@ -99,10 +96,7 @@ import Testing
             let result = try rig.curl(["-Z", "--parallel-max", "100", "-D", "-"] + urls.flatMap { ["-o", "/dev/null", $0] },
                                       http: "--http2")
             #expect(result.status == 0, "\(result.output)")
-            counts += result.stdout.split(whereSeparator: \.isNewline).compactMap { line -> Int? in
-                guard line.lowercased().hasPrefix("x-origin-connections:") else { return nil }
-                return Int(line.split(separator: ":")[1].trimmingCharacters(in: .whitespaces))
-            }
+            counts += Self.originConnectionCounts(result.stdout)
         }
         let outcomes = Set(rig.proxy.accessLog.map { "\($0["status"] ?? "-") \($0["error"] ?? "")" })
         #expect(counts.count == 300, "\(outcomes)")
@@ -259,6 +253,15 @@ import Testing
 
     /// The access-log line of the request for `path`, once the proxy has written it (an exchange cut short is logged
     /// as its connection is freed, which may come a moment after the client saw the end).
+    /// The `X-Origin-Connections` values of every response head curl printed (`-D -`): how many connections the
+    /// origin had accepted when it answered each.
+    static func originConnectionCounts(_ heads: String) -> [Int] {
+        heads.split(whereSeparator: \.isNewline).compactMap { line -> Int? in
+            guard line.lowercased().hasPrefix("x-origin-connections:") else { return nil }
+            return Int(line.split(separator: ":")[1].trimmingCharacters(in: .whitespaces))
+        }
+    }
+
     static func loggedLine(_ rig: Rig, path: String) -> [String: Any]? {
         var line: [String: Any]?
         _ = AdminPolling.until(timeout: .seconds(10)) {
