@@ -32,7 +32,8 @@ DM_HTTPS_BASE = "datamode-https-baseline"
 # as Squid and mitmproxy do. The origin (nginx) picks h2 when offered, so the main row shares one multiplexed origin
 # connection; this row is the other half of the engine (issue 31: its pooling bug was invisible to the main row).
 DM_HTTPS_H1 = "datamode-https-h1origin"
-ORDER = ["direct", DM_HTTPS, DM_HTTPS_H1, DM_HTTPS_BASE, "squid-bump", "mitmproxy"]
+DM_HTTPS_H1_BASE = "datamode-https-h1origin-baseline"
+ORDER = ["direct", DM_HTTPS, DM_HTTPS_H1, DM_HTTPS_BASE, DM_HTTPS_H1_BASE, "squid-bump", "mitmproxy"]
 
 
 def log(msg):
@@ -104,8 +105,8 @@ def start_datamode(b, name=DM_HTTPS, binary=None, h1_origin=False):
     # The CA's key goes into the state directory, which must be private (SPEC §9: 0700).
     os.makedirs(os.path.join(b.work, f"{name}-state"), mode=0o700, exist_ok=True)
     # SSL_CERT_FILE: the origin's CA is the trust store the proxy verifies the origin against (SPEC §9).
-    label = "datamode-proxy (baseline)" if binary is not None else (
-        "datamode-proxy, HTTP/1.1 to the origin" if h1_origin else "datamode-proxy")
+    label = ("datamode-proxy" + (" (baseline)" if binary is not None else "") +
+             (", HTTP/1.1 to the origin" if h1_origin else ""))
     t = b.start_datamode(name, label, extra_yaml=with_tls,
                          connect_port=b.origin_tls_port, env={"SSL_CERT_FILE": origin_ca}, probe=False, binary=binary)
     if not t.available:
@@ -175,6 +176,8 @@ def start_all(b):
     starters = [(DM_HTTPS, "datamode-proxy", start_datamode),
                 (DM_HTTPS_H1, "datamode-proxy", lambda b: start_datamode(b, DM_HTTPS_H1, h1_origin=True)),
                 (DM_HTTPS_BASE, "baseline", lambda b: start_datamode(b, DM_HTTPS_BASE, b.a.baseline_bin)),
+                (DM_HTTPS_H1_BASE, "baseline",
+                 lambda b: start_datamode(b, DM_HTTPS_H1_BASE, b.a.baseline_bin, h1_origin=True)),
                 ("squid-bump", "squid", start_squid), ("mitmproxy", "mitmproxy", start_mitmproxy)]
     for name, selector, start in starters:
         if selector == "baseline":

@@ -208,10 +208,12 @@ def policy_section(res):
     return out
 
 
-HTTPS_ORDER = ["direct", "datamode-https", "datamode-https-h1origin", "datamode-https-baseline", "squid-bump", "mitmproxy"]
+HTTPS_ORDER = ["direct", "datamode-https", "datamode-https-h1origin", "datamode-https-baseline",
+               "datamode-https-h1origin-baseline", "squid-bump", "mitmproxy"]
 HTTPS_NAMES = {"direct": "direct (client → origin TLS)", "datamode-https": "**datamode-proxy**",
                "datamode-https-h1origin": "datamode-proxy, HTTP/1.1 to the origin (`http2.upstream: false`)",
                "datamode-https-baseline": "datamode-proxy (baseline build)",
+               "datamode-https-h1origin-baseline": "datamode-proxy (baseline build), HTTP/1.1 to the origin",
                "squid-bump": "Squid `ssl_bump` (peek, stare, bump)", "mitmproxy": "mitmproxy (`mitmdump`)"}
 
 
