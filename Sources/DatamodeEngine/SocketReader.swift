@@ -16,8 +16,8 @@ import Glibc
 /// to the event callback with `BEV_EVENT_READING`, reading already off, as `bufferevent_readcb` does.
 ///
 /// A TLS client's socket is read the same way, its records into the socket bufferevent's input for the filter
-/// (`ClientTransport.tlsSocketReadable`); a TLS origin's socket is read by OpenSSL itself (`TLSSocketFeed`, which uses
-/// this reader's event only); HTTP/2 pairs keep libevent's read path. A socket that goes to a splice relay or parking stops the reader first (`stop`, `setReading(false)`).
+/// (`ClientTransport.tlsSocketReadable`), and so is a TLS origin's (`TLSSocketFeed`); HTTP/2 pairs keep libevent's
+/// read path. A socket that goes to a splice relay or parking stops the reader first (`stop`, `setReading(false)`).
 struct SocketReader {
     private var event: OpaquePointer?
     /// Whether the read event is added (EV_READ "enabled").

@@ -34,10 +34,6 @@ final class TLSClientContext {
     /// `h2, http/1.1` when `offerH2` (SPEC §17: the origin chooses, `negotiatedH2` says what it chose).
     func makeSSL(host: String, offerH2: Bool = false) -> OpaquePointer? {
         guard let ssl = SSL_new(context) else { return nil }
-        // After the handshake OpenSSL reads the socket itself, ahead, into a record buffer of this size
-        // (`TLSSocketFeed`); the buffers go back to malloc while empty, so an idle pooled connection holds none.
-        SSL_set_default_read_buffer_len(ssl, TLSSocketFeed.recordBufferSize)
-        SSL_ctrl(ssl, SSL_CTRL_MODE, Int(SSL_MODE_RELEASE_BUFFERS), nil)
         if offerH2 {
             let protocols: [UInt8] = [2] + Array("h2".utf8) + [8] + Array("http/1.1".utf8)
             // 0 is success for this one OpenSSL call; without ALPN the origin simply speaks HTTP/1.1.
