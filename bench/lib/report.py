@@ -260,7 +260,7 @@ def https_targets(res):
             continue
         field = "cpu_ms_per_conn" if key == "https_newconn" else "cpu_us_per_req"
         core = "conns_per_core_s" if key == "https_newconn" else "rps_per_core"
-        dm, sq, mp = med(key, "datamode-https", field), med(key, "squid-bump", field), med(key, "mitmproxy", field)
+        sq = med(key, "squid-bump", field)
         for n, label in (("datamode-https", "datamode-proxy"),
                          ("datamode-https-h1origin", "datamode-proxy with HTTP/1.1 to the origin")):
             dm, dmc, mpc = med(key, n, field), med(key, n, core), med(key, "mitmproxy", core)
