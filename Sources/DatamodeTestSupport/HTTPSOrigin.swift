@@ -29,6 +29,8 @@ import Glibc
 ///   announces more bytes than follow), the shape of a connection cut inside a record;
 /// - `/ws`: `101 Switching Protocols` to any `Upgrade: websocket` request, then echoes raw bytes until EOF;
 /// - `/alt-svc`: a response advertising HTTP/3 and HTTP/2 alternatives in `Alt-Svc` (SPEC §16);
+/// - `/then-unsolicited`: `answered\n`, then 200 ms later a whole second response nobody asked for, on the same
+///   connection (an origin that is confused: its connection must not be reused);
 /// - `/big-head/N`: a `200` whose head carries about N bytes of fields (`X-Filler-NNN`, 500 bytes a line, each far
 ///   under any per-field limit), body `big head\n`; `/big-early-hints/N`: a `103` of about N bytes of `Link` fields
 ///   (500 bytes a line), then a `200` with the body `after hints\n`;
@@ -217,7 +219,14 @@ public final class HTTPSOrigin: @unchecked Sendable {
             self.reply(200, ("received %d bytes sha256 %s\n" % (received, digest.hexdigest())).encode())
 
         def do_GET(self):
-            if self.path == "/alt-svc":
+            if self.path == "/then-unsolicited":
+                # The answer, then (200 ms later, the connection idle at the proxy) bytes nobody asked for.
+                self.reply(200, b"answered\n", "text/plain")
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nunsolicited\n")
+                self.wfile.flush()
+            elif self.path == "/alt-svc":
                 self.reply(200, b"alternatives\n", "text/plain",
                            [("Alt-Svc", 'h3=":443"; ma=86400, h3-29=":443", h2="alt.example:443"; ma=60')])
             elif self.path.startswith("/big-head/"):

@@ -83,6 +83,19 @@ import Testing
         #expect(rig.proxy.accessLog.filter { $0["status"] as? Int == 200 && $0["url"] as? String == urls[0] }.count == 480)
     }
 
+    /// The other side of the idle-read rule: bytes that do arrive on an idle pooled TLS origin connection (an origin
+    /// answering what nobody asked) close it, so the next request gets a new connection and its own answer, not the
+    /// stray one. One worker, so both curl runs share its pool.
+    @Test func anIdleOriginConnectionThatSendsBytesIsNotReused() throws {
+        let rig = try Rig("threads: 1")
+        let first = try rig.curl(["-i", rig.url("/then-unsolicited")])
+        #expect(first.stdout.contains("X-Origin-Connections: 1") && first.stdout.hasSuffix("answered\n"), "\(first.stdout)")
+        Thread.sleep(forTimeInterval: 0.6)   // the stray response arrives 200 ms after the answer, while idle
+        let second = try rig.curl(["-i", rig.url("/hello.txt")])
+        #expect(second.stdout.contains("X-Origin-Connections: 2"), "\(second.stdout)")
+        #expect(second.stdout.hasSuffix("hello over tls\n") && !second.stdout.contains("unsolicited"), "\(second.stdout)")
+    }
+
     /// An HTTP/2 client's streams to an HTTP/1.1 origin need one origin connection each while they run (a browser's
     /// page: a hundred at once). The pool kept at most 64 per origin, so each such burst closed the rest and the next
     /// paid a TLS handshake for each (bench rig, 500 streams: 4,654 connects in 11,989 requests). Three bursts of 100
