@@ -715,11 +715,10 @@ final class UpstreamPool {
             connection.close()
             return
         }
+        connection.becomeIdle(timeoutMs: idleTimeoutMs)
         if let index = idle.index(forKey: connection.key) {
-            connection.becomeIdle(timeoutMs: idleTimeoutMs)
             idle.values[index].append(connection)
         } else {
-            connection.becomeIdle(timeoutMs: idleTimeoutMs)
             if idle.count >= maxTotal { dropEmptyLists() }
             idle[connection.key] = [connection]
         }
@@ -727,8 +726,9 @@ final class UpstreamPool {
     }
 
     func remove(_ connection: UpstreamConnection) {
-        guard let index = idle[connection.key]?.firstIndex(where: { $0 === connection }) else { return }
-        idle[connection.key]?.remove(at: index)
+        guard let index = idle.index(forKey: connection.key),
+              let position = idle.values[index].firstIndex(where: { $0 === connection }) else { return }
+        idle.values[index].remove(at: position)
         count -= 1
     }
 
