@@ -121,13 +121,14 @@ final class ClientTransport {
     // MARK: writing
 
     /// Writes what is queued at once, speculatively: plain TCP its output; TLS the records the filter made of it
-    /// (it encrypts as the plaintext is added).
+    /// (it encrypts as the plaintext is added). `whole`: nothing streams into the output any more, so a large
+    /// output is written now too (`SpeculativeWriter.flush`).
     @inline(__always)
-    func flush() {
+    func flush(whole: Bool = false) {
         if isPlain {
-            writer.flush(bev, output: output)
+            writer.flush(bev, output: output, whole: whole)
         } else if let socketBev, !socketHandedOff {
-            writer.flush(socketBev, output: socketOutput!)
+            writer.flush(socketBev, output: socketOutput!, whole: whole)
         }
     }
 

@@ -179,7 +179,7 @@ final class HTTP1Session: ClientSession {
         while !machine.isClosed && !machine.isParked {
             flushed = machine.exchange?.upstream
             flushed?.flushPendingWrites()
-            transport.flush()
+            transport.flush(whole: !machine.isRelaying)
             rounds += 1
             guard rounds < 16, let driver = machine.exchange, machine.isRelaying,
                   driver.moveWhatFlushingMadeRoomFor() else { break }

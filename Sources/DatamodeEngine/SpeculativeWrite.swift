@@ -22,9 +22,10 @@ struct SpeculativeWriter {
     /// The output now holds a file segment.
     mutating func queuedFile() { fileQueued = true }
 
-    /// Outputs larger than this go through libevent's own write path. Speculating on bulk bodies measured
-    /// worse (1.37 against 0.92 CPU s/GB for 100 MiB in the same bench), and the saving is per exchange, not
-    /// per byte: heads and small responses are where the epoll_ctl pairs were.
+    /// Outputs larger than this go through libevent's own write path while a body is still streaming into them.
+    /// Speculating on bulk bodies measured worse (1.37 against 0.92 CPU s/GB for 100 MiB in the same bench; in
+    /// issue 31's rig still 0.43 against 0.40 for an unspliced 100 MiB body), and the saving is per exchange, not
+    /// per byte. An output that nothing streams into any more is written whatever its size (`flush(_:output:whole:)`).
     static let speculativeLimit = 16 * 1024
     /// A TLS client's records (`ClientTransport.startTLS`): a 100 KiB answer's ~104 KiB of records went through
     /// libevent's write path, with an epoll_ctl pair and a loop round each time (perf tracepoints: 4.5 epoll_ctl and
@@ -36,14 +37,19 @@ struct SpeculativeWriter {
 
     /// Writes what `bev`'s output holds; enables EV_WRITE only if some remains. Errors are left for libevent
     /// to report: data stays queued, EV_WRITE goes on, and its write fails again with the error event.
-    mutating func flush(_ bev: OpaquePointer, output: OpaquePointer) {
+    ///
+    /// `whole`: nothing streams into the output any more (a response ended in this callback and no other is being
+    /// relayed), so it is written now whatever its size. Through libevent's path a 100 KiB answer cost an
+    /// epoll_ctl pair, a loop round and a writev: 35.7 against 28.6 µs of proxy CPU a request in issue 31's rig
+    /// (wrk, 50 connections, 100 KiB), nearly all of it kernel time.
+    mutating func flush(_ bev: OpaquePointer, output: OpaquePointer, whole: Bool = false) {
         guard !waiting else { return }
         let pending = evbuffer_get_length(output)
         guard pending > 0 else {
             fileQueued = false
             return
         }
-        guard pending <= limit else {
+        guard pending <= limit || whole else {
             bufferevent_enable(bev, Int16(EV_WRITE))
             waiting = true
             return
