@@ -27,9 +27,10 @@ final class TLSSocketFeed {
     private var held = false
     /// Most read in one readiness: what libevent reads at most in one go (`Flow.maxSingleIO`), so an answer of up to
     /// ~250 KiB that is all there is read, decrypted, relayed and written in one loop round. With 4 records (64 KiB) a
-    /// 100 KiB answer took two rounds, each a recv, a readv and a sendmsg to the client: issue 31's rig (50 clients,
-    /// 100 KiB, proxy pinned) 121–125 against 104–112 µs a request over an HTTP/1.1 TLS origin, 158–178 against
-    /// 154–165 over an h2 one. A held input (below) still bounds what waits here to one budget per connection.
+    /// 100 KiB answer took two rounds, each a recv, a readv and a sendmsg to the client. Issue 31's rig (50 clients,
+    /// 100 KiB, the proxy on one core, client and origin on the other): 114–126 against 104–123 µs a request over an
+    /// HTTP/1.1 TLS origin; the bench's same-run A/B (2026-11-30-1549) 121.6 against 124.9, better in two rounds of
+    /// three. A held input (below) still bounds what waits here to one budget per connection.
     static let readBudget = Flow.maxSingleIO
 
     /// Takes over reading the socket under `filter` (its libevent read path goes off). Nil when the filter has no
