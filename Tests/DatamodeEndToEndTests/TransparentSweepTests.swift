@@ -268,6 +268,54 @@ struct TransparentSweepTests {
         #expect(try rig.healthy())
     }
 
+    /// As on the explicit path (`InterceptionEndToEndTests.aCloseDelimitedBodyEndsAsTheOriginEndedIt`): an origin's
+    /// cut of a close-delimited body reaches a transparent HTTP/1.1 client as a cut (no close_notify), and a clean end
+    /// as close_notify, so the client can tell a truncated body from a whole one (SPEC §6, §9, §16). curl 7.88 does
+    /// not tell them apart, so a strict Python client reads.
+    @Test("a close-delimited body cut by a TLS origin ends cut for a transparent client too, not with close_notify",
+          arguments: [("/cut/70000", "TLS error"), ("/cut-mid-record/70000", "TLS error"), ("/cut/10", "TLS error"),
+                      ("/close-delimited/70000", "clean end")], ["close", "keep"])
+    func closeDelimitedCut(_ pair: (String, String), connection: String) throws {
+        let (path, expected) = pair
+        let rig = try Rig()
+        defer { rig.stop() }
+        let result = try rig.namespace.run(["/usr/bin/python3", "-c", Self.strictClient, rig.directory + "/ca.pem",
+                                            "\(rig.secure.port)", path, connection], asClient: true, timeout: 30)
+        #expect(result.stdout.hasPrefix(expected), "\(path) \(connection): \(result.output)")
+        let url = "https://secure.example:\(rig.secure.port)\(path)"
+        var line: [String: Any]?
+        for _ in 0..<100 where line == nil {
+            line = rig.proxy.accessLog.first { ($0["url"] as? String) == url }
+            usleep(20_000)
+        }
+        #expect(line?["outcome"] as? String == (path.hasPrefix("/cut") ? "error" : "forwarded"), "\(String(describing: line))")
+    }
+
+    /// TLS (HTTP/1.1) to secure.example through the redirect, one request with `Connection: close` (argument 4 `keep`:
+    /// without), read to the end:
+    /// `clean end N` when the session ended with close_notify, `TLS error after N` when it did not.
+    static let strictClient = """
+        import socket, ssl, sys
+        ctx = ssl.create_default_context(cafile=sys.argv[1])
+        # Python's default context ignores a missing close_notify; a strict client must not.
+        ctx.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+        ctx.set_alpn_protocols(["http/1.1"])
+        s = ctx.wrap_socket(socket.create_connection(("\(NetworkNamespace.remoteV4)", int(sys.argv[2])), timeout=20),
+                            server_hostname="secure.example")
+        s.sendall(b"GET %s HTTP/1.1\\r\\nHost: secure.example:%s\\r\\n%s\\r\\n" % (sys.argv[3].encode(), sys.argv[2].encode(), b"" if sys.argv[4:] == ["keep"] else b"Connection: close\\r\\n"))
+        data = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            print("clean end %d" % len(data))
+        except (ssl.SSLError, OSError) as e:
+            print("TLS error after %d %r" % (len(data), e))
+        print(data[:400])
+        """
+
     // MARK: 2. Byte integrity
 
     @Test("odd sizes arrive byte for byte, plain and TLS-intercepted, HTTP/1.1 and h2, Content-Length and chunked")
