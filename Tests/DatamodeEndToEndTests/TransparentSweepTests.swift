@@ -124,10 +124,11 @@ struct TransparentSweepTests {
         /// - `/short-cl/N`: `Content-Length: N+1000`, N bytes, then the connection closed (TLS: no close_notify);
         /// - `/chunk-cut/N`: N bytes in 4 KiB chunks, never the last chunk, then closed (TLS: no close_notify);
         /// - `/size/NAME`: `5` chunk-size line replaced by a variant (`SIZES`), then `hello`, a `5` chunk `world`
-        ///   and the last chunk; `/late-size/NAME`: a good 4 KiB chunk first, then the variant;
+        ///   and the last chunk; `/late-size/NAME`: a good 4 KiB chunk first, then the variant; `/slow-size/NAME`:
+        ///   the same with 300 ms between them (the head and the first chunk have reached the client);
         /// - `/chunk-cut-mid/N`: as `/chunk-cut/N`, then a 4 KiB chunk's size line and 100 of its bytes (`z`).
         static let misbehaving = #"""
-        import socket, ssl, sys, threading
+        import socket, ssl, sys, threading, time
 
         cert, key = sys.argv[1], sys.argv[2]
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -177,10 +178,14 @@ struct TransparentSweepTests {
                     if kind == "chunk-cut-mid":
                         out += b"1000\r\n" + b"z" * 100
                     conn.sendall(out)
-                elif kind in ("size", "late-size"):
+                elif kind in ("size", "late-size", "slow-size"):
                     out = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    if kind == "late-size":
+                    if kind != "size":
                         out += b"1000\r\n" + b"a" * 4096 + b"\r\n"
+                    if kind == "slow-size":
+                        conn.sendall(out)
+                        time.sleep(0.3)
+                        out = b""
                     out += SIZES[arg] + b"\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"
                     conn.sendall(out)
                 else:
@@ -385,8 +390,9 @@ struct TransparentSweepTests {
         let valid = ["lead2", "ext"]
         for (scheme, port) in [("http", rig.badPlainPort), ("https", rig.badTLSPort)] {
             let host = scheme == "http" ? NetworkNamespace.remoteV4 : "secure.example"
-            for late in [false, true] {
-                let url = "\(scheme)://\(host):\(port)/\(late ? "late-size" : "size")/\(name)"
+            for kind in ["size", "late-size", "slow-size"] {
+                let late = kind != "size"
+                let url = "\(scheme)://\(host):\(port)/\(kind)/\(name)"
                 for extra in scheme == "http" ? [[String]()] : [["--http1.1"], ["--http2"]] {
                     let fetched = try rig.fetch(url, rig.tlsOptions + extra + ["--raw"], timeout: 15)
                     let prefix = late ? Array(repeating: UInt8(ascii: "a"), count: 4096) : []
