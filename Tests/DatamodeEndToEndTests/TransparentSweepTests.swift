@@ -437,8 +437,9 @@ struct TransparentSweepTests {
     // MARK: 4 and 5. Many TLS clients
 
     /// Python, as `nobody`: `clients` TLS connections (HTTP/1.1) to secure.example through the redirect, each asking
-    /// `requests` times for `/bytes/SIZE` on one connection; client i with i % 3 == 1 closes after 8 KiB of its first
-    /// answer, i % 3 == 2 resets (SO_LINGER 0) after 8 KiB, when `abort` is set. Prints `ok N bad N maxconn N`.
+    /// `requests` times for `/bytes/SIZE` on one connection. When `abort` is set, client i with i % 3 == 1 closes after
+    /// 8 KiB of its first answer (1 byte when i % 4 == 0), i % 3 == 2 resets (SO_LINGER 0) there. Prints
+    /// `ok N bad N maxconn N`.
     static func loadScript(rig: Rig, clients: Int, requests: Int, size: Int, abort: Bool) -> String {
         """
         import socket, ssl, struct, sys, threading
@@ -464,7 +465,7 @@ struct TransparentSweepTests {
                         if k.lower() == "content-length": length = int(v)
                         if k.lower() == "x-origin-connections": conns = int(v)
                     if \(abort ? "True" : "False") and i % 3 != 0:
-                        f.read(8192)
+                        f.read(8192 if i % 4 else 1)
                         if i % 3 == 2:
                             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         s.close()
@@ -499,24 +500,27 @@ struct TransparentSweepTests {
         return (value("ok"), value("bad"), value("maxconn"))
     }
 
-    @Test("60 TLS-intercepted clients at once, two in three leaving mid-answer (close or reset): the proxy stays up")
+    @Test("150 TLS-intercepted clients at once (two workers), two in three leaving mid-answer (close or reset): the proxy stays up")
     func abandonedUnderLoad() throws {
-        let rig = try Rig()
+        let rig = try Rig(threads: 2)
         defer { rig.stop() }
-        for round in 0..<3 {
-            let ran = try rig.namespace.run(["/usr/bin/python3", "-c", Self.loadScript(rig: rig, clients: 60, requests: 1, size: 1_048_576,
+        for round in 0..<6 {
+            let ran = try rig.namespace.run(["/usr/bin/python3", "-c", Self.loadScript(rig: rig, clients: 150, requests: 1, size: 1_048_576,
                                                                                         abort: true)],
                                             asClient: true, timeout: 60)
             let counts = Self.counts(ran.stdout)
-            #expect(counts.ok == 20 && counts.bad == 0, "round \(round): \(ran.output)\n\(rig.proxy.stderr.suffix(2000))")
+            #expect(counts.ok == 50 && counts.bad == 0, "round \(round): \(ran.output)\n\(rig.proxy.stderr.suffix(2000))")
             #expect(!rig.proxy.hasExited, "round \(round): the proxy exited: \(rig.proxy.stderr.suffix(3000))")
         }
         // And with curl's own give-up (h2 and HTTP/1.1), while others download.
-        let script = (0..<30).map { i in
-            "curl -sS --noproxy '*' \(i % 2 == 0 ? "--max-time 0.3" : "--max-time 30") \(i % 4 < 2 ? "--http2" : "--http1.1") "
+        let script = (0..<80).map { i in
+            "curl -sS --noproxy '*' \(i % 2 == 0 ? "--max-time 0.5 --limit-rate 500k" : "--max-time 30") \(i % 4 < 2 ? "--http2" : "--http1.1") "
                 + "\(rig.tlsOptions.joined(separator: " ")) -o /dev/null https://secure.example:\(rig.secure.port)/bytes/3145728 &"
         }.joined(separator: "\n") + "\nwait\n"
-        _ = try rig.namespace.run(["/bin/bash", "-c", script], asClient: true, environment: ["PATH": "/usr/bin:/bin"], timeout: 60)
+        let curls = try rig.namespace.run(["/bin/bash", "-c", script], asClient: true, environment: ["PATH": "/usr/bin:/bin"],
+                                          timeout: 60)
+        // The impatient half gave up mid-answer (curl 28), so the test did what it says.
+        #expect(curls.stderr.components(separatedBy: "Operation timed out").count - 1 == 40, "\(curls.stderr.suffix(2000))")
         #expect(try rig.healthy(), "\(rig.proxy.stderr.suffix(3000))")
         let after = try rig.fetch("https://secure.example:\(rig.secure.port)/bytes/65537", rig.tlsOptions)
         #expect(after.exit == 0 && after.body == Self.pattern(65537), "\(after.summary)")
