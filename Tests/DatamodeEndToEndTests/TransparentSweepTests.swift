@@ -538,4 +538,24 @@ struct TransparentSweepTests {
         // At most about one origin connection per client at a time; never one per request.
         #expect(counts.maxConnections > 0 && counts.maxConnections <= 96, "\(ran.output)")
     }
+
+    /// The same reuse with curl: 48 clients at once, each 10 requests of 100 KiB on one connection, over h2 inside
+    /// intercepted TLS (each stream an HTTP/1.1 origin exchange) and over plain HTTP/1.1.
+    @Test("48 curl clients × 10 requests, h2 inside intercepted TLS and plain HTTP/1.1, reuse pooled origin connections",
+          arguments: ["h2", "plain"])
+    func originReuseWithCurl(_ kind: String) throws {
+        let rig = try Rig()
+        defer { rig.stop() }
+        let base = kind == "plain" ? "http://\(NetworkNamespace.remoteV4):\(rig.plain.port)" : "https://secure.example:\(rig.secure.port)"
+        let urls = (0..<10).map { _ in "\(base)/bytes/102400" }.joined(separator: " ")
+        let outputs = (0..<10).map { _ in "-o /dev/null" }.joined(separator: " ")
+        let client = "curl -sS --noproxy '*' --max-time 40 \(kind == "h2" ? "--http2 " + rig.tlsOptions.joined(separator: " ") : "") "
+            + "-w '%{http_code} %{size_download} %header{x-origin-connections}\\n' \(outputs) \(urls)"
+        let script = (0..<48).map { _ in client + " &" }.joined(separator: "\n") + "\nwait\n"
+        let ran = try rig.namespace.run(["/bin/bash", "-c", script], asClient: true, environment: ["PATH": "/usr/bin:/bin"], timeout: 60)
+        let lines = ran.stdout.split(separator: "\n")
+        #expect(lines.count == 480 && lines.allSatisfy { $0.hasPrefix("200 102400 ") }, "\(ran.output.prefix(2000))")
+        let most = lines.compactMap { $0.split(separator: " ").last.flatMap { Int($0) } }.max() ?? -1
+        #expect(most > 0 && most <= 96, "\(kind): \(most) origin connections for 480 requests of 48 clients")
+    }
 }
