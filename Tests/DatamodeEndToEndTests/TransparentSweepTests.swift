@@ -589,4 +589,26 @@ struct TransparentSweepTests {
             }
         }
     }
+
+    /// A cut body and a slow reader together: every byte the origin sent before its cut still reaches a client that
+    /// reads at 1 MiB/s, and then the client is told it was cut (SPEC §6).
+    @Test("a slow reader of a cut body gets every byte sent, then an error, plain and TLS-intercepted")
+    func slowReaderOfACutBody() throws {
+        let rig = try Rig()
+        defer { rig.stop() }
+        let size = 2_097_152
+        let plain = "http://\(NetworkNamespace.remoteV4):\(rig.badPlainPort)"
+        let tls = "https://secure.example:\(rig.badTLSPort)"
+        let cases: [(String, [String])] = [
+            (plain + "/short-cl/\(size)", []), (plain + "/chunk-cut/\(size)", []),
+            (tls + "/short-cl/\(size)", ["--http1.1"]), (tls + "/chunk-cut/\(size)", ["--http2"]),
+            ("https://secure.example:\(rig.secure.port)/cut/\(size)", ["--http2"]),
+        ]
+        let expected = Self.pattern(size)
+        for (url, extra) in cases {
+            let fetched = try rig.fetch(url, rig.tlsOptions + extra + ["--limit-rate", "1M"], timeout: 20)
+            #expect(fetched.exit != 0 && fetched.exit != 28, "\(url) \(extra): \(fetched.summary)")
+            #expect(fetched.body.count == size && fetched.body == expected, "\(url) \(extra): \(fetched.summary)")
+        }
+    }
 }
