@@ -137,7 +137,7 @@ struct TransparentSweepTests {
         /// - `/chunk-cut/N`: N bytes in 4 KiB chunks, never the last chunk, then closed (TLS: no close_notify);
         /// - `/size/NAME`: `5` chunk-size line replaced by a variant (`SIZES`), then `hello`, a `5` chunk `world`
         ///   and the last chunk; `/late-size/NAME`: a good 4 KiB chunk first, then the variant; `/slow-size/NAME`:
-        ///   the same with 300 ms between them (the head and the first chunk have reached the client);
+        ///   the same with 150 ms between them (the head and the first chunk have reached the client);
         /// - `/chunk-cut-mid/N`: as `/chunk-cut/N`, then a 4 KiB chunk's size line and 100 of its bytes (`z`).
         static let misbehaving = #"""
         import socket, ssl, sys, threading, time
@@ -196,7 +196,7 @@ struct TransparentSweepTests {
                         out += b"1000\r\n" + b"a" * 4096 + b"\r\n"
                     if kind == "slow-size":
                         conn.sendall(out)
-                        time.sleep(0.3)
+                        time.sleep(0.15)
                         out = b""
                     out += SIZES[arg] + b"\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"
                     conn.sendall(out)
