@@ -12,12 +12,16 @@ so start-up and shutdown are not counted. Timers that fire during the run (the o
 few thousand instructions a second: the rows run twice per binary, interleaved, and both figures are shown.
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
-    bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--out bench/results/STAMP-instructions.md]
+    bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
+
+`--haproxy` adds HAProxy (the bench's configuration, one thread) on the small GET: the same client, request and
+origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
 """
 import argparse
 import http.server
 import os
 import re
+import shutil
 import signal
 import socket
 import socketserver
@@ -91,28 +95,20 @@ def run_client(port, origin_port, path, n):
     return statuses
 
 
-def instructions(binary, mode, config, path, n, origin_port, workdir):
-    """Instructions the proxy executed while it answered n requests, and the statuses it answered."""
-    port, admin = free_port(), free_port()
-    config_path = os.path.join(workdir, "config.yaml")
-    with open(config_path, "w") as f:
-        f.write("listen: 127.0.0.1:%d\nadmin: {listen: 127.0.0.1:%d}\nlog: {access: \"off\"}\n%s"
-                % (port, admin, config))
+def counted(argv, port, path, n, origin_port, workdir):
+    """Instructions the program `argv` (listening on `port`) executed while it answered n requests of one keep-alive
+    client, and the statuses it answered."""
     out = os.path.join(workdir, "callgrind.out")
-    state = tempfile.mkdtemp(dir=workdir)
-    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out,
-                              binary, "run", "--config", config_path, "--mode", mode, "--state-dir", state,
-                              "--threads", "1"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out]
+                             + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while True:
         try:
-            socket.create_connection(("127.0.0.1", admin), timeout=1).close()
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
             if time.time() > deadline or proxy.poll() is not None:
-                raise SystemExit("the proxy did not start: " + proxy.stderr.read().decode()[-2000:])
+                raise SystemExit("%s did not start: %s" % (argv[0], proxy.stderr.read().decode()[-2000:]))
             time.sleep(0.2)
     run_client(port, origin_port, path, 20)  # warm: the first requests connect upstream and fill caches
     subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], check=True, stdout=subprocess.DEVNULL)
@@ -130,6 +126,34 @@ def instructions(binary, mode, config, path, n, origin_port, workdir):
     return total, statuses
 
 
+def instructions(binary, mode, config, path, n, origin_port, workdir):
+    """datamode-proxy `binary`, one worker, with `config` added, in `mode`: see `counted`."""
+    port, admin = free_port(), free_port()
+    config_path = os.path.join(workdir, "config.yaml")
+    with open(config_path, "w") as f:
+        f.write("listen: 127.0.0.1:%d\nadmin: {listen: 127.0.0.1:%d}\nlog: {access: \"off\"}\n%s"
+                % (port, admin, config))
+    state = tempfile.mkdtemp(dir=workdir)
+    argv = [binary, "run", "--config", config_path, "--mode", mode, "--state-dir", state, "--threads", "1"]
+    return counted(argv, port, path, n, origin_port, workdir)
+
+
+def haproxy_instructions(path, n, origin_port, workdir):
+    """HAProxy with the bench's own configuration (`conf/haproxy.cfg.tmpl`, one thread): see `counted`. It relays
+    the same absolute-form request to the same origin, so the row says what a peer spends where we spend ours."""
+    port = free_port()
+    template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "haproxy.cfg.tmpl")
+    with open(template) as f:
+        config = f.read()
+    for key, value in {"THREADS": "1", "MAXCONN": "1000", "WORK": workdir, "NAME": "haproxy", "PORT": str(port),
+                       "ORIGIN_PORT": str(origin_port)}.items():
+        config = config.replace("@%s@" % key, value)
+    config_path = os.path.join(workdir, "haproxy.cfg")
+    with open(config_path, "w") as f:
+        f.write(config)
+    return counted(["haproxy", "-db", "-f", config_path], port, path, n, origin_port, workdir)
+
+
 def stripped(binary, workdir, name):
     copy = os.path.join(workdir, name)
     subprocess.run(["strip", "-o", copy, binary], check=True)
@@ -142,6 +166,8 @@ def main():
     parser.add_argument("after")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out")
+    parser.add_argument("--haproxy", action="store_true",
+                        help="also count HAProxy (the bench's configuration) on the small GET, as a peer's figure")
     args = parser.parse_args()
 
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Origin)
@@ -166,12 +192,21 @@ def main():
                 row, " / ".join("%.0f" % v for v in per[0]), " / ".join("%.0f" % v for v in per[1]),
                 means[1] / means[0], ", ".join(map(str, sorted(seen)))))
             print(lines[-1], flush=True)
+        if args.haproxy and not shutil.which("haproxy"):
+            lines.append("| small GET, no mode: HAProxy | not installed | | | |")
+        elif args.haproxy:
+            runs = [haproxy_instructions(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir)
+                    for _ in range(2)]
+            lines.append("| small GET, no mode: HAProxy (peer, `conf/haproxy.cfg.tmpl`) | %s | | | %s |" % (
+                " / ".join("%.0f" % (total / args.requests) for total, _ in runs),
+                ", ".join(map(str, sorted({code for _, statuses in runs for code in statuses})))))
+            print(lines[-1], flush=True)
     text = "\n".join([
         "# Instructions per request: before vs after",
         "",
-        "Command: `bench/instructions.py %s %s --requests %d` (callgrind, one worker thread, one keep-alive client, "
+        "Command: `bench/instructions.py %s %s --requests %d%s` (callgrind, one worker thread, one keep-alive client, "
         "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
-            args.before, args.after, args.requests),
+            args.before, args.after, args.requests, " --haproxy" if args.haproxy else ""),
         "",
     ] + lines + [""])
     if args.out:
