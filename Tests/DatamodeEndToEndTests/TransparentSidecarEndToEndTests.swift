@@ -60,18 +60,10 @@ struct TransparentSidecarEndToEndTests {
 
                     """.replacingOccurrences(of: "ORIGIN", with: "\(origin.port)")
                     .replacingOccurrences(of: "SECURE", with: "\(secure.port)") + config
-                try FileManager.default.createDirectory(atPath: directory + "/proxy", withIntermediateDirectories: true)
-                try yaml.write(toFile: directory + "/proxy/datamode.yaml", atomically: true, encoding: .utf8)
-                proxy = try ProxyProcess(command: namespace.launcher + [
-                    ProxyProcess.binaryPath, "run", "--config", directory + "/proxy/datamode.yaml", "--listen", "127.0.0.1:0",
-                    "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/proxy/state",
-                ], environment: ["SSL_CERT_FILE": secure.certificatePath], directory: directory + "/proxy")
-                transparentPort = try #require(proxy.transparentPort, "no transparent= in the ready line: \(proxy.stderr)")
-                // The clients read the CA as nobody; the state directory is the proxy's own (0700).
-                try FileManager.default.copyItem(atPath: directory + "/proxy/state/ca.pem", toPath: directory + "/ca.pem")
-                let rules = try namespace.run([ProxyProcess.binaryPath, "transparent-rules", "--port", "\(transparentPort)",
-                                               "--uid", "0", "--ipv6", "--apply"])
-                guard rules.status == 0 else { throw NetworkNamespace.Failure(description: "transparent-rules: \(rules.output)") }
+                let started = try TransparentProxyLaunch.start(in: namespace, directory: directory, yaml: yaml,
+                                                               trusting: secure.certificatePath)
+                proxy = started.proxy
+                transparentPort = started.transparentPort
             } catch {
                 stop()
                 throw error

@@ -40,18 +40,8 @@ struct TransparentSweepTests {
                     connect: {ports: [443, \(secure.port), \(badTLSPort)]}
 
                     """
-                try FileManager.default.createDirectory(atPath: directory + "/proxy", withIntermediateDirectories: true)
-                try yaml.write(toFile: directory + "/proxy/datamode.yaml", atomically: true, encoding: .utf8)
-                proxy = try ProxyProcess(command: namespace.launcher + [
-                    ProxyProcess.binaryPath, "run", "--config", directory + "/proxy/datamode.yaml", "--listen", "127.0.0.1:0",
-                    "--admin-listen", "127.0.0.1:0", "--state-dir", directory + "/proxy/state",
-                ], environment: ["SSL_CERT_FILE": secure.certificatePath], directory: directory + "/proxy")
-                let transparentPort = try #require(proxy.transparentPort, "no transparent= in the ready line: \(proxy.stderr)")
-                try FileManager.default.copyItem(atPath: directory + "/proxy/state/ca.pem", toPath: directory + "/ca.pem")
-                chmod(directory + "/ca.pem", 0o644)
-                let rules = try namespace.run([ProxyProcess.binaryPath, "transparent-rules", "--port", "\(transparentPort)",
-                                               "--uid", "0", "--ipv6", "--apply"])
-                guard rules.status == 0 else { throw NetworkNamespace.Failure(description: "transparent-rules: \(rules.output)") }
+                proxy = try TransparentProxyLaunch.start(in: namespace, directory: directory, yaml: yaml,
+                                                         trusting: secure.certificatePath).proxy
             } catch {
                 stop()
                 throw error
