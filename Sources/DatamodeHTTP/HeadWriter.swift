@@ -52,7 +52,9 @@ public struct HeadWriter {
 
     /// `HTTP-version SP status-code SP [ reason-phrase ] CRLF`; the SP before an empty reason is kept (RFC 9112 §4).
     public mutating func statusLine(version: HTTPVersion, status: Int, reason: String) {
-        assert((100...999).contains(status) && Self.isValidFieldValue(reason), "invalid status line")
+        // reason-phrase = 1*( HTAB / SP / VCHAR / obs-text ) (RFC 9112 §4): unlike a field value, whitespace at its
+        // ends is part of it ("200 OK " is valid, and relayed as read).
+        assert((100...999).contains(status) && reason.utf8.allSatisfy(ByteClass.isFieldValueByte), "invalid status line")
         let s = min(max(status, 100), 999)
         reason.withUTF8Bytes { r in
             write(count: r.count + 15) { b in

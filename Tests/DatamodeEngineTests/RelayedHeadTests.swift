@@ -44,6 +44,23 @@ import Testing
         }
     }
 
+    /// A reason phrase may start or end with whitespace (RFC 9112 §4: `reason-phrase = 1*( HTAB / SP / VCHAR /
+    /// obs-text )`); it is relayed as read. Debug builds asserted a field value's rule on it (no whitespace at the
+    /// ends) and stopped on `HTTP/1.1 200 OK ` from an origin; `SpannedRelayDifferentialTests` found it.
+    @Test(arguments: ["OK ", " OK", "\tOK", ""])
+    func aReasonIsRelayedAsRead(_ reason: String) {
+        let origin = ResponseHead(version: .http11, status: 200, reason: reason, fields: [])
+        let text = MessageHeads.relayedResponse(origin, keepAlive: true, clientVersion: .http11, stripTransferEncoding: false,
+                                                variant: nil, framing: .contentLength(0))
+        #expect(text.starts(with: Array("HTTP/1.1 200 \(reason)\r\n".utf8)))
+        guard case .complete(let back, _) = text.withUnsafeBytes({ HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits) })
+        else {
+            Issue.record("the relayed head does not parse")
+            return
+        }
+        #expect(back.reason == reason)
+    }
+
     /// An origin head at the origin-side limits (300 fields, a 128 KiB section) is relayed with every field the proxy
     /// may add; an HTTP/2 stream must read that back (`Flow.relayedResponseLimits`), or a head an HTTP/1.1 client gets
     /// whole would reset the stream of an h2 client.
