@@ -121,9 +121,27 @@ enum MessageHeads {
                                 framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil,
                                 heldMilliseconds: Int64? = nil) -> [UInt8] {
         var writer = HeadWriter(capacity: 256 + head.fields.count * 48)
-        relayedResponse(head, keepAlive: keepAlive, clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding,
-                        variant: variant, upgrade: upgrade, framing: framing, connectionTokens: connectionTokens,
-                        heldMilliseconds: heldMilliseconds, into: &writer)
+        relayedResponse(status: head.status, reason: head.reason, fields: head.fields,
+                        listed: connectionTokens ?? head.connectionTokens, keepAlive: keepAlive,
+                        clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding, variant: variant,
+                        upgrade: upgrade, framing: framing, heldMilliseconds: heldMilliseconds, into: &writer)
+        return writer.take()
+    }
+
+    /// `relayedResponse` of an HTTP/1 origin's head read as offsets (`HTTP1Parser.parseResponseHeadSpans`): each
+    /// kept line is copied from `bytes`, where the head was read, with no String built. The same function writes
+    /// it, so the text is byte for byte what `relayedResponse` writes for `head.head(in: bytes)`
+    /// (`SpannedRelayDifferentialTests`, and the fuzz target). No variant, no upgrade: those heads take the Strings.
+    static func relayedResponse(_ head: ResponseHeadSpans, in bytes: UnsafeRawBufferPointer, keepAlive: Bool,
+                                clientVersion: HTTPVersion, stripTransferEncoding: Bool, framing: BodyFraming,
+                                connectionTokens: ConnectionOptions, heldMilliseconds: Int64? = nil) -> [UInt8] {
+        let spans = head.fields.spans
+        var writer = HeadWriter(capacity: 256 + spans.count * 48)
+        relayedResponse(status: head.status,
+                        reason: head.reason(in: bytes),
+                        fields: SpannedFields(bytes: bytes, spans: spans), listed: connectionTokens, keepAlive: keepAlive,
+                        clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding, variant: nil,
+                        upgrade: false, framing: framing, heldMilliseconds: heldMilliseconds, into: &writer)
         return writer.take()
     }
 
@@ -134,18 +152,19 @@ enum MessageHeads {
                                     stripTransferEncoding: Bool, variant: String?, framing: BodyFraming? = nil,
                                     connectionTokens: ConnectionOptions? = nil, heldMilliseconds: Int64? = nil) -> ResponseHead {
         var builder = ResponseHeadBuilder(capacity: head.fields.count + 4)
-        relayedResponse(head, keepAlive: keepAlive, clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding,
-                        variant: variant, framing: framing, connectionTokens: connectionTokens,
-                        heldMilliseconds: heldMilliseconds, into: &builder)
+        relayedResponse(status: head.status, reason: head.reason, fields: head.fields,
+                        listed: connectionTokens ?? head.connectionTokens, keepAlive: keepAlive,
+                        clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding, variant: variant,
+                        upgrade: false, framing: framing, heldMilliseconds: heldMilliseconds, into: &builder)
         return builder.head
     }
 
-    private static func relayedResponse<Sink: HeadSink>(_ head: ResponseHead, keepAlive: Bool, clientVersion: HTTPVersion,
-                                                        stripTransferEncoding: Bool, variant: String?, upgrade: Bool = false,
-                                                        framing: BodyFraming? = nil, connectionTokens: ConnectionOptions? = nil,
-                                                        heldMilliseconds: Int64? = nil, into writer: inout Sink) {
-        writer.statusLine(version: .http11, status: head.status, reason: head.reason)
-        let listed = connectionTokens ?? head.connectionTokens
+    private static func relayedResponse<Sink: HeadSink, Fields: RelayedFields>(
+        status: Int, reason: String, fields: Fields, listed: ConnectionOptions, keepAlive: Bool,
+        clientVersion: HTTPVersion, stripTransferEncoding: Bool, variant: String?, upgrade: Bool,
+        framing: BodyFraming?, heldMilliseconds: Int64?, into writer: inout Sink
+    ) {
+        writer.statusLine(version: .http11, status: status, reason: reason)
         // A body's framing is written from the parse, never copied (see forwardedRequest); only bodiless
         // responses (HEAD, 204, 304) keep the origin's Content-Length, which then describes the resource.
         let ownFraming: Bool
@@ -155,21 +174,18 @@ enum MessageHeads {
         }
         let inPlace = variant != nil && !upgrade
         let checkListed = !listed.isEmpty && listsOtherFields(listed, request: false)
-        // By index: `for field in head.fields` copied every field (a retain and a release per string; callgrind, 19
-        // per plain 1 KiB exchange in `OriginResponse.start`).
-        let fields = head.fields
-        for i in fields.indices {
-            let known = KnownField.of(fields[i].name)
+        for i in 0..<fields.count {
+            let known = fields.known(i)
             if known.isResponseHopByHop {
-                if upgrade && known == .upgrade { writer.field(fields[i].name, fields[i].value) }
+                if upgrade && known == .upgrade { fields.write(i, to: &writer) }
                 continue
             }
-            if checkListed && listed.contains(fields[i].name) { continue }
+            if checkListed && fields.isListed(i, in: listed) { continue }
             if stripTransferEncoding && known == .transferEncoding { continue }
             if variant != nil && known == .dataModeVariant { continue }
             if inPlace && known.isCaching { continue }
             if ownFraming && (known == .contentLength || known == .transferEncoding) { continue }
-            writer.field(fields[i].name, fields[i].value)
+            fields.write(i, to: &writer)
         }
         switch framing {
         case .contentLength(let length)?: writer.field("Content-Length", String(length))
@@ -183,7 +199,7 @@ enum MessageHeads {
         if inPlace { writer.field("Cache-Control", "no-store") }
         if upgrade {
             writer.field("Connection", "upgrade")
-        } else if head.status >= 200 {
+        } else if status >= 200 {
             if !keepAlive {
                 writer.field("Connection", "close")
             } else if clientVersion == .http10 {
@@ -215,7 +231,39 @@ enum MessageHeads {
 protocol HeadSink {
     mutating func statusLine(version: HTTPVersion, status: Int, reason: String)
     mutating func field(_ name: String, _ value: String)
+    /// A field line from bytes the parser read (a token; a valid value, UTF-8, no OWS around it).
+    mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>)
     mutating func end()
+}
+
+/// The fields of a head being relayed, in order: Strings (`ResponseHead.fields`), or offsets into the bytes an
+/// origin's head was read from (`SpannedFields`). The relay's rules are written once, over this.
+protocol RelayedFields {
+    var count: Int { get }
+    func known(_ i: Int) -> KnownField
+    /// Whether the field's name is one of `listed`'s other options (a name `Connection` asks to remove).
+    func isListed(_ i: Int, in listed: ConnectionOptions) -> Bool
+    func write<Sink: HeadSink>(_ i: Int, to sink: inout Sink)
+}
+
+extension Array: RelayedFields where Element == HTTPField {
+    @inline(__always) func known(_ i: Int) -> KnownField { KnownField.of(self[i].name) }
+    @inline(__always) func isListed(_ i: Int, in listed: ConnectionOptions) -> Bool { listed.contains(self[i].name) }
+    @inline(__always) func write<Sink: HeadSink>(_ i: Int, to sink: inout Sink) { sink.field(self[i].name, self[i].value) }
+}
+
+/// A spanned head's fields with the bytes they lie in.
+struct SpannedFields: RelayedFields {
+    let bytes: UnsafeRawBufferPointer
+    let spans: [FieldSpan]
+
+    var count: Int { spans.count }
+    @inline(__always) func name(_ i: Int) -> UnsafeBufferPointer<UInt8> { ResponseHeadSpans.slice(bytes, spans[i].name) }
+    @inline(__always) func known(_ i: Int) -> KnownField { KnownField.of(utf8: name(i)) }
+    @inline(__always) func isListed(_ i: Int, in listed: ConnectionOptions) -> Bool { listed.contains(name(i)) }
+    @inline(__always) func write<Sink: HeadSink>(_ i: Int, to sink: inout Sink) {
+        sink.field(name: name(i), value: ResponseHeadSpans.slice(bytes, spans[i].value))
+    }
 }
 
 extension HeadWriter: HeadSink {}
@@ -273,6 +321,10 @@ struct ResponseHeadBuilder: HeadSink {
 
     mutating func field(_ name: String, _ value: String) {
         head.fields.append(HTTPField(name: name, value: value))
+    }
+
+    mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+        field(String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))
     }
 
     mutating func end() {}

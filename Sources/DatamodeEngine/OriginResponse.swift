@@ -11,7 +11,8 @@ import DatamodeHTTP
 final class OriginResponse {
     /// The driver that owns this (and outlives it): not reference-counted, as it is read on every relay step.
     unowned(unsafe) let driver: ExchangeDriver
-    let head: ResponseHead
+    let status: Int
+    let framing: BodyFraming
     var body: BodyRelay
     /// The length of the relayed head: with `body.delivered`, what this response has queued towards the client (to
     /// tell whether any of it has been written yet).
@@ -24,9 +25,10 @@ final class OriginResponse {
     /// The rest of a large Content-Length body, moved by splice(2); nil for every other body.
     var splice: BodySplice?
 
-    init(driver: ExchangeDriver, head: ResponseHead, body: BodyRelay) {
+    init(driver: ExchangeDriver, status: Int, framing: BodyFraming, body: BodyRelay) {
         self.driver = driver
-        self.head = head
+        self.status = status
+        self.framing = framing
         self.body = body
     }
 
@@ -38,24 +40,39 @@ final class OriginResponse {
         guard driver.allowance.latencyElapsed(arrived: upstream.hasResponseBytes, session: driver.session)
         else { return }
         while driver.lease.isForwarding(upstream), driver.response == nil {
-            switch upstream.takeResponseHead() {
-            case .incomplete:
-                return
-            case .invalid(let error):
-                upstream.close()
-                driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError,
-                                      detail: "invalid response head: " + error.detail)
-                return
-            case .complete(var head, let length):
-                driver.allowance.charge(.down, length, session: driver.session)
-                // SPEC §16: a transparent client must stay on TCP, where the redirect catches it.
-                if driver.session.transparent != nil { head = AltSvc.withoutHTTP3(head) }
-                if head.status < 200 {
-                    interim(driver, head, upstream)
-                } else {
-                    start(driver, head, upstream)
+            // Nil from `takeResponseHeadSpans`: a head handed over by an origin's HTTP/2 stream, read with its Strings.
+            if relaysFromBytes(driver), let read = upstream.takeResponseHeadSpans({ startFromBytes(driver, $0, $1, upstream) }) {
+                switch read {
+                case .waiting, .failed: return
+                case .interim(let head): interim(driver, head, upstream)
+                case .started(let response, let action): started(driver, response, action)
                 }
+            } else if !readOneHead(driver, upstream) {
+                return
             }
+        }
+    }
+
+    /// Reads one head through its Strings (`UpstreamConnection.takeResponseHead`); false when no head was complete
+    /// or the origin failed.
+    private static func readOneHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) -> Bool {
+        switch upstream.takeResponseHead() {
+        case .incomplete:
+            return false
+        case .invalid(let error):
+            upstream.close()
+            driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + error.detail)
+            return false
+        case .complete(var head, let length):
+            driver.allowance.charge(.down, length, session: driver.session)
+            // SPEC §16: a transparent client must stay on TCP, where the redirect catches it.
+            if driver.session.transparent != nil { head = AltSvc.withoutHTTP3(head) }
+            if head.status < 200 {
+                interim(driver, head, upstream)
+            } else {
+                start(driver, head, upstream)
+            }
+            return true
         }
     }
 
@@ -135,11 +152,8 @@ final class OriginResponse {
             driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError, detail: refusal)
             return
         }
-        let action = driver.machine.responseHead(
-            untilClose: framing == .untilClose,
-            originKeepsConnection: !upstreamTokens.contains("close") && (head.version == .http11 || upstreamTokens.contains("keep-alive")),
-            clientKeepsConnection: !strip)
-        let response = OriginResponse(driver: driver, head: head,
+        let action = responseHead(driver, version: head.version, framing: framing, tokens: upstreamTokens, strip: strip)
+        let response = OriginResponse(driver: driver, status: head.status, framing: framing,
                                       body: BodyRelay(framing: framing, stripChunkFraming: strip, overHTTP2: driver.transport.isStream))
         upstream.responseBodyStarts(forStream: driver.transport.isStream)
         let mayBeHeldBack = exchange.variant == nil && (driver.manifestCap != nil || driver.imageSettings != nil)
@@ -161,9 +175,25 @@ final class OriginResponse {
                 response.headLength = bytes.count
             }
         }
+        started(driver, response, action)
+    }
+
+    /// The exchange machine's step for a final head: whether the response ends with the origin's connection, and
+    /// whether each side's connection is kept.
+    private static func responseHead(_ driver: ExchangeDriver, version: HTTPVersion, framing: BodyFraming,
+                                     tokens: ConnectionOptions, strip: Bool) -> ExchangeStateMachine.Action {
+        driver.machine.responseHead(
+            untilClose: framing == .untilClose,
+            originKeepsConnection: !tokens.contains("close") && (version == .http11 || tokens.contains("keep-alive")),
+            clientKeepsConnection: !strip)
+    }
+
+    /// A final head is relayed (or held back): the response is the exchange's, and the machine relays its body.
+    private static func started(_ driver: ExchangeDriver, _ response: OriginResponse, _ action: ExchangeStateMachine.Action) {
+        let exchange = driver.exchange
         driver.response = response
-        exchange.status = head.status
-        if exchange.method == "GET", head.status == 200, case .contentLength(let length) = framing {
+        exchange.status = response.status
+        if exchange.method == "GET", response.status == 200, case .contentLength(let length) = response.framing {
             let worker = driver.worker
             if exchange.variant == nil {
                 worker.knownLengths.record(exchange.url, length: length)
@@ -172,6 +202,68 @@ final class OriginResponse {
             }
         }
         driver.perform(action)
+    }
+
+    // MARK: the head, from its bytes
+
+    /// Whether the exchange's response head is relayed from the origin's bytes (`startFromBytes`) rather than through
+    /// its Strings (`start`): for an HTTP/1 client, when nothing rewrites the head (a variant, Alt-Svc on the
+    /// transparent path) or may hold it back (a manifest cap, image transcoding). The relayed text is the same
+    /// either way (`SpannedRelayDifferentialTests`).
+    private static func relaysFromBytes(_ driver: ExchangeDriver) -> Bool {
+        !driver.transport.isStream && driver.session.transparent == nil && driver.exchange.variant == nil
+            && driver.manifestCap == nil && driver.imageSettings == nil
+    }
+
+    /// What reading a head from its bytes came to; `started` and `interim` go on after the bytes are drained.
+    enum ReadFromBytes {
+        case waiting
+        case failed
+        case interim(ResponseHead)
+        case started(OriginResponse, ExchangeStateMachine.Action)
+    }
+
+    /// `start` for a head read as offsets into `bytes` (the front of the origin's input, drained when this returns):
+    /// the same framing rules, machine step and relay (`MessageHeads.relayedResponse(_:in:...)`), with no String
+    /// built for the origin's fields.
+    private static func startFromBytes(_ driver: ExchangeDriver, _ result: HeadParseResult<ResponseHeadSpans>,
+                                       _ bytes: UnsafeRawBufferPointer, _ upstream: UpstreamConnection) -> ReadFromBytes {
+        let head: ResponseHeadSpans
+        switch result {
+        case .incomplete:
+            return .waiting
+        case .invalid(let error):
+            upstream.close()
+            driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError, detail: "invalid response head: " + error.detail)
+            return .failed
+        case .complete(let spans, let length):
+            driver.allowance.charge(.down, length, session: driver.session)
+            head = spans
+        }
+        if head.status < 200 { return .interim(head.head(in: bytes)) }
+        let exchange = driver.exchange
+        let framing: BodyFraming
+        switch head.bodyFraming(in: bytes, requestMethod: exchange.method) {
+        case .success(let f): framing = f
+        case .failure(let error):
+            upstream.close()
+            driver.lease.upstreamFailed(upstream, code: .upstreamProtocolError,
+                                        detail: "invalid response framing: " + error.detail)
+            return .failed
+        }
+        let strip = exchange.clientVersion == .http10 && framing == .chunked
+        let tokens = head.connectionTokens(in: bytes)
+        let action = responseHead(driver, version: head.version, framing: framing, tokens: tokens, strip: strip)
+        let relayed = MessageHeads.relayedResponse(head, in: bytes, keepAlive: driver.machine.keepAlive,
+                                                   clientVersion: exchange.clientVersion, stripTransferEncoding: strip,
+                                                   framing: framing, connectionTokens: tokens,
+                                                   heldMilliseconds: exchange.heldMilliseconds)
+        let response = OriginResponse(driver: driver, status: head.status, framing: framing,
+                                      body: BodyRelay(framing: framing, stripChunkFraming: strip, overHTTP2: false))
+        upstream.responseBodyStarts(forStream: false)
+        evbuffer_add(driver.output, relayed, relayed.count)
+        response.headLength = relayed.count
+        return .started(response, action)
     }
 
     /// The capture a response head about to be relayed is held back in, when it may be rewritten (a manifest under

@@ -422,6 +422,26 @@ final class UpstreamConnection {
         return result
     }
 
+    /// `takeResponseHead` for a relay from the head's bytes: the head at the front of `input` is read as offsets
+    /// (`HTTP1Parser.parseResponseHeadSpans`), and `use` gets them with the bytes they point into, which stay there
+    /// until it returns; then a complete head is drained (unless `use` closed the connection). Nil while heads are handed over (an origin's HTTP/2 stream):
+    /// `takeResponseHead` reads those.
+    func takeResponseHeadSpans<R>(_ use: (HeadParseResult<ResponseHeadSpans>, UnsafeRawBufferPointer) -> R) -> R? {
+        guard handedHeads.isEmpty else { return nil }
+        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
+                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseResponseHeadSpans($0, limits: Flow.responseLimits)
+        }
+        guard case .complete(let head, let length) = result else { return use(result, UnsafeRawBufferPointer(start: nil, count: 0)) }
+        if head.status >= 200 || head.status == 101 { responseHeadReceived() }
+        // FrontParse made the head's bytes contiguous at the front: pulling them up again only returns where.
+        let bytes = UnsafeRawBufferPointer(start: evbuffer_pullup(input, length), count: length)
+        let used = use(result, bytes)
+        // A head refused for its framing closed the connection, and `input` with it.
+        if state != .closed { evbuffer_drain(input, length) }
+        return used
+    }
+
     // MARK: resolve and connect
 
     private func resolve() {

@@ -17,6 +17,8 @@
 ///   the same verdict at the same byte, with the same head or the same bytes forwarded, as `HTTP1Parser` and
 ///   `ChunkedDecoder` on the whole input;
 /// - a head that `HeadHandoff` lets skip its text (the HTTP/2 streams' seams) is what the parser reads from that text;
+/// - a response head read as offsets (`HTTP1Parser.parseResponseHeadSpans`) is the parsed head, with the same framing,
+///   `Connection` options and relayed bytes (`SpannedHeadCheck`);
 /// - a parsed head translates to HTTP/2 fields the codecs' checks accept (`HTTP2FieldSource.translatedFromHTTP1Head`);
 /// - the parser's literals for known spellings and its out-of-line name scan agree with building the String and
 ///   testing each byte (`ParserFastPaths`).
@@ -113,6 +115,13 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         let again = wire.withUnsafeBytes { HTTP1Parser.parseResponseHead($0, limits: HTTPLimits()) }
         guard case .complete(let head2, let length2) = again, head2 == head, length2 == wire.count else {
             fatalError("response round trip failed: \(head) -> \(again)")
+        }
+    }
+
+    // MARK: the relay of a response head from its bytes against its Strings (`SpannedHeadCheck`)
+    for limits in [small, HTTPLimits()] {
+        if let disagreement = SpannedHeadCheck.disagreement(bytes, limits: limits) {
+            fatalError("response head relayed from its bytes: \(disagreement)")
         }
     }
 

@@ -19,12 +19,21 @@ extension ResponseHead {
     public func bodyFraming(requestMethod: String) -> Result<BodyFraming, HTTPWireError> {
         // RFC 9112 §6.3 rule 1: responses to HEAD, 1xx, 204 and 304 end at the head, whatever their fields say
         // (a HEAD response carries the Content-Length the GET would have had).
+        Self.bodyFraming(status: status, requestMethod: requestMethod) {
+            // Rule 8: with neither field the body runs until the origin closes the connection.
+            FramingFields(fields).strictFraming(version: version, message: "response", otherwise: .untilClose)
+        }
+    }
+
+    /// The rules that end a response at its head whatever its fields say; `byFields` decides the others.
+    @inline(__always)
+    static func bodyFraming(status: Int, requestMethod: String,
+                            byFields: () -> Result<BodyFraming, HTTPWireError>) -> Result<BodyFraming, HTTPWireError> {
         if requestMethod == "HEAD" { return .success(.none) }
         if status < 200 || status == 204 || status == 304 { return .success(.none) }
         // Rule 2: a 2xx to CONNECT turns the connection into a tunnel; there is no body to frame.
         if requestMethod == "CONNECT" && status < 300 { return .success(.none) }
-        // Rule 8: with neither field the body runs until the origin closes the connection.
-        return FramingFields(fields).strictFraming(version: version, message: "response", otherwise: .untilClose)
+        return byFields()
     }
 }
 
@@ -64,6 +73,9 @@ struct FramingFields {
     var hasTransferEncoding = false
     /// True if every Transfer-Encoding copy, joined with commas, is exactly one `chunked` (any case, OWS around).
     var transferEncodingIsChunkedOnly = false
+    /// The Transfer-Encoding codings seen so far, and whether each was `chunked`.
+    private var codings = 0
+    private var allChunked = true
     /// The agreed Content-Length, if any copy is present and all are valid and equal.
     var contentLength: UInt64?
     /// A Content-Length problem; reported before anything else is decided.
@@ -73,25 +85,41 @@ struct FramingFields {
     /// risk an overflow that a lenient peer would wrap or truncate.
     static let maxContentLengthDigits = 18
 
+    init() {}
+
     init(_ fields: [HTTPField]) {
-        var codings = 0
-        var allChunked = true
         // By index: `for field in fields` copied each field (a retain and a release per string) around the calls
-        // below, which take an `inout` (callgrind: ~46 each per HTTP/2 request).
-        for i in fields.indices {
-            let nameCount = fields[i].name.utf8.count
-            if nameCount == 17 && ASCII.equalsIgnoringCase(fields[i].name, "transfer-encoding") {
-                hasTransferEncoding = true
-                Self.scanCodings(fields[i].value, count: &codings, allChunked: &allChunked)
-            } else if nameCount == 14 && ASCII.equalsIgnoringCase(fields[i].name, "content-length") {
-                if error == nil { scanContentLength(fields[i].value) }
-            } else if nameCount == 10 && ASCII.equalsIgnoringCase(fields[i].name, "connection") {
-                if error == nil, let named = Self.framingFieldNamed(inConnection: fields[i].value) {
-                    error = .malformed("Connection names \(named)")
-                }
+        // below, which take an `inout` (callgrind: ~46 each per HTTP/2 request). A name's length decides before its
+        // bytes are looked at.
+        for i in fields.indices where Self.mayCount(nameLength: fields[i].name.utf8.count) {
+            fields[i].name.withUTF8Bytes { name in
+                fields[i].value.withUTF8Bytes { value in add(name: name, value: value) }
             }
         }
-        transferEncodingIsChunkedOnly = hasTransferEncoding && codings == 1 && allChunked
+    }
+
+    /// Whether a name this long may be one `add` counts (most names are not: nothing else is looked at).
+    @inline(__always)
+    static func mayCount(nameLength n: Int) -> Bool { n == 17 || n == 14 || n == 10 }
+
+    /// Takes one field line into the facts: a copy of `Transfer-Encoding`, `Content-Length` or `Connection`
+    /// (any case) counts, any other name is ignored. Both spellings of a head (Strings, or offsets into the bytes
+    /// parsed: `ResponseHeadSpans`) come here, so there is one set of framing rules.
+    mutating func add(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+        switch name.count {
+        case 17 where ASCII.equalsIgnoringCase(name, "transfer-encoding"):
+            hasTransferEncoding = true
+            Self.scanCodings(value, count: &codings, allChunked: &allChunked)
+            transferEncodingIsChunkedOnly = codings == 1 && allChunked
+        case 14 where ASCII.equalsIgnoringCase(name, "content-length"):
+            if error == nil { scanContentLength(value) }
+        case 10 where ASCII.equalsIgnoringCase(name, "connection"):
+            if error == nil, let named = Self.framingFieldNamed(inConnection: value) {
+                error = .malformed("Connection names \(named)")
+            }
+        default:
+            break
+        }
     }
 
     /// RFC 9110 §7.6.1 lets `Connection` name fields to remove before forwarding. Naming a framing field asks
@@ -103,35 +131,35 @@ struct FramingFields {
     static let framingFieldNames = ["Content-Length", "Transfer-Encoding", "Host"]
 
     static func framingFieldNamed(inConnection value: String) -> String? {
-        return value.withUTF8Bytes { u -> String? in
-            var start = 0
-            for i in 0...u.count where i == u.count || u[i] == 0x2C {
-                let (a, b) = ASCII.trimOWS(u, start, i)
-                start = i + 1
-                for name in Self.framingFieldNames where b - a == name.utf8.count {
-                    let token = String(decoding: UnsafeBufferPointer(rebasing: u[a..<b]), as: UTF8.self)
-                    if ASCII.equalsIgnoringCase(token, name) { return name }
-                }
+        value.withUTF8Bytes { framingFieldNamed(inConnection: $0) }
+    }
+
+    static func framingFieldNamed(inConnection u: UnsafeBufferPointer<UInt8>) -> String? {
+        var start = 0
+        for i in 0...u.count where i == u.count || u[i] == 0x2C {
+            let (a, b) = ASCII.trimOWS(u, start, i)
+            start = i + 1
+            for name in Self.framingFieldNames where b - a == name.utf8.count {
+                let token = String(decoding: UnsafeBufferPointer(rebasing: u[a..<b]), as: UTF8.self)
+                if ASCII.equalsIgnoringCase(token, name) { return name }
             }
-            return nil
         }
+        return nil
     }
 
     /// Counts the comma-separated codings of one Transfer-Encoding field value. An empty element counts as a
     /// coding that is not `chunked`, so `chunked,` and an empty copy next to `chunked` are both refused.
-    private static func scanCodings(_ value: String, count: inout Int, allChunked: inout Bool) {
-        value.withUTF8Bytes { u in
-            var start = 0
-            var i = 0
-            while i <= u.count {
-                if i == u.count || u[i] == 0x2C {
-                    let (a, b) = ASCII.trimOWS(u, start, i)
-                    count += 1
-                    if !isChunked(u, a, b) { allChunked = false }
-                    start = i + 1
-                }
-                i += 1
+    private static func scanCodings(_ u: UnsafeBufferPointer<UInt8>, count: inout Int, allChunked: inout Bool) {
+        var start = 0
+        var i = 0
+        while i <= u.count {
+            if i == u.count || u[i] == 0x2C {
+                let (a, b) = ASCII.trimOWS(u, start, i)
+                count += 1
+                if !isChunked(u, a, b) { allChunked = false }
+                start = i + 1
             }
+            i += 1
         }
     }
 
@@ -147,8 +175,8 @@ struct FramingFields {
     /// field lines) was produced by a merging intermediary and MAY be accepted as one; any difference is the
     /// CL.CL smuggling vector and is refused. Signs, hex, inner spaces and empty elements are refused too:
     /// `parseInt`-style parsers accept them and would disagree with us.
-    private mutating func scanContentLength(_ value: String) {
-        let result: Result<UInt64, HTTPWireError> = value.withUTF8Bytes { u in
+    private mutating func scanContentLength(_ u: UnsafeBufferPointer<UInt8>) {
+        let result: Result<UInt64, HTTPWireError> = {
             var agreed: UInt64?
             var start = 0
             var i = 0
@@ -172,7 +200,7 @@ struct FramingFields {
                 i += 1
             }
             return .success(agreed!)
-        }
+        }()
         switch result {
         case .failure(let e): error = e
         case .success(let v):

@@ -29,6 +29,18 @@ public struct ConnectionOptions: Sendable, Hashable, ExpressibleByArrayLiteral {
         return fieldNames.contains { ASCII.equalsIgnoringCase($0, token) }
     }
 
+    /// `contains` for a name's bytes (any case).
+    public func contains(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        if ASCII.equalsIgnoringCase(name, "close") { return close }
+        if ASCII.equalsIgnoringCase(name, "keep-alive") { return keepAlive }
+        if ASCII.equalsIgnoringCase(name, "upgrade") { return upgrade }
+        return fieldNames.contains { option in
+            option.withUTF8Bytes { o in
+                o.count == name.count && (0..<o.count).allSatisfy { ByteClass.lower(name[$0]) == o[$0] }
+            }
+        }
+    }
+
     /// Adds a lowercased option.
     mutating func insert(_ token: String) {
         switch token {
@@ -36,6 +48,17 @@ public struct ConnectionOptions: Sendable, Hashable, ExpressibleByArrayLiteral {
         case "keep-alive": keepAlive = true
         case "upgrade": upgrade = true
         default: if !fieldNames.contains(token) { fieldNames.append(token) }
+        }
+    }
+
+    /// Adds every option of one `Connection` field value: a comma list of names, OWS around each, empty
+    /// elements ignored (RFC 9110 §5.6.1).
+    mutating func insert(list u: UnsafeBufferPointer<UInt8>) {
+        var start = 0
+        for i in 0...u.count where i == u.count || u[i] == 0x2C {
+            let (a, b) = ASCII.trimOWS(u, start, i)
+            if b > a { insert(UnsafeBufferPointer(rebasing: u[a..<b])) }
+            start = i + 1
         }
     }
 

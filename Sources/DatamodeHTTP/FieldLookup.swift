@@ -29,14 +29,7 @@ enum FieldLookup {
         var options = ConnectionOptions()
         for i in fields.indices
         where fields[i].name.utf8.count == 10 && ASCII.equalsIgnoringCase(fields[i].name, "connection") {
-            fields[i].value.withUTF8Bytes { u in
-                var start = 0
-                for i in 0...u.count where i == u.count || u[i] == 0x2C {
-                    let (a, b) = ASCII.trimOWS(u, start, i)
-                    if b > a { options.insert(UnsafeBufferPointer(rebasing: u[a..<b])) }
-                    start = i + 1
-                }
-            }
+            fields[i].value.withUTF8Bytes { options.insert(list: $0) }
         }
         return options
     }

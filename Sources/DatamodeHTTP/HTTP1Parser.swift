@@ -79,18 +79,54 @@ public enum HTTP1Parser {
     /// CRLF from an origin means it sent more body than it declared, i.e. the framing is already wrong.
     /// The status line is bounded by `limits.requestLine` (reported as `.requestLineTooLong`).
     public static func parseResponseHead(_ bytes: UnsafeRawBufferPointer, limits: HTTPLimits) -> HeadParseResult<ResponseHead> {
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(16)
+        switch scanResponseHead(bytes, limits: limits, into: &fields) {
+        case .incomplete: return .incomplete
+        case .invalid(let error): return .invalid(error)
+        case .complete(let line, let end):
+            let reason = CommonSpellings.string(bytes, line.reasonStart, line.reasonEnd)
+            return .complete(ResponseHead(version: line.version, status: line.status, reason: reason, fields: fields),
+                             length: end)
+        }
+    }
+
+    /// `parseResponseHead` without a String: the same grammar and limits, the head as offsets into `bytes`
+    /// (`ResponseHeadSpans`), for a relay that copies the origin's bytes. `spans.head(in: bytes)` is the head
+    /// `parseResponseHead` gives (`ResponseHeadSpansDifferentialTests`, and the fuzz target on every input).
+    public static func parseResponseHeadSpans(_ bytes: UnsafeRawBufferPointer, limits: HTTPLimits)
+        -> HeadParseResult<ResponseHeadSpans>
+    {
+        var fields = FieldSpans()
+        switch scanResponseHead(bytes, limits: limits, into: &fields) {
+        case .incomplete: return .incomplete
+        case .invalid(let error): return .invalid(error)
+        case .complete(let line, let end):
+            return .complete(ResponseHeadSpans(version: line.version, status: line.status,
+                                               reason: line.reasonStart..<line.reasonEnd, fields: fields),
+                             length: end)
+        }
+    }
+
+    enum HeadScan<Line> {
+        case incomplete
+        case invalid(HTTPWireError)
+        case complete(Line, end: Int)
+    }
+
+    private static func scanResponseHead<Collector: FieldCollector>(
+        _ bytes: UnsafeRawBufferPointer, limits: HTTPLimits, into collector: inout Collector
+    ) -> HeadScan<StatusLine> {
         if bytes.isEmpty { return .incomplete }
         switch scanStatusLine(bytes, limit: limits.requestLine) {
         case .incomplete: return .incomplete
         case .invalid(let error): return .invalid(error)
         case .complete(let line):
-            switch fieldSection(bytes, from: line.next, limits: limits) {
+            switch FieldSection.scan(bytes, from: line.next, sizeLimit: limits.headerSection,
+                                     countLimit: limits.headerCount, into: &collector) {
             case .incomplete: return .incomplete
             case .invalid(let error): return .invalid(error)
-            case .complete(let fields, let end):
-                let reason = CommonSpellings.string(bytes, line.reasonStart, line.reasonEnd)
-                let head = ResponseHead(version: line.version, status: line.status, reason: reason, fields: fields)
-                return .complete(head, length: end)
+            case .complete(let end): return .complete(line, end: end)
             }
         }
     }
@@ -293,6 +329,16 @@ enum FieldSection {
         _ p: UnsafeRawBufferPointer, from start: Int, sizeLimit: Int, countLimit: Int,
         collect: Bool, fields: inout [HTTPField]
     ) -> Scan {
+        if collect { return scan(p, from: start, sizeLimit: sizeLimit, countLimit: countLimit, into: &fields) }
+        var discarded = DiscardedFields()
+        return scan(p, from: start, sizeLimit: sizeLimit, countLimit: countLimit, into: &discarded)
+    }
+
+    /// `scan`, handing each valid field line to `collector`: one grammar, whatever is kept of it (Strings for a
+    /// head, offsets for a relay that copies bytes, nothing for a trailer section that is only checked).
+    static func scan<Collector: FieldCollector>(
+        _ p: UnsafeRawBufferPointer, from start: Int, sizeLimit: Int, countLimit: Int, into collector: inout Collector
+    ) -> Scan {
         let n = p.count
         let sizeLimit = max(sizeLimit, 0)
         // Bytes at indices >= start + sizeLimit are beyond the limit; never look at them.
@@ -355,10 +401,7 @@ enum FieldSection {
             // obs-text is passed through only if it is UTF-8: we never re-encode bytes behind the client's back,
             // and a String must hold exactly what was on the wire so that re-serialising is lossless.
             if high && !isValidUTF8(p, vs, ve) { return .invalid(.malformed("field value is not UTF-8")) }
-            if collect {
-                fields.append(HTTPField(name: CommonSpellings.string(p, nameStart, nameEnd),
-                                         value: CommonSpellings.value(p, vs, ve)))
-            }
+            collector.collect(p, name: nameStart..<nameEnd, value: vs..<ve)
             i += 2
         }
     }

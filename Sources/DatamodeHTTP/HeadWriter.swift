@@ -73,18 +73,24 @@ public struct HeadWriter {
 
     /// `field-name ":" SP field-value CRLF`
     public mutating func field(_ name: String, _ value: String) {
-        assert(Self.isValidFieldName(name) && Self.isValidFieldValue(value), "invalid field line")
         name.withUTF8Bytes { n in
-            value.withUTF8Bytes { v in
-                write(count: n.count + v.count + 4) { b in
-                    var at = Self.copy(n, to: b, at: 0)
-                    b[at] = ByteClass.colon
-                    b[at + 1] = ByteClass.sp
-                    at = Self.copy(v, to: b, at: at + 2)
-                    b[at] = ByteClass.cr
-                    b[at + 1] = ByteClass.lf
-                }
-            }
+            value.withUTF8Bytes { v in field(name: n, value: v) }
+        }
+    }
+
+    /// `field-name ":" SP field-value CRLF` from bytes: a token, and a value with no OWS around it that holds only
+    /// field-value bytes (as the parser reads them).
+    @inline(__always)
+    public mutating func field(name n: UnsafeBufferPointer<UInt8>, value v: UnsafeBufferPointer<UInt8>) {
+        assert(FieldBytes.isToken(UnsafeRawBufferPointer(n)) && FieldBytes.checkValue(UnsafeRawBufferPointer(v)) != nil,
+               "invalid field line")
+        write(count: n.count + v.count + 4) { b in
+            var at = Self.copy(n, to: b, at: 0)
+            b[at] = ByteClass.colon
+            b[at + 1] = ByteClass.sp
+            at = Self.copy(v, to: b, at: at + 2)
+            b[at] = ByteClass.cr
+            b[at + 1] = ByteClass.lf
         }
     }
 
