@@ -135,14 +135,23 @@ enum MessageHeads {
     static func relayedResponse(_ head: ResponseHeadSpans, in bytes: UnsafeRawBufferPointer, keepAlive: Bool,
                                 clientVersion: HTTPVersion, stripTransferEncoding: Bool, framing: BodyFraming,
                                 connectionTokens: ConnectionOptions, heldMilliseconds: Int64? = nil) -> [UInt8] {
+        var writer = HeadWriter(capacity: 256 + head.fields.spans.count * 48)
+        relayedResponse(head, in: bytes, keepAlive: keepAlive, clientVersion: clientVersion,
+                        stripTransferEncoding: stripTransferEncoding, framing: framing, connectionTokens: connectionTokens,
+                        heldMilliseconds: heldMilliseconds, into: &writer)
+        return writer.take()
+    }
+
+    /// `relayedResponse(_:in:...)` appended to `writer`.
+    static func relayedResponse(_ head: ResponseHeadSpans, in bytes: UnsafeRawBufferPointer, keepAlive: Bool,
+                                clientVersion: HTTPVersion, stripTransferEncoding: Bool, framing: BodyFraming,
+                                connectionTokens: ConnectionOptions, heldMilliseconds: Int64?, into writer: inout HeadWriter) {
         let spans = head.fields.spans
-        var writer = HeadWriter(capacity: 256 + spans.count * 48)
         relayedResponse(status: head.status,
                         reason: head.reason(in: bytes),
                         fields: SpannedFields(bytes: bytes, spans: spans), listed: connectionTokens, keepAlive: keepAlive,
                         clientVersion: clientVersion, stripTransferEncoding: stripTransferEncoding, variant: nil,
                         upgrade: false, framing: framing, heldMilliseconds: heldMilliseconds, into: &writer)
-        return writer.take()
     }
 
     /// `relayedResponse` as a head, not text: for an HTTP/2 stream, which takes it in memory (`HTTP2Stream.take`).

@@ -254,15 +254,23 @@ final class OriginResponse {
         let strip = exchange.clientVersion == .http10 && framing == .chunked
         let tokens = head.connectionTokens(in: bytes)
         let action = responseHead(driver, version: head.version, framing: framing, tokens: tokens, strip: strip)
-        let relayed = MessageHeads.relayedResponse(head, in: bytes, keepAlive: driver.machine.keepAlive,
-                                                   clientVersion: exchange.clientVersion, stripTransferEncoding: strip,
-                                                   framing: framing, connectionTokens: tokens,
-                                                   heldMilliseconds: exchange.heldMilliseconds)
+        let worker = driver.worker
+        worker.relayedHeadWriter.reset()
+        MessageHeads.relayedResponse(head, in: bytes, keepAlive: driver.machine.keepAlive, clientVersion: exchange.clientVersion,
+                                     stripTransferEncoding: strip, framing: framing, connectionTokens: tokens,
+                                     heldMilliseconds: exchange.heldMilliseconds, into: &worker.relayedHeadWriter)
         let response = OriginResponse(driver: driver, status: head.status, framing: framing,
                                       body: BodyRelay(framing: framing, stripChunkFraming: strip, overHTTP2: false))
         upstream.responseBodyStarts(forStream: false)
-        evbuffer_add(driver.output, relayed, relayed.count)
-        response.headLength = relayed.count
+        let output = driver.output
+        response.headLength = worker.relayedHeadWriter.withBytes { relayed in
+            evbuffer_add(output, relayed.baseAddress, relayed.count)
+            return relayed.count
+        }
+        // A head far larger than most (up to `Flow.maxResponseHeadBytes`) is not kept for the worker's life.
+        if worker.relayedHeadWriter.capacity > 8 * Worker.relayedHeadWriterCapacity {
+            worker.relayedHeadWriter = HeadWriter(capacity: Worker.relayedHeadWriterCapacity)
+        }
         return .started(response, action)
     }
 

@@ -8,6 +8,14 @@ import DatamodeHTTP
 package enum SpannedHeadCheck {
     /// What differs between the two readings of `bytes` under `limits`, or nil.
     package static func disagreement(_ bytes: UnsafeRawBufferPointer, limits: HTTPLimits) -> String? {
+        var writer = HeadWriter(capacity: 64)
+        return disagreement(bytes, limits: limits, reusing: &writer)
+    }
+
+    /// `disagreement`, the engine's way of writing the relayed text included: into `writer`, reset and reused
+    /// (the worker keeps one, `Worker.relayedHeadWriter`); pass the same writer for many heads.
+    package static func disagreement(_ bytes: UnsafeRawBufferPointer, limits: HTTPLimits,
+                                     reusing writer: inout HeadWriter) -> String? {
         let reference = HTTP1Parser.parseResponseHead(bytes, limits: limits)
         let spanned = HTTP1Parser.parseResponseHeadSpans(bytes, limits: limits)
         switch (reference, spanned) {
@@ -19,14 +27,14 @@ package enum SpannedHeadCheck {
             guard length == spannedLength else { return "lengths \(length) against \(spannedLength)" }
             let built = spans.head(in: bytes)
             guard built == head else { return "heads differ: \(head) against \(built)" }
-            return relayDisagreement(head, spans, bytes)
+            return relayDisagreement(head, spans, bytes, &writer)
         default:
             return "verdicts differ: \(reference) against \(spanned)"
         }
     }
 
     private static func relayDisagreement(_ head: ResponseHead, _ spans: ResponseHeadSpans,
-                                          _ bytes: UnsafeRawBufferPointer) -> String? {
+                                          _ bytes: UnsafeRawBufferPointer, _ writer: inout HeadWriter) -> String? {
         let tokens = head.connectionTokens
         guard spans.connectionTokens(in: bytes) == tokens else { return "Connection options differ" }
         for method in ["GET", "HEAD", "CONNECT", "POST"] {
@@ -45,6 +53,11 @@ package enum SpannedHeadCheck {
                         let fromBytes = MessageHeads.relayedResponse(spans, in: bytes, keepAlive: keepAlive,
                                                                      clientVersion: clientVersion, stripTransferEncoding: strip,
                                                                      framing: f, connectionTokens: tokens, heldMilliseconds: held)
+                        writer.reset()
+                        MessageHeads.relayedResponse(spans, in: bytes, keepAlive: keepAlive, clientVersion: clientVersion,
+                                                     stripTransferEncoding: strip, framing: f, connectionTokens: tokens,
+                                                     heldMilliseconds: held, into: &writer)
+                        guard writer.withBytes({ Array($0) }) == text else { return "relayed text differs when written again" }
                         guard fromBytes == text else {
                             return "relayed text differs (\(method), \(clientVersion), keep-alive \(keepAlive)): "
                                 + "\(String(decoding: text, as: UTF8.self).debugDescription) against "

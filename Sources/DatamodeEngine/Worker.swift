@@ -49,6 +49,10 @@ final class Worker {
     let originSessions = HTTP2OriginPool()
     /// URLs' body lengths seen whole, for what variants and refusals saved (SPEC §13).
     var knownLengths = KnownLengths()
+    /// Where a response head relayed from the origin's bytes is written before it is copied into the client's
+    /// output (`OriginResponse.startFromBytes`): kept between heads, so relaying one allocates nothing.
+    var relayedHeadWriter = HeadWriter(capacity: Worker.relayedHeadWriterCapacity)
+    static let relayedHeadWriterCapacity = 2048
     let shaper: LinkShaper
     /// Data budgets (SPEC §11), shared by every worker; each counts in its own slots.
     let budgets: BudgetLedger

@@ -23,6 +23,20 @@ public struct HeadWriter {
         Self.grow(&storage, by: storage.capacity)
     }
 
+    /// Bytes written so far.
+    public var count: Int { used }
+
+    /// Bytes the storage holds without growing.
+    public var capacity: Int { storage.count }
+
+    /// Starts a new head in the same storage: a writer kept between heads allocates once.
+    public mutating func reset() { used = 0 }
+
+    /// Calls `body` with the head written so far, in place.
+    public func withBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        storage.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<used])) }
+    }
+
     /// The head written so far, handed over without a copy; the writer is empty afterwards.
     public mutating func take() -> [UInt8] {
         var out: [UInt8] = []
