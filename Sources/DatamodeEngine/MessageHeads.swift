@@ -97,7 +97,7 @@ enum MessageHeads {
             writer.field(fields[i].name, fields[i].value)
         }
         switch framing {
-        case .contentLength(let length): writer.field("Content-Length", String(length))
+        case .contentLength(let length): writer.field("Content-Length", decimal: length)
         case .chunked: writer.field("Transfer-Encoding", "chunked")
         case .none, .untilClose: break
         }
@@ -197,7 +197,7 @@ enum MessageHeads {
             fields.write(i, to: &writer)
         }
         switch framing {
-        case .contentLength(let length)?: writer.field("Content-Length", String(length))
+        case .contentLength(let length)?: writer.field("Content-Length", decimal: length)
         case .chunked? where !stripTransferEncoding: writer.field("Transfer-Encoding", "chunked")
         default: break
         }
@@ -240,6 +240,7 @@ enum MessageHeads {
 protocol HeadSink {
     mutating func statusLine(version: HTTPVersion, status: Int, reason: String)
     mutating func field(_ name: String, _ value: String)
+    mutating func field(_ name: String, decimal value: UInt64)
     /// A field line from bytes the parser read (a token; a valid value, UTF-8, no OWS around it).
     mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>)
     mutating func end()
@@ -281,6 +282,7 @@ extension HeadWriter: HeadSink {}
 protocol RequestHeadSink {
     mutating func requestLine(method: String, target: String, version: HTTPVersion)
     mutating func field(_ name: String, _ value: String)
+    mutating func field(_ name: String, decimal value: UInt64)
     mutating func end()
 }
 
@@ -303,6 +305,8 @@ struct RequestHeadBuilder: RequestHeadSink {
     mutating func field(_ name: String, _ value: String) {
         head.fields.append(HTTPField(name: name, value: value))
     }
+
+    mutating func field(_ name: String, decimal value: UInt64) { field(name, String(value)) }
 
     mutating func end() {}
 }
@@ -331,6 +335,8 @@ struct ResponseHeadBuilder: HeadSink {
     mutating func field(_ name: String, _ value: String) {
         head.fields.append(HTTPField(name: name, value: value))
     }
+
+    mutating func field(_ name: String, decimal value: UInt64) { field(name, String(value)) }
 
     mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         field(String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))

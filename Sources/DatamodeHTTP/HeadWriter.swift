@@ -92,6 +92,31 @@ public struct HeadWriter {
         }
     }
 
+    /// `field-name ":" SP 1*DIGIT CRLF`: a length or a count, written without making its String.
+    public mutating func field(_ name: String, decimal value: UInt64) {
+        var digits = 1
+        var rest = value
+        while rest >= 10 {
+            rest /= 10
+            digits += 1
+        }
+        name.withUTF8Bytes { n in
+            write(count: n.count + digits + 4) { b in
+                var at = Self.copy(n, to: b, at: 0)
+                b[at] = ByteClass.colon
+                b[at + 1] = ByteClass.sp
+                at += 2
+                var v = value
+                for k in stride(from: at + digits - 1, through: at, by: -1) {
+                    b[k] = 0x30 + UInt8(v % 10)
+                    v /= 10
+                }
+                b[at + digits] = ByteClass.cr
+                b[at + digits + 1] = ByteClass.lf
+            }
+        }
+    }
+
     /// `field-name ":" SP field-value CRLF` from bytes: a token, and a value with no OWS around it that holds only
     /// field-value bytes (as the parser reads them).
     @inline(__always)
