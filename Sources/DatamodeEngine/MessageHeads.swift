@@ -7,6 +7,15 @@ enum MessageHeads {
     /// This proxy's Via token (RFC 9110 §7.6.3). A request that already carries it has looped back to us.
     static let viaToken = "datamode-proxy"
     static let viaValue = "1.1 datamode-proxy"
+    static let via = PreparedField("Via", "1.1 datamode-proxy")
+    /// The three data-mode tags (SPEC §3), each allowed (`?1`) or not.
+    static let constrainedAllowed = PreparedField("Allow-Constrained", "?1")
+    static let constrainedNotAllowed = PreparedField("Allow-Constrained", "?0")
+    static let expensiveAllowed = PreparedField("Allow-Expensive", "?1")
+    static let expensiveNotAllowed = PreparedField("Allow-Expensive", "?0")
+    static let ultraConstrainedAllowed = PreparedField("Allow-Ultra-Constrained", "?1")
+    static let ultraConstrainedNotAllowed = PreparedField("Allow-Ultra-Constrained", "?0")
+    static let saveData = PreparedField("Save-Data", "on")
 
     // Header fields never forwarded, whichever way (RFC 9110 §7.6.1; `KnownField.isRequestHopByHop` and
     // `isResponseHopByHop`): they describe one connection, not the message. `Proxy-Authorization` is our own
@@ -102,13 +111,13 @@ enum MessageHeads {
         case .none, .untilClose: break
         }
         if upgrade { writer.field("Connection", "upgrade") }
-        writer.field("Via", viaValue)
+        writer.field(via)
         if settings.forward {
-            writer.field("Allow-Constrained", tags.allowConstrained ? "?1" : "?0")
-            writer.field("Allow-Expensive", tags.allowExpensive ? "?1" : "?0")
-            writer.field("Allow-Ultra-Constrained", tags.allowUltraConstrained ? "?1" : "?0")
+            writer.field(tags.allowConstrained ? constrainedAllowed : constrainedNotAllowed)
+            writer.field(tags.allowExpensive ? expensiveAllowed : expensiveNotAllowed)
+            writer.field(tags.allowUltraConstrained ? ultraConstrainedAllowed : ultraConstrainedNotAllowed)
         }
-        if addSaveData { writer.field("Save-Data", "on") }
+        if addSaveData { writer.field(saveData) }
         writer.end()
     }
 
@@ -201,7 +210,7 @@ enum MessageHeads {
         case .chunked? where !stripTransferEncoding: writer.field("Transfer-Encoding", "chunked")
         default: break
         }
-        writer.field("Via", viaValue)
+        writer.field(via)
         if let variant { writer.field("Data-Mode-Variant", variant) }
         // SPEC §18.2: how long the proxy held the request before its conditions lifted.
         if let heldMilliseconds { writer.field("Data-Mode-Held", String(heldMilliseconds)) }
@@ -225,7 +234,7 @@ enum MessageHeads {
         writer.statusLine(version: .http11, status: status, reason: reason)
         for (name, value) in fields { writer.field(name, value) }
         writer.field("Content-Length", String(bodyLength))
-        writer.field("Via", viaValue)
+        writer.field(via)
         if !keepAlive {
             writer.field("Connection", "close")
         } else if clientVersion == .http10 {
@@ -241,6 +250,7 @@ protocol HeadSink {
     mutating func statusLine(version: HTTPVersion, status: Int, reason: String)
     mutating func field(_ name: String, _ value: String)
     mutating func field(_ name: String, decimal value: UInt64)
+    mutating func field(_ prepared: PreparedField)
     /// A field line from bytes the parser read (a token; a valid value, UTF-8, no OWS around it).
     mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>)
     mutating func end()
@@ -283,6 +293,7 @@ protocol RequestHeadSink {
     mutating func requestLine(method: String, target: String, version: HTTPVersion)
     mutating func field(_ name: String, _ value: String)
     mutating func field(_ name: String, decimal value: UInt64)
+    mutating func field(_ prepared: PreparedField)
     mutating func end()
 }
 
@@ -307,6 +318,8 @@ struct RequestHeadBuilder: RequestHeadSink {
     }
 
     mutating func field(_ name: String, decimal value: UInt64) { field(name, String(value)) }
+
+    mutating func field(_ prepared: PreparedField) { field(prepared.name.description, prepared.value.description) }
 
     mutating func end() {}
 }
@@ -337,6 +350,8 @@ struct ResponseHeadBuilder: HeadSink {
     }
 
     mutating func field(_ name: String, decimal value: UInt64) { field(name, String(value)) }
+
+    mutating func field(_ prepared: PreparedField) { field(prepared.name.description, prepared.value.description) }
 
     mutating func field(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         field(String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))
