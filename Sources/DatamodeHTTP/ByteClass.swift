@@ -29,6 +29,15 @@ enum ByteClass {
     }
 
     @inline(__always) static func isTchar(_ b: UInt8) -> Bool { inMask(b, tcharLow, tcharHigh) }
+
+    /// `isTchar` as a 256-byte table (1: tchar), for the one loop that runs over every field name's bytes
+    /// (`FieldSection.nameEnd`): a load and a test a byte where the masks take a range test, a shift and a select.
+    /// Made once from the masks and never freed.
+    nonisolated(unsafe) static let tcharTable: UnsafePointer<UInt8> = {  // written once, then only read
+        let table = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
+        for b in 0..<256 { table[b] = isTchar(UInt8(b)) ? 1 : 0 }
+        return UnsafePointer(table)
+    }()
     @inline(__always) static func isLowercaseTchar(_ b: UInt8) -> Bool { inMask(b, tcharLow, lowercaseTcharHigh) }
     @inline(__always) static func isRegNameChar(_ b: UInt8) -> Bool { inMask(b, regNameLow, regNameHigh) }
 
