@@ -128,8 +128,6 @@ struct FramingFields {
     /// next request on a pooled connection (request smuggling; on responses, a desynchronised client).
     /// `Host` is refused for the same reason: removing it would leave the origin to guess the authority.
     /// Returns the first such token found.
-    static let framingFieldNames = ["Content-Length", "Transfer-Encoding", "Host"]
-
     static func framingFieldNamed(inConnection value: String) -> String? {
         value.withUTF8Bytes { framingFieldNamed(inConnection: $0) }
     }
@@ -139,9 +137,12 @@ struct FramingFields {
         for i in 0...u.count where i == u.count || u[i] == 0x2C {
             let (a, b) = ASCII.trimOWS(u, start, i)
             start = i + 1
-            for name in Self.framingFieldNames where b - a == name.utf8.count {
-                let token = String(decoding: UnsafeBufferPointer(rebasing: u[a..<b]), as: UTF8.self)
-                if ASCII.equalsIgnoringCase(token, name) { return name }
+            let token = UnsafeBufferPointer(rebasing: u[a..<b])
+            switch token.count {
+            case 14 where ASCII.equalsIgnoringCase(token, "content-length"): return "Content-Length"
+            case 17 where ASCII.equalsIgnoringCase(token, "transfer-encoding"): return "Transfer-Encoding"
+            case 4 where ASCII.equalsIgnoringCase(token, "host"): return "Host"
+            default: continue
             }
         }
         return nil
@@ -176,39 +177,32 @@ struct FramingFields {
     /// CL.CL smuggling vector and is refused. Signs, hex, inner spaces and empty elements are refused too:
     /// `parseInt`-style parsers accept them and would disagree with us.
     private mutating func scanContentLength(_ u: UnsafeBufferPointer<UInt8>) {
-        let result: Result<UInt64, HTTPWireError> = {
-            var agreed: UInt64?
-            var start = 0
-            var i = 0
-            while i <= u.count {
-                if i == u.count || u[i] == 0x2C {
-                    let (a, b) = ASCII.trimOWS(u, start, i)
-                    guard b > a else { return .failure(.malformed("empty Content-Length")) }
-                    guard b - a <= Self.maxContentLengthDigits else {
-                        return .failure(.malformed("Content-Length too large"))
-                    }
-                    var v: UInt64 = 0
-                    for k in a..<b {
-                        let d = u[k]
-                        guard ByteClass.isDigit(d) else { return .failure(.malformed("invalid Content-Length")) }
-                        v = v * 10 + UInt64(d &- 0x30)
-                    }
-                    if let agreed, agreed != v { return .failure(.malformed("conflicting Content-Length values")) }
-                    agreed = v
-                    start = i + 1
+        var agreed: UInt64?
+        var start = 0
+        var i = 0
+        while i <= u.count {
+            if i == u.count || u[i] == 0x2C {
+                let (a, b) = ASCII.trimOWS(u, start, i)
+                guard b > a else { return error = .malformed("empty Content-Length") }
+                guard b - a <= Self.maxContentLengthDigits else { return error = .malformed("Content-Length too large") }
+                var v: UInt64 = 0
+                for k in a..<b {
+                    let d = u[k]
+                    guard ByteClass.isDigit(d) else { return error = .malformed("invalid Content-Length") }
+                    v = v * 10 + UInt64(d &- 0x30)
                 }
-                i += 1
+                if let agreed, agreed != v { return error = .malformed("conflicting Content-Length values") }
+                agreed = v
+                start = i + 1
             }
-            return .success(agreed!)
-        }()
-        switch result {
-        case .failure(let e): error = e
-        case .success(let v):
-            if let contentLength, contentLength != v {
-                error = .malformed("conflicting Content-Length values")
-            } else {
-                contentLength = v
-            }
+            i += 1
+        }
+        // The loop ends on i == u.count, which always sets `agreed` or returns.
+        guard let value = agreed else { return }
+        if let contentLength, contentLength != value {
+            error = .malformed("conflicting Content-Length values")
+        } else {
+            contentLength = value
         }
     }
 }
