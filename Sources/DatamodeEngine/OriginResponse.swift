@@ -40,8 +40,8 @@ final class OriginResponse {
         guard driver.allowance.latencyElapsed(arrived: upstream.hasResponseBytes, session: driver.session)
         else { return }
         while driver.lease.isForwarding(upstream), driver.response == nil {
-            // Nil from `takeResponseHeadSpans`: a head handed over by an origin's HTTP/2 stream, read with its Strings.
-            if relaysFromBytes(driver), let read = upstream.takeResponseHeadSpans({ startFromBytes(driver, $0, $1, upstream) }) {
+            // Nil from `ResponseHeadTake.spans`: a head handed over by an origin's HTTP/2 stream, read with its Strings.
+            if relaysFromBytes(driver), let read = ResponseHeadTake.spans(from: upstream) { startFromBytes(driver, $0, $1, upstream) } {
                 switch read {
                 case .waiting, .failed: return
                 case .interim(let head): interim(driver, head, upstream)
@@ -53,10 +53,10 @@ final class OriginResponse {
         }
     }
 
-    /// Reads one head through its Strings (`UpstreamConnection.takeResponseHead`); false when no head was complete
+    /// Reads one head through its Strings (`ResponseHeadTake.strings`); false when no head was complete
     /// or the origin failed.
     private static func readOneHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) -> Bool {
-        switch upstream.takeResponseHead() {
+        switch ResponseHeadTake.strings(from: upstream) {
         case .incomplete:
             return false
         case .invalid(let error):

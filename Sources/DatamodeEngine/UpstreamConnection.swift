@@ -410,13 +410,15 @@ final class UpstreamConnection {
         evbuffer_drain(output, evbuffer_get_length(output))
     }
 
-    private func responseHeadReceived() {
+    /// A final head or a `101` arrived: the response timer stops (`ResponseHeadTake`).
+    func responseHeadReceived() {
         responseTimer.headReceived()
         timer?.disarm()
     }
 
     /// Whether any of the response waits to be read: a handed head or bytes in `input`.
-    var hasResponseBytes: Bool { !handedHeads.isEmpty || evbuffer_get_length(input) > 0 }
+    var hasResponseBytes: Bool { hasHandedHeads || evbuffer_get_length(input) > 0 }
+    var hasHandedHeads: Bool { !handedHeads.isEmpty }
 
     /// The origin stream hands a response head over in memory (`HTTP2OriginStream.passHead`): it is read as if its
     /// text had arrived, from the loop (the read callback deferred, as the pair's own is).
@@ -426,43 +428,9 @@ final class UpstreamConnection {
         bufferevent_trigger(bev, Int16(EV_READ), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue | BEV_TRIG_DEFER_CALLBACKS.rawValue))
     }
 
-    /// The next response head (an interim 1xx or the final one): a handed one, else parsed strictly and bounded
-    /// from the front of `input` and removed from it. A final head or a `101` stops the response timer.
-    func takeResponseHead() -> HeadParseResult<ResponseHead> {
-        if !handedHeads.isEmpty {
-            let (head, length) = handedHeads.removeFirst()
-            if head.status >= 200 || head.status == 101 { responseHeadReceived() }
-            return .complete(head, length: length)
-        }
-        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
-                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
-            HTTP1Parser.parseResponseHead($0, limits: Flow.responseLimits)
-        }
-        if case .complete(let head, let length) = result {
-            evbuffer_drain(input, length)
-            if head.status >= 200 || head.status == 101 { responseHeadReceived() }
-        }
-        return result
-    }
-
-    /// `takeResponseHead` for a relay from the head's bytes: the head at the front of `input` is read as offsets
-    /// (`HTTP1Parser.parseResponseHeadSpans`), and `use` gets them with the bytes they point into, which stay there
-    /// until it returns; then a complete head is drained (unless `use` closed the connection). Nil while heads are handed over (an origin's HTTP/2 stream):
-    /// `takeResponseHead` reads those.
-    func takeResponseHeadSpans<R>(_ use: (HeadParseResult<ResponseHeadSpans>, UnsafeRawBufferPointer) -> R) -> R? {
-        guard handedHeads.isEmpty else { return nil }
-        let result = FrontParse.parse(input, limit: Flow.maxResponseHeadBytes, incomplete: .incomplete,
-                                      isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
-            HTTP1Parser.parseResponseHeadSpans($0, limits: Flow.responseLimits)
-        }
-        guard case .complete(let head, let length) = result else { return use(result, UnsafeRawBufferPointer(start: nil, count: 0)) }
-        if head.status >= 200 || head.status == 101 { responseHeadReceived() }
-        // FrontParse made the head's bytes contiguous at the front: pulling them up again only returns where.
-        let bytes = UnsafeRawBufferPointer(start: evbuffer_pullup(input, length), count: length)
-        let used = use(result, bytes)
-        // A head refused for its framing closed the connection, and `input` with it.
-        if state != .closed { evbuffer_drain(input, length) }
-        return used
+    /// The next head an origin's HTTP/2 stream handed over (`handResponseHead`), if any; read by `ResponseHeadTake`.
+    func takeHandedHead() -> (head: ResponseHead, length: Int)? {
+        handedHeads.isEmpty ? nil : handedHeads.removeFirst()
     }
 
     // MARK: resolve and connect
