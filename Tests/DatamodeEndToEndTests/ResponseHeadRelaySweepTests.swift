@@ -1,0 +1,579 @@
+import DatamodeTestSupport
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An outside tester's sweep of how the real binary relays an HTTP/1 origin's response head to an HTTP/1 client
+/// (SPEC §6), for the path that copies field names and values from the origin's bytes (a plain forward-proxy
+/// exchange: no variant, not transparent, no manifest cap or image transcoding; the default configuration's
+/// `normal` mode). A Python origin writes exact bytes per case; a raw socket client (and curl) reads what the proxy
+/// relays and compares it byte for byte: the status line as sent (reason included), hop-by-hop fields gone, one
+/// `Via`, the framing the proxy writes itself, every other field in order with the OWS around its value removed;
+/// the body whole; then whether the client's and the origin's connections are kept or closed as they must be.
+@Suite("Response head relay sweep (SPEC §6)", .serialized)
+struct ResponseHeadRelaySweepTests {
+    static let via = "Via: 1.1 datamode-proxy\r\n"
+
+    /// The proxy (default configuration) and the origin.
+    final class Rig {
+        let directory: String
+        let proxy: ProxyProcess
+        let originProcess: Process
+        var originPort: UInt16 = 0
+
+        init() throws {
+            directory = try ScratchDirectory.make("datamode-head-sweep")
+            let script = directory + "/origin.py"
+            try ResponseHeadRelaySweepTests.origin.write(toFile: script, atomically: true, encoding: .utf8)
+            let log = directory + "/origin.log"
+            _ = FileManager.default.createFile(atPath: log, contents: nil)
+            originProcess = Process()
+            originProcess.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            originProcess.arguments = ["-u", script]
+            originProcess.standardInput = FileHandle.nullDevice
+            originProcess.standardOutput = FileHandle(forWritingAtPath: log)
+            originProcess.standardError = FileHandle(forWritingAtPath: log)
+            try originProcess.run()
+            do {
+                let deadline = Date().addingTimeInterval(10)
+                while originPort == 0 && Date() < deadline {
+                    let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+                    if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("PORT ") }) {
+                        originPort = UInt16(line.dropFirst(5)) ?? 0
+                    } else {
+                        usleep(10_000)
+                    }
+                }
+                guard originPort != 0 else { throw ProxyProcess.LaunchError(description: "the origin did not start") }
+                proxy = try ProxyProcess(directory: directory + "/proxy")
+            } catch {
+                kill(originProcess.processIdentifier, SIGKILL)
+                originProcess.waitUntilExit()
+                ScratchDirectory.remove(directory)
+                throw error
+            }
+        }
+
+        func stop() {
+            proxy.stop()
+            if originProcess.isRunning {
+                kill(originProcess.processIdentifier, SIGKILL)
+                originProcess.waitUntilExit()
+            }
+            ScratchDirectory.remove(directory)
+        }
+
+        var originLog: String { (try? String(contentsOfFile: directory + "/origin.log", encoding: .utf8)) ?? "" }
+
+        func url(_ path: String) -> String { "http://127.0.0.1:\(originPort)\(path)" }
+
+        func connect() throws -> RawHTTPClient { try RawHTTPClient(port: proxy.port, timeout: .seconds(5)) }
+
+        /// `GET` (or `method`) of `path` in absolute form, with `Host` and `headers`.
+        func request(_ path: String, method: String = "GET", version: String = "HTTP/1.1",
+                     headers: [(String, String)] = []) -> String {
+            RequestText.make(method, url(path), headers: headers, version: version)
+        }
+
+        /// Which origin connection served `/conn` (the origin numbers its connections from 1).
+        func originConnection(on client: RawHTTPClient) throws -> String {
+            try client.send(request("/conn"))
+            let response = try client.readResponse()
+            return response.bodyText
+        }
+    }
+
+    /// A relayed response the client must see: the status line, the fields between it and `Via` (the framing
+    /// included, where the proxy writes it), the body as decoded.
+    struct Expected {
+        var statusLine: String
+        var fields: [String]
+        var body: [UInt8]
+        /// The origin closes after it (an HTTP/1.0 origin, a body delimited by the close).
+        var originCloses = false
+
+        init(_ statusLine: String, _ fields: [String], body: String = "hello", originCloses: Bool = false) {
+            self.statusLine = statusLine
+            self.fields = fields
+            self.body = Array(body.utf8)
+            self.originCloses = originCloses
+        }
+
+        init(_ statusLine: String, _ fields: [String], bytes: [UInt8], originCloses: Bool = false) {
+            self.statusLine = statusLine
+            self.fields = fields
+            self.body = bytes
+            self.originCloses = originCloses
+        }
+
+        /// The head text, with `connection` (e.g. `Connection: close`) after `Via` when given.
+        func head(connection: String? = nil) -> String {
+            statusLine + "\r\n" + fields.map { $0 + "\r\n" }.joined() + ResponseHeadRelaySweepTests.via
+                + (connection.map { $0 + "\r\n" } ?? "") + "\r\n"
+        }
+    }
+
+    static func pattern(_ count: Int) -> [UInt8] { (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) } }
+
+    /// On one client connection: `/conn`, the case, `/conn` again. The case's head and body must be `expected`,
+    /// the client connection kept, and the origin connection reused unless the origin closed it.
+    func expectRelayed(_ rig: Rig, _ name: String, _ expected: Expected, method: String = "GET",
+                       sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let client = try rig.connect()
+        defer { client.close() }
+        let before = try rig.originConnection(on: client)
+        try client.send(rig.request("/case/" + name, method: method))
+        let response = try client.readFinalResponse(method: method)
+        #expect(response.headText.debugDescription == expected.head(connection: expected.originCloses ? "Connection: close" : nil)
+            .debugDescription, "\(name): head", sourceLocation: sourceLocation)
+        #expect(response.body == expected.body, "\(name): body \(response.body.count) bytes, want \(expected.body.count)",
+                sourceLocation: sourceLocation)
+        if expected.originCloses {
+            // A body delimited by the origin's close ends the client's connection too.
+            #expect(client.isClosedByPeer(within: .seconds(2)), "\(name): client connection kept", sourceLocation: sourceLocation)
+            let next = try rig.connect()
+            defer { next.close() }
+            let after = try rig.originConnection(on: next)
+            #expect(after != before, "\(name): a closed origin connection reused", sourceLocation: sourceLocation)
+        } else {
+            let after = try rig.originConnection(on: client)
+            #expect(after == before, "\(name): origin connection not reused (\(before) then \(after))",
+                    sourceLocation: sourceLocation)
+        }
+    }
+
+    /// The case is refused: `502` `upstream-protocol-error`, nothing of the origin's response relayed, and the
+    /// origin's connection never reused.
+    func expectRefused(_ rig: Rig, _ name: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let client = try rig.connect()
+        defer { client.close() }
+        let before = try rig.originConnection(on: client)
+        try client.send(rig.request("/case/" + name))
+        let response = try client.readFinalResponse()
+        #expect(response.status == 502, "\(name): \(response.headText.debugDescription)", sourceLocation: sourceLocation)
+        #expect(response.problem?.error == "upstream-protocol-error", "\(name): \(response.bodyText)",
+                sourceLocation: sourceLocation)
+        #expect(!response.bodyText.contains("hello"), "\(name): origin body relayed", sourceLocation: sourceLocation)
+        let next: RawHTTPClient
+        if response.values(of: "Connection").contains(where: { $0.lowercased() == "close" }) {
+            #expect(client.isClosedByPeer(within: .seconds(2)), sourceLocation: sourceLocation)
+            next = try rig.connect()
+        } else {
+            next = client
+        }
+        let after = try rig.originConnection(on: next)
+        #expect(after != before, "\(name): origin connection reused after a protocol error", sourceLocation: sourceLocation)
+        #expect(!rig.proxy.hasExited, "\(name): the proxy died", sourceLocation: sourceLocation)
+    }
+
+    func withRig(_ body: (Rig) throws -> Void) throws {
+        let rig = try Rig()
+        defer { rig.stop() }
+        try body(rig)
+        #expect(!rig.proxy.hasExited, "the proxy died: \(rig.proxy.stderr.suffix(3000))")
+    }
+
+    // MARK: the status line
+
+    @Test("a reason phrase with a trailing space, a leading tab, or empty is relayed as sent")
+    func reasonPhrases() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "reason-trailing-space", Expected("HTTP/1.1 200 OK ", ["Content-Length: 5"]))
+            try expectRelayed(rig, "reason-leading-tab", Expected("HTTP/1.1 200 \tOK", ["Content-Length: 5"]))
+            try expectRelayed(rig, "reason-empty", Expected("HTTP/1.1 404 ", ["Content-Length: 5"]))
+            try expectRelayed(rig, "reason-obs-text", Expected("HTTP/1.1 200 Gr\u{fc}\u{df}e", ["Content-Length: 5"]))
+        }
+    }
+
+    // MARK: field values
+
+    @Test("obs-text (UTF-8) in a value is copied byte for byte")
+    func obsText() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "obs-text", Expected("HTTP/1.1 200 OK",
+                                                        ["X-Name: caf\u{e9} \u{2615} ok", "Content-Length: 5"]))
+        }
+    }
+
+    @Test("spaces and tabs around values are removed, inside them kept; an empty value stays")
+    func optionalWhitespace() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "ows", Expected("HTTP/1.1 200 OK", [
+                "X-A: spaced", "X-B: tabbed", "X-C: mixed  inner \t x", "X-Empty: ", "X-Blank: ", "Content-Length: 5",
+            ]))
+        }
+    }
+
+    // MARK: framing
+
+    @Test("Content-Length: 5, 5 (and twice 5) relays as one Content-Length: 5")
+    func repeatedContentLength() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "cl-list-same", Expected("HTTP/1.1 200 OK", ["X-After: 1", "Content-Length: 5"]))
+            try expectRelayed(rig, "cl-repeated-same", Expected("HTTP/1.1 200 OK", ["X-Mid: 1", "Content-Length: 5"]))
+        }
+    }
+
+    @Test("Content-Length: 5, 6 (or on two lines) is a 502")
+    func conflictingContentLength() throws {
+        try withRig { rig in
+            try expectRefused(rig, "cl-conflict")
+            try expectRefused(rig, "cl-conflict-lines")
+            try expectRefused(rig, "cl-signed")
+        }
+    }
+
+    @Test("chunked with trailers: Trailer removed, the proxy's Transfer-Encoding, the body and trailers whole")
+    func chunkedWithTrailers() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            let before = try rig.originConnection(on: client)
+            try client.send(rig.request("/case/chunked-trailers"))
+            let response = try client.readResponse()
+            #expect(response.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["X-After: 1", "Transfer-Encoding: chunked"]).head().debugDescription)
+            #expect(response.bodyText == "hello world")
+            #expect(response.trailers.map { "\($0.name): \($0.value)" } == ["X-Sum: abc", "X-Other: d"])
+            #expect(try rig.originConnection(on: client) == before)
+        }
+    }
+
+    @Test("Transfer-Encoding: gzip, chunked is a 502")
+    func transferCodingOtherThanChunked() throws {
+        try withRig { rig in
+            try expectRefused(rig, "te-gzip-chunked")
+            try expectRefused(rig, "te-cl-both")
+        }
+    }
+
+    // MARK: hop-by-hop
+
+    @Test("Connection: x-hop, keep-alive removes X-Hop (every line of it) and every hop-by-hop field")
+    func connectionListedFields() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "connection-listed", Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Content-Length: 5"]))
+        }
+    }
+
+    @Test("Connection naming Content-Length or Transfer-Encoding is a 502")
+    func connectionNamingFraming() throws {
+        try withRig { rig in
+            try expectRefused(rig, "connection-content-length")
+            try expectRefused(rig, "connection-transfer-encoding")
+        }
+    }
+
+    // MARK: bodies by the close, and no bodies
+
+    @Test("an HTTP/1.0 origin without a length: the whole body, then the client connection closed")
+    func closeDelimitedBody() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "http10-close", Expected("HTTP/1.1 200 OK", ["Content-Type: text/plain"],
+                                                            bytes: Self.pattern(300_000), originCloses: true))
+        }
+    }
+
+    @Test("an HTTP/1.0 origin with a length that closes: relayed, its connection not reused, the client's kept")
+    func http10OriginWithLength() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            let before = try rig.originConnection(on: client)
+            try client.send(rig.request("/case/http10-cl"))
+            let response = try client.readResponse()
+            #expect(response.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]).head().debugDescription)
+            #expect(response.bodyText == "hello")
+            #expect(try rig.originConnection(on: client) != before)
+        }
+    }
+
+    @Test("204 and 304 with a Content-Length: no body read, the Content-Length kept, both connections reused")
+    func bodilessStatuses() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "204-cl", Expected("HTTP/1.1 204 No Content", ["Content-Length: 5", "X-A: 1"], body: ""))
+            try expectRelayed(rig, "304-cl", Expected("HTTP/1.1 304 Not Modified", ["ETag: \"v1\"", "Content-Length: 5"],
+                                                      body: ""))
+        }
+    }
+
+    @Test("HEAD: the response's Content-Length kept, no body read, both connections reused")
+    func headRequest() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "head-cl", Expected("HTTP/1.1 200 OK", ["Content-Type: text/plain", "Content-Length: 1000"],
+                                                       body: ""), method: "HEAD")
+        }
+    }
+
+    // MARK: interim responses
+
+    @Test("100 Continue and 103 Early Hints with fields are relayed before the final head")
+    func interimResponses() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            let before = try rig.originConnection(on: client)
+            try client.send(rig.request("/case/interim"))
+            let continued = try client.readResponse()
+            #expect(continued.headText.debugDescription == "HTTP/1.1 100 Continue\r\n\(Self.via)\r\n".debugDescription)
+            let hints = try client.readResponse()
+            #expect(hints.headText.debugDescription == ("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n"
+                + "Link: </app.js>; rel=preload\r\nX-Hint: \u{e9}\r\n\(Self.via)\r\n").debugDescription)
+            let final = try client.readResponse()
+            #expect(final.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["Link: </style.css>; rel=preload; as=style", "Content-Length: 5"]).head()
+                .debugDescription)
+            #expect(final.bodyText == "hello")
+            #expect(try rig.originConnection(on: client) == before)
+        }
+    }
+
+    // MARK: heads in pieces
+
+    @Test("a head one byte at a time, and heads split before, inside and after the final CRLF")
+    func headsInPieces() throws {
+        try withRig { rig in
+            let expected = Expected("HTTP/1.1 200 OK", ["X-Slow: a b", "Content-Length: 5"])
+            for name in ["slow-head", "split-before-final-crlf", "split-inside-final-crlf", "split-after-head",
+                         "split-inside-field", "split-inside-status"] {
+                try expectRelayed(rig, name, expected)
+            }
+        }
+    }
+
+    // MARK: large heads
+
+    @Test("250 fields, 300 fields, and a head near 64 KiB are relayed whole; 301 fields is a 502")
+    func largeHeads() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "fields-250", Expected("HTTP/1.1 200 OK",
+                                                          (0..<250).map { "X-F-\($0): v-\($0)" } + ["Content-Length: 5"]))
+            try expectRelayed(rig, "fields-299", Expected("HTTP/1.1 200 OK",
+                                                          (0..<299).map { "X-F-\($0): v-\($0)" } + ["Content-Length: 5"]))
+            try expectRelayed(rig, "near-64k", Expected("HTTP/1.1 200 OK", (0..<63).map {
+                "X-Big-\($0): " + String(repeating: Character(UnicodeScalar(UInt8(97 + $0 % 26))), count: 1000)
+            } + ["Content-Length: 5"]))
+            try expectRefused(rig, "fields-300")
+        }
+    }
+
+    // MARK: HTTP/1.0 clients
+
+    @Test("an HTTP/1.0 client gets a chunked response unchunked, delimited by the close")
+    func http10ClientChunked() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            try client.send(rig.request("/case/chunked-trailers", version: "HTTP/1.0"))
+            let response = try client.readResponse()
+            #expect(response.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["X-After: 1"]).head(connection: "Connection: close").debugDescription)
+            #expect(response.bodyText == "hello world")
+        }
+    }
+
+    /// The cases an HTTP/1.0 client asks for, with the head it must get (before `Via` and the connection's fate).
+    static let http10Cases: [(String, Expected)] = [
+        ("reason-empty", Expected("HTTP/1.1 404 ", ["Content-Length: 5"])),
+        ("obs-text", Expected("HTTP/1.1 200 OK", ["X-Name: caf\u{e9} \u{2615} ok", "Content-Length: 5"])),
+        ("ows", Expected("HTTP/1.1 200 OK", ["X-A: spaced", "X-B: tabbed", "X-C: mixed  inner \t x", "X-Empty: ", "X-Blank: ",
+                                            "Content-Length: 5"])),
+        ("cl-list-same", Expected("HTTP/1.1 200 OK", ["X-After: 1", "Content-Length: 5"])),
+        ("connection-listed", Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Content-Length: 5"])),
+        ("204-cl", Expected("HTTP/1.1 204 No Content", ["Content-Length: 5", "X-A: 1"], body: "")),
+        ("split-before-final-crlf", Expected("HTTP/1.1 200 OK", ["X-Slow: a b", "Content-Length: 5"])),
+    ]
+
+    @Test("an HTTP/1.0 client: the same heads, Connection: close and the close; with keep-alive asked, kept")
+    func http10ClientHeads() throws {
+        try withRig { rig in
+            for (name, expected) in Self.http10Cases {
+                let client = try rig.connect()
+                try client.send(rig.request("/case/" + name, version: "HTTP/1.0"))
+                let response = try client.readResponse()
+                #expect(response.headText.debugDescription == expected.head(connection: "Connection: close").debugDescription,
+                        "\(name), HTTP/1.0")
+                #expect(response.body == expected.body, "\(name), HTTP/1.0")
+                #expect(client.isClosedByPeer(within: .seconds(2)), "\(name), HTTP/1.0: connection kept")
+                client.close()
+
+                let kept = try rig.connect()
+                defer { kept.close() }
+                try kept.send(rig.request("/case/" + name, version: "HTTP/1.0", headers: [("Connection", "keep-alive")]))
+                let again = try kept.readResponse()
+                #expect(again.headText.debugDescription == expected.head(connection: "Connection: keep-alive").debugDescription,
+                        "\(name), HTTP/1.0 keep-alive")
+                #expect(again.body == expected.body, "\(name), HTTP/1.0 keep-alive")
+                try kept.send(rig.request("/conn", version: "HTTP/1.0", headers: [("Connection", "keep-alive")]))
+                #expect(try kept.readResponse().status == 200, "\(name), HTTP/1.0 keep-alive: second request")
+            }
+            // HTTP/1.0 client, HTTP/1.0 origin without a length: the body whole, then the close.
+            let client = try rig.connect()
+            defer { client.close() }
+            try client.send(rig.request("/case/http10-close", version: "HTTP/1.0", headers: [("Connection", "keep-alive")]))
+            let response = try client.readResponse()
+            #expect(response.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["Content-Type: text/plain"]).head(connection: "Connection: close").debugDescription)
+            #expect(response.body == Self.pattern(300_000))
+        }
+    }
+
+    // MARK: curl
+
+    /// curl through the proxy, two URLs on one connection: what it wrote (`-i --raw`), and per transfer
+    /// `num_connects http_code`.
+    func curl(_ rig: Rig, _ paths: [String], _ extra: [String] = []) throws -> (output: String, transfers: [String]) {
+        let result = try ExternalCommand.run("/usr/bin/curl", ["-sS", "-i", "--raw", "--noproxy", "", "-x",
+                                                               "http://127.0.0.1:\(rig.proxy.port)", "--max-time", "10",
+                                                               "-w", "%{stderr}T %{num_connects} %{http_code}\n"]
+                                                 + extra + paths.map(rig.url), timeout: 20)
+        #expect(result.status == 0, "curl: \(result.stderr)")
+        let transfers = result.stderr.split(separator: "\n").filter { $0.hasPrefix("T ") }.map { String($0.dropFirst(2)) }
+        return (result.stdout, transfers)
+    }
+
+    @Test("curl: relayed heads and bodies as sent on the wire, one connection for two transfers")
+    func curlClient() throws {
+        try withRig { rig in
+            let ows = Expected("HTTP/1.1 200 OK", ["X-A: spaced", "X-B: tabbed", "X-C: mixed  inner \t x", "X-Empty: ",
+                                                   "X-Blank: ", "Content-Length: 5"])
+            let listed = Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Content-Length: 5"])
+            let first = try curl(rig, ["/case/ows", "/case/connection-listed"])
+            #expect(first.output.debugDescription == (ows.head() + "hello" + listed.head() + "hello").debugDescription)
+            #expect(first.transfers == ["1 200", "0 200"])
+
+            let chunked = Expected("HTTP/1.1 200 OK", ["X-After: 1", "Transfer-Encoding: chunked"]).head()
+            let interim = "HTTP/1.1 100 Continue\r\n\(Self.via)\r\n" + "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n"
+                + "Link: </app.js>; rel=preload\r\nX-Hint: \u{e9}\r\n\(Self.via)\r\n"
+            let final = Expected("HTTP/1.1 200 OK", ["Link: </style.css>; rel=preload; as=style", "Content-Length: 5"]).head()
+            let second = try curl(rig, ["/case/chunked-trailers", "/case/interim"])
+            #expect(second.output.debugDescription == (chunked + "5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: abc\r\nX-Other: d\r\n\r\n"
+                + interim + final + "hello").debugDescription)
+            #expect(second.transfers == ["1 200", "0 200"])
+
+            let old = try curl(rig, ["/case/chunked-trailers"], ["--http1.0"])
+            #expect(old.output.debugDescription
+                == (Expected("HTTP/1.1 200 OK", ["X-After: 1"]).head(connection: "Connection: close") + "hello world").debugDescription)
+        }
+    }
+
+    /// The origin: `/conn` answers which of its connections it came on (`conn=N`); `/case/NAME` writes the case's
+    /// pieces (bytes, or a pause in seconds) and keeps the connection for the next request unless the case ends
+    /// with `None`, which closes it.
+    static let origin = #"""
+    import socket, sys, threading, time
+
+    def pattern(n):
+        return bytes(((i * 31 + 7) & 0xFF) for i in range(256)) * (n // 256) + bytes(((i * 31 + 7) & 0xFF) for i in range(n % 256))
+
+    def slow(data, pause):
+        out = []
+        for i in range(len(data)):
+            out += [data[i:i + 1], pause]
+        return out
+
+    def fields(n, cl=b"Content-Length: 5\r\n"):
+        return b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-F-%d: v-%d\r\n" % (i, i) for i in range(n)) + cl + b"\r\nhello"
+
+    SLOW = b"HTTP/1.1 200 OK\r\nX-Slow: a b\r\nContent-Length: 5\r\n"
+    BIG = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Big-%d: %s\r\n" % (i, bytes([97 + i % 26]) * 1000) for i in range(63)) \
+        + b"Content-Length: 5\r\n\r\nhello"
+    CHUNKED = b"HTTP/1.1 200 OK\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\nX-After: 1\r\n\r\n" \
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: abc\r\nX-Other: d\r\n\r\n"
+
+    CASES = {
+        "reason-trailing-space": [b"HTTP/1.1 200 OK \r\nContent-Length: 5\r\n\r\nhello"],
+        "reason-leading-tab": [b"HTTP/1.1 200 \tOK\r\nContent-Length: 5\r\n\r\nhello"],
+        "reason-empty": [b"HTTP/1.1 404 \r\nContent-Length: 5\r\n\r\nhello"],
+        "reason-obs-text": [b"HTTP/1.1 200 Gr\xc3\xbc\xc3\x9fe\r\nContent-Length: 5\r\n\r\nhello"],
+        "obs-text": [b"HTTP/1.1 200 OK\r\nX-Name: caf\xc3\xa9 \xe2\x98\x95 ok\r\nContent-Length: 5\r\n\r\nhello"],
+        "ows": [b"HTTP/1.1 200 OK\r\nX-A:   spaced   \r\nX-B:\ttabbed\t\r\nX-C: \t mixed  inner \t x \t \r\n"
+                b"X-Empty:\r\nX-Blank: \t \r\nContent-Length: \t5 \r\n\r\nhello"],
+        "cl-list-same": [b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\nX-After: 1\r\n\r\nhello"],
+        "cl-repeated-same": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Mid: 1\r\nContent-Length: 5\r\n\r\nhello"],
+        "cl-conflict": [b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!"],
+        "cl-conflict-lines": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"],
+        "cl-signed": [b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello"],
+        "chunked-trailers": [CHUNKED],
+        "te-gzip-chunked": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        "te-cl-both": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        "connection-listed": [b"HTTP/1.1 200 OK\r\nConnection: x-hop, keep-alive\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\n"
+                              b"X-Keep: 1\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-None\r\nUpgrade: h2c\r\n"
+                              b"Proxy-Authenticate: Basic realm=\"x\"\r\nx-hop: again\r\nContent-Length: 5\r\n\r\nhello"],
+        "connection-content-length": [b"HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello"],
+        "connection-transfer-encoding": [b"HTTP/1.1 200 OK\r\nConnection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                         b"5\r\nhello\r\n0\r\n\r\n"],
+        "http10-close": [b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n", 0.05, pattern(300000), None],
+        "http10-cl": [b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello", None],
+        "204-cl": [b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-A: 1\r\n\r\n"],
+        "304-cl": [b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 5\r\n\r\n"],
+        "head-cl": [b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n"],
+        "interim": [b"HTTP/1.1 100 Continue\r\n\r\n", 0.05,
+                    b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\nLink:  </app.js>; rel=preload \r\n"
+                    b"X-Hint: \xc3\xa9\r\n\r\n", 0.05,
+                    b"HTTP/1.1 200 OK\r\nLink: </style.css>; rel=preload; as=style\r\nContent-Length: 5\r\n\r\nhello"],
+        "slow-head": slow(SLOW + b"\r\n", 0.004) + [b"hello"],
+        "split-before-final-crlf": [SLOW, 0.1, b"\r\nhello"],
+        "split-inside-final-crlf": [SLOW + b"\r", 0.1, b"\nhello"],
+        "split-after-head": [SLOW + b"\r\n", 0.1, b"hello"],
+        "split-inside-field": [SLOW[:20], 0.1, SLOW[20:] + b"\r\nhello"],
+        "split-inside-status": [SLOW[:6], 0.1, SLOW[6:] + b"\r\nhello"],
+        "fields-250": [fields(250)],
+        "fields-299": [fields(299)],
+        "fields-300": [fields(300)],
+        "near-64k": [BIG],
+    }
+
+    counter = [0]
+    lock = threading.Lock()
+
+    def handle(conn, serial):
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    buf += piece
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                target = head.split(b"\r\n")[0].split(b" ")[1].decode()
+                path = target.split("//", 1)[-1]
+                path = path[path.find("/"):] if "://" in target else target
+                sys.stdout.write("REQ %d %r\n" % (serial, head))
+                if path == "/conn":
+                    body = b"conn=%d" % serial
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                    continue
+                for piece in CASES[path.split("/")[2]]:
+                    if piece is None:
+                        return
+                    if isinstance(piece, float):
+                        time.sleep(piece)
+                    else:
+                        conn.sendall(piece)
+        except Exception as e:
+            sys.stdout.write("ERROR %d %r\n" % (serial, e))
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+    listener = socket.socket(socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    sys.stdout.write("PORT %d\n" % listener.getsockname()[1])
+    while True:
+        sock, _ = listener.accept()
+        with lock:
+            counter[0] += 1
+            serial = counter[0]
+        threading.Thread(target=handle, args=(sock, serial), daemon=True).start()
+    """#
+}
