@@ -93,6 +93,9 @@ struct ResponseHeadRelaySweepTests {
         var body: [UInt8]
         /// The origin closes after it (an HTTP/1.0 origin, a body delimited by the close).
         var originCloses = false
+        /// The origin's connection cannot be reused after it (it said close, or sent bytes past the response), but
+        /// the client's is kept.
+        var originDropped = false
 
         init(_ statusLine: String, _ fields: [String], body: String = "hello", originCloses: Bool = false) {
             self.statusLine = statusLine
@@ -137,6 +140,10 @@ struct ResponseHeadRelaySweepTests {
             defer { next.close() }
             let after = try rig.originConnection(on: next)
             #expect(after != before, "\(name): a closed origin connection reused", sourceLocation: sourceLocation)
+        } else if expected.originDropped {
+            let after = try rig.originConnection(on: client)
+            #expect(after != before, "\(name): origin connection reused (\(before) then \(after))",
+                    sourceLocation: sourceLocation)
         } else {
             let after = try rig.originConnection(on: client)
             #expect(after == before, "\(name): origin connection not reused (\(before) then \(after))",
@@ -184,6 +191,10 @@ struct ResponseHeadRelaySweepTests {
             try expectRelayed(rig, "reason-leading-tab", Expected("HTTP/1.1 200 \tOK", ["Content-Length: 5"]))
             try expectRelayed(rig, "reason-empty", Expected("HTTP/1.1 404 ", ["Content-Length: 5"]))
             try expectRelayed(rig, "reason-obs-text", Expected("HTTP/1.1 200 Gr\u{fc}\u{df}e", ["Content-Length: 5"]))
+            try expectRelayed(rig, "long-reason", Expected("HTTP/1.1 200 " + String(repeating: "r", count: 4000),
+                                                           ["Content-Length: 5"]))
+            // Without the SP before the (empty) reason (RFC 9112 §4 requires it): read leniently, relayed with it.
+            try expectRelayed(rig, "reason-missing", Expected("HTTP/1.1 404 ", ["Content-Length: 5"]))
         }
     }
 
@@ -202,6 +213,16 @@ struct ResponseHeadRelaySweepTests {
         try withRig { rig in
             try expectRelayed(rig, "ows", Expected("HTTP/1.1 200 OK", [
                 "X-A: spaced", "X-B: tabbed", "X-C: mixed  inner \t x", "X-Empty: ", "X-Blank: ", "Content-Length: 5",
+            ]))
+        }
+    }
+
+    @Test("field names keep their case and every tchar; values keep colons and quotes")
+    func namesAndValues() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "names", Expected("HTTP/1.1 200 OK", [
+                "x-lower: a", "X-UPPER: B", "MiXeD-CaSe: c", "X!#$%&'*+-.^_`|~: v", "X-Url: http://a:b/c?d=e:f",
+                "X-Quote: \"a, b\"", "Content-Length: 5",
             ]))
         }
     }
@@ -258,6 +279,53 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("hop-by-hop names in any case, Connection lists with empty elements and on two lines")
+    func hopByHopSpellings() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "hop-case", Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Transfer-Encoding: chunked"]))
+            try expectRelayed(rig, "connection-odd-list", Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Content-Length: 5"]))
+        }
+    }
+
+    @Test("Connection: close from an HTTP/1.1 origin, keep-alive from an HTTP/1.0 one: the origin's connection's fate")
+    func originConnectionFate() throws {
+        try withRig { rig in
+            var closing = Expected("HTTP/1.1 200 OK", ["Content-Length: 5"])
+            closing.originDropped = true
+            try expectRelayed(rig, "connection-close-11", closing)
+            try expectRelayed(rig, "http10-keep-alive", Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]))
+        }
+    }
+
+    @Test("bytes past the response (at once or late, after a length, chunks or a 204): relayed never, origin connection dropped")
+    func bytesPastTheResponse() throws {
+        try withRig { rig in
+            for (name, expected) in [("cl-extra", Expected("HTTP/1.1 200 OK", ["Content-Length: 5"])),
+                                     ("cl-extra-late", Expected("HTTP/1.1 200 OK", ["Content-Length: 5"])),
+                                     ("chunked-extra", Expected("HTTP/1.1 200 OK", ["Transfer-Encoding: chunked"])),
+                                     ("204-body", Expected("HTTP/1.1 204 No Content", [], body: ""))] {
+                var dropped = expected
+                dropped.originDropped = true
+                if name == "cl-extra-late" {
+                    // The late bytes reach the pooled connection before the next request does.
+                    let client = try rig.connect()
+                    defer { client.close() }
+                    let before = try rig.originConnection(on: client)
+                    try client.send(rig.request("/case/" + name))
+                    let response = try client.readResponse()
+                    #expect(response.headText == expected.head() && response.bodyText == "hello", "\(name)")
+                    usleep(200_000)
+                    try client.send(rig.request("/conn"))
+                    let next = try client.readResponse()
+                    #expect(next.bodyText.hasPrefix("conn=") && next.bodyText != before,
+                            "\(name): \(next.headText.debugDescription) \(next.bodyText)")
+                } else {
+                    try expectRelayed(rig, name, dropped)
+                }
+            }
+        }
+    }
+
     @Test("Connection naming Content-Length or Transfer-Encoding is a 502")
     func connectionNamingFraming() throws {
         try withRig { rig in
@@ -297,6 +365,8 @@ struct ResponseHeadRelaySweepTests {
             try expectRelayed(rig, "204-cl", Expected("HTTP/1.1 204 No Content", ["Content-Length: 5", "X-A: 1"], body: ""))
             try expectRelayed(rig, "304-cl", Expected("HTTP/1.1 304 Not Modified", ["ETag: \"v1\"", "Content-Length: 5"],
                                                       body: ""))
+            try expectRelayed(rig, "304-chunked", Expected("HTTP/1.1 304 Not Modified", ["Transfer-Encoding: chunked", "X-A: 1"],
+                                                           body: ""))
         }
     }
 
@@ -305,18 +375,20 @@ struct ResponseHeadRelaySweepTests {
         try withRig { rig in
             try expectRelayed(rig, "head-cl", Expected("HTTP/1.1 200 OK", ["Content-Type: text/plain", "Content-Length: 1000"],
                                                        body: ""), method: "HEAD")
+            try expectRelayed(rig, "head-chunked", Expected("HTTP/1.1 200 OK", ["Transfer-Encoding: chunked", "X-A: 1"], body: ""),
+                              method: "HEAD")
         }
     }
 
     // MARK: interim responses
 
-    @Test("100 Continue and 103 Early Hints with fields are relayed before the final head")
-    func interimResponses() throws {
+    @Test("100 Continue and 103 Early Hints with fields are relayed before the final head", arguments: ["interim", "interim-one-write"])
+    func interimResponses(name: String) throws {
         try withRig { rig in
             let client = try rig.connect()
             defer { client.close() }
             let before = try rig.originConnection(on: client)
-            try client.send(rig.request("/case/interim"))
+            try client.send(rig.request("/case/" + name))
             let continued = try client.readResponse()
             #expect(continued.headText.debugDescription == "HTTP/1.1 100 Continue\r\n\(Self.via)\r\n".debugDescription)
             let hints = try client.readResponse()
@@ -328,6 +400,21 @@ struct ResponseHeadRelaySweepTests {
                 .debugDescription)
             #expect(final.bodyText == "hello")
             #expect(try rig.originConnection(on: client) == before)
+        }
+    }
+
+    @Test("an HTTP/1.0 client gets no interim responses, only the final head")
+    func interimToHTTP10Client() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            try client.send(rig.request("/case/interim-one-write", version: "HTTP/1.0"))
+            let final = try client.readResponse()
+            #expect(final.headText.debugDescription
+                == Expected("HTTP/1.1 200 OK", ["Link: </style.css>; rel=preload; as=style", "Content-Length: 5"])
+                .head(connection: "Connection: close").debugDescription)
+            #expect(final.bodyText == "hello")
+            #expect(client.isClosedByPeer(within: .seconds(2)))
         }
     }
 
@@ -358,6 +445,36 @@ struct ResponseHeadRelaySweepTests {
             } + ["Content-Length: 5"]))
             try expectRefused(rig, "fields-300")
         }
+    }
+
+    @Test("large heads in pieces (7000 bytes, 100 bytes at a time); 120 KB of fields relayed, past 128 KiB a 502")
+    func largeHeadsInPieces() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "near-64k-pieces", Expected("HTTP/1.1 200 OK", (0..<63).map {
+                "X-Big-\($0): " + String(repeating: Character(UnicodeScalar(UInt8(97 + $0 % 26))), count: 1000)
+            } + ["Content-Length: 5"]))
+            try expectRelayed(rig, "fields-250-pieces", Expected("HTTP/1.1 200 OK",
+                                                                 (0..<250).map { "X-F-\($0): v-\($0)" } + ["Content-Length: 5"]))
+            try expectRelayed(rig, "near-120k", Expected("HTTP/1.1 200 OK", (0..<120).map {
+                "X-Big-\($0): " + String(repeating: "v", count: 1000)
+            } + ["Content-Length: 5"]))
+            try expectRefused(rig, "over-128k")
+        }
+    }
+
+    // MARK: invalid heads
+
+    /// Origin heads the proxy must refuse (SPEC §6: bare CR or LF, obs-fold, NUL, whitespace before a colon, and
+    /// what is no HTTP/1 head at all), and two it refuses by choice: obs-text that is not UTF-8 (Latin-1), which
+    /// RFC 9110 §5.5 lets a recipient read as opaque bytes.
+    static let refused = ["status-101-unasked", "bad-obs-fold", "bad-space-before-colon", "bad-bare-lf", "bad-bare-cr", "bad-nul",
+                          "bad-ctl", "bad-del", "bad-empty-name", "bad-name-char", "bad-status-short", "bad-status-long",
+                          "bad-status-099", "bad-version-2", "bad-version-lower", "bad-icy", "bad-reason-nul", "bad-reason-cr",
+                          "bad-leading-space-field", "bad-no-colon", "bad-chunk-size", "latin1-value", "latin1-reason"]
+
+    @Test("an invalid origin head is a 502 upstream-protocol-error, its connection dropped", arguments: refused)
+    func invalidHeads(name: String) throws {
+        try withRig { rig in try expectRefused(rig, name) }
     }
 
     // MARK: HTTP/1.0 clients
@@ -525,6 +642,55 @@ struct ResponseHeadRelaySweepTests {
         "fields-299": [fields(299)],
         "fields-300": [fields(300)],
         "near-64k": [BIG],
+        "near-64k-pieces": [x for i in range(0, len(BIG), 7000) for x in (BIG[i:i + 7000], 0.005)],
+        "fields-250-pieces": [x for f in [fields(250)] for i in range(0, len(f), 100) for x in (f[i:i + 100], 0.001)],
+        "near-120k": [b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Big-%d: %s\r\n" % (i, b"v" * 1000) for i in range(120))
+                      + b"Content-Length: 5\r\n\r\nhello"],
+        "over-128k": [b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Big-%d: %s\r\n" % (i, b"v" * 1000) for i in range(132))
+                      + b"Content-Length: 5\r\n\r\nhello"],
+        "interim-one-write": [b"HTTP/1.1 100 Continue\r\n\r\n"
+                              b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\nLink:  </app.js>; rel=preload \r\n"
+                              b"X-Hint: \xc3\xa9\r\n\r\n"
+                              b"HTTP/1.1 200 OK\r\nLink: </style.css>; rel=preload; as=style\r\nContent-Length: 5\r\n\r\nhello"],
+        "names": [b"HTTP/1.1 200 OK\r\nx-lower: a\r\nX-UPPER: B\r\nMiXeD-CaSe: c\r\nX!#$%&'*+-.^_`|~: v\r\n"
+                  b"X-Url: http://a:b/c?d=e:f\r\nX-Quote: \"a, b\"\r\nContent-Length: 5\r\n\r\nhello"],
+        "hop-case": [b"HTTP/1.1 200 OK\r\nCONNECTION: X-HOP\r\nx-HoP: 1\r\nKEEP-ALIVE: t=1\r\nX-Keep: 1\r\n"
+                     b"TRANSFER-ENCODING: Chunked\r\nPROXY-AUTHENTICATE: Basic\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        "connection-odd-list": [b"HTTP/1.1 200 OK\r\nConnection: , x-hop ,,\tkeep-alive , \r\nX-Hop: 1\r\nX-Keep: 1\r\n"
+                                b"Connection: x-two\r\nX-Two: 2\r\nContent-Length: 5\r\n\r\nhello"],
+        "connection-close-11": [b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello", None],
+        "http10-keep-alive": [b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 5\r\n\r\nhello"],
+        "cl-extra": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEXTRA"],
+        "cl-extra-late": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 0.05, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
+        "chunked-extra": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
+        "204-body": [b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
+        "head-chunked": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"],
+        "304-chunked": [b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"],
+        "long-reason": [b"HTTP/1.1 200 " + b"r" * 4000 + b"\r\nContent-Length: 5\r\n\r\nhello"],
+        "status-101-unasked": [b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nhello"],
+        "bad-obs-fold": [b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-space-before-colon": [b"HTTP/1.1 200 OK\r\nX-A : a\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-bare-lf": [b"HTTP/1.1 200 OK\r\nX-A: a\nContent-Length: 5\r\n\r\nhello"],
+        "bad-bare-cr": [b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-nul": [b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-ctl": [b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-del": [b"HTTP/1.1 200 OK\r\nX-A: a\x7fb\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-empty-name": [b"HTTP/1.1 200 OK\r\n: a\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-name-char": [b"HTTP/1.1 200 OK\r\nX(A): a\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-status-short": [b"HTTP/1.1 20 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-status-long": [b"HTTP/1.1 2000 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-status-099": [b"HTTP/1.1 099 Low\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-version-2": [b"HTTP/2.0 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-version-lower": [b"http/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-icy": [b"ICY 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-reason-nul": [b"HTTP/1.1 200 O\x00K\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-reason-cr": [b"HTTP/1.1 200 O\rK\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-leading-space-field": [b"HTTP/1.1 200 OK\r\n X-A: a\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-no-colon": [b"HTTP/1.1 200 OK\r\nX-A a\r\nContent-Length: 5\r\n\r\nhello"],
+        "bad-chunk-size": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"],
+        "reason-missing": [b"HTTP/1.1 404\r\nContent-Length: 5\r\n\r\nhello"],
+        "latin1-value": [b"HTTP/1.1 200 OK\r\nX-Name: caf\xe9\r\nContent-Length: 5\r\n\r\nhello"],
+        "latin1-reason": [b"HTTP/1.1 200 caf\xe9\r\nContent-Length: 5\r\n\r\nhello"],
     }
 
     counter = [0]
