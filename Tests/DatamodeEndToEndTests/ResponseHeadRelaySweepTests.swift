@@ -16,14 +16,15 @@ import Glibc
 struct ResponseHeadRelaySweepTests {
     static let via = "Via: 1.1 datamode-proxy\r\n"
 
-    /// The proxy (default configuration) and the origin.
-    final class Rig {
+    /// The proxy (default configuration unless a test gives one) and the origin; set up in `init`, read-only after
+    /// (clients on several threads share it).
+    final class Rig: @unchecked Sendable {
         let directory: String
         let proxy: ProxyProcess
         let originProcess: Process
         var originPort: UInt16 = 0
 
-        init() throws {
+        init(config: String = "") throws {
             directory = try ScratchDirectory.make("datamode-head-sweep")
             let script = directory + "/origin.py"
             try ResponseHeadRelaySweepTests.origin.write(toFile: script, atomically: true, encoding: .utf8)
@@ -47,7 +48,7 @@ struct ResponseHeadRelaySweepTests {
                     }
                 }
                 guard originPort != 0 else { throw ProxyProcess.LaunchError(description: "the origin did not start") }
-                proxy = try ProxyProcess(directory: directory + "/proxy")
+                proxy = try ProxyProcess(config: config, directory: directory + "/proxy")
             } catch {
                 kill(originProcess.processIdentifier, SIGKILL)
                 originProcess.waitUntilExit()
@@ -175,8 +176,8 @@ struct ResponseHeadRelaySweepTests {
         #expect(!rig.proxy.hasExited, "\(name): the proxy died", sourceLocation: sourceLocation)
     }
 
-    func withRig(_ body: (Rig) throws -> Void) throws {
-        let rig = try Rig()
+    func withRig(config: String = "", _ body: (Rig) throws -> Void) throws {
+        let rig = try Rig(config: config)
         defer { rig.stop() }
         try body(rig)
         #expect(!rig.proxy.hasExited, "the proxy died: \(rig.proxy.stderr.suffix(3000))")
@@ -535,6 +536,75 @@ struct ResponseHeadRelaySweepTests {
             #expect(response.headText.debugDescription
                 == Expected("HTTP/1.1 200 OK", ["Content-Type: text/plain"]).head(connection: "Connection: close").debugDescription)
             #expect(response.body == Self.pattern(300_000))
+        }
+    }
+
+    // MARK: many at once, and pipelined
+
+    /// Cases whose heads come in pieces or large, with what the client must see.
+    static let mixed: [(String, Expected)] = [
+        ("slow-head", Expected("HTTP/1.1 200 OK", ["X-Slow: a b", "Content-Length: 5"])),
+        ("split-before-final-crlf", Expected("HTTP/1.1 200 OK", ["X-Slow: a b", "Content-Length: 5"])),
+        ("split-inside-field", Expected("HTTP/1.1 200 OK", ["X-Slow: a b", "Content-Length: 5"])),
+        ("near-64k-pieces", Expected("HTTP/1.1 200 OK", (0..<63).map {
+            "X-Big-\($0): " + String(repeating: Character(UnicodeScalar(UInt8(97 + $0 % 26))), count: 1000)
+        } + ["Content-Length: 5"])),
+        ("fields-250-pieces", Expected("HTTP/1.1 200 OK", (0..<250).map { "X-F-\($0): v-\($0)" } + ["Content-Length: 5"])),
+        ("ows", Expected("HTTP/1.1 200 OK", ["X-A: spaced", "X-B: tabbed", "X-C: mixed  inner \t x", "X-Empty: ", "X-Blank: ",
+                                            "Content-Length: 5"])),
+        ("chunked-trailers", Expected("HTTP/1.1 200 OK", ["X-After: 1", "Transfer-Encoding: chunked"], body: "hello world")),
+        ("connection-listed", Expected("HTTP/1.1 200 OK", ["X-Keep: 1", "Content-Length: 5"])),
+        ("reason-leading-tab", Expected("HTTP/1.1 200 \tOK", ["Content-Length: 5"])),
+        ("204-cl", Expected("HTTP/1.1 204 No Content", ["Content-Length: 5", "X-A: 1"], body: "")),
+    ]
+
+    @Test("24 clients at once on one worker, heads in pieces interleaved: each gets its own head and body exactly")
+    func manyAtOnce() throws {
+        try withRig(config: "threads: 1\n") { rig in
+            final class Box: @unchecked Sendable { var failures: [String] = [] }
+            let box = Box()
+            let lock = NSLock()
+            let group = DispatchGroup()
+            for index in 0..<24 {
+                group.enter()
+                Thread.detachNewThread {
+                    defer { group.leave() }
+                    do {
+                        let client = try rig.connect()
+                        defer { client.close() }
+                        for round in 0..<3 {
+                            let (name, expected) = Self.mixed[(index * 3 + round * 7) % Self.mixed.count]
+                            try client.send(rig.request("/case/" + name))
+                            let response = try client.readResponse()
+                            if response.headText != expected.head() || response.body != expected.body {
+                                lock.lock(); box.failures.append("client \(index) \(name): \(response.headText.prefix(300).debugDescription)")
+                                lock.unlock()
+                            }
+                        }
+                    } catch {
+                        lock.lock(); box.failures.append("client \(index): \(error)"); lock.unlock()
+                    }
+                }
+            }
+            group.wait()
+            #expect(box.failures.isEmpty, "\(box.failures.prefix(5))")
+        }
+    }
+
+    @Test("pipelined requests: each relayed head and body in order, exactly")
+    func pipelined() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            let names = ["ows", "split-before-final-crlf", "chunked-trailers", "204-cl", "near-64k-pieces", "reason-leading-tab"]
+            try client.send(names.map { rig.request("/case/" + $0) }.joined())
+            let table = Dictionary(Self.mixed, uniquingKeysWith: { a, _ in a })
+            for name in names {
+                let expected = table[name]!
+                let response = try client.readResponse()
+                #expect(response.headText.debugDescription == expected.head().debugDescription, "\(name)")
+                #expect(response.body == expected.body, "\(name)")
+            }
         }
     }
 
