@@ -247,6 +247,45 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("Content-Length is written from its parsed value (005 → 5, 0 kept); overflowing, empty or other codings: 502")
+    func framingValues() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "cl-leading-zeros", Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]))
+            try expectRelayed(rig, "cl-zero", Expected("HTTP/1.1 200 OK", ["X-A: 1", "Content-Length: 0"], body: ""))
+            for name in ["cl-overflow", "cl-empty", "cl-list-empty-element", "te-chunked-twice", "te-identity", "te-http10"] {
+                try expectRefused(rig, name)
+            }
+        }
+    }
+
+    @Test("an origin that closes mid-body: the head and every byte it sent, then the client connection closed")
+    func cutBody() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            try client.send(rig.request("/case/cut-body-close"))
+            let head = Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]).head()
+            let got = try client.readAll()
+            #expect(String(decoding: got, as: UTF8.self).debugDescription == (head + "hel").debugDescription)
+        }
+    }
+
+    @Test("an origin that closes before or inside its head: 502 upstream-protocol-error")
+    func noHead() throws {
+        try withRig { rig in
+            try expectRefused(rig, "nothing-close")
+            try expectRefused(rig, "partial-head-close")
+        }
+    }
+
+    @Test("status codes 599 and 999 are relayed as sent")
+    func unusualStatuses() throws {
+        try withRig { rig in
+            try expectRelayed(rig, "status-599", Expected("HTTP/1.1 599 Odd", ["Content-Length: 5"]))
+            try expectRelayed(rig, "status-999", Expected("HTTP/1.1 999 Weird", ["Content-Length: 5"]))
+        }
+    }
+
     @Test("chunked with trailers: Trailer removed, the proxy's Transfer-Encoding, the body and trailers whole")
     func chunkedWithTrailers() throws {
         try withRig { rig in
@@ -401,6 +440,25 @@ struct ResponseHeadRelaySweepTests {
                 .debugDescription)
             #expect(final.bodyText == "hello")
             #expect(try rig.originConnection(on: client) == before)
+        }
+    }
+
+    @Test("102 and 199 are relayed; a 103's hop-by-hop fields are removed (its Content-Length, which RFC 9110 §8.6 forbids in a 1xx, is copied)")
+    func otherInterimResponses() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            try client.send(rig.request("/case/interim-102-199"))
+            #expect(try client.readResponse().headText.debugDescription
+                == "HTTP/1.1 102 Processing\r\nX-P: 1\r\n\(Self.via)\r\n".debugDescription)
+            #expect(try client.readResponse().headText.debugDescription == "HTTP/1.1 199 Misc\r\n\(Self.via)\r\n".debugDescription)
+            let final = try client.readResponse()
+            #expect(final.headText == Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]).head() && final.bodyText == "hello")
+            try client.send(rig.request("/case/interim-hop"))
+            #expect(try client.readResponse().headText.debugDescription
+                == "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\nContent-Length: 7\r\n\(Self.via)\r\n".debugDescription)
+            let second = try client.readResponse()
+            #expect(second.headText == Expected("HTTP/1.1 200 OK", ["Content-Length: 5"]).head() && second.bodyText == "hello")
         }
     }
 
@@ -734,6 +792,22 @@ struct ResponseHeadRelaySweepTests {
         "cl-extra-late": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 0.05, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
         "chunked-extra": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
         "204-body": [b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"],
+        "cl-leading-zeros": [b"HTTP/1.1 200 OK\r\nContent-Length: 005\r\n\r\nhello"],
+        "cl-zero": [b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-A: 1\r\n\r\n"],
+        "cl-overflow": [b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\nhello"],
+        "cl-empty": [b"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\nhello"],
+        "cl-list-empty-element": [b"HTTP/1.1 200 OK\r\nContent-Length: 5,\r\n\r\nhello"],
+        "te-chunked-twice": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        "te-identity": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello"],
+        "te-http10": [b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", None],
+        "status-999": [b"HTTP/1.1 999 Weird\r\nContent-Length: 5\r\n\r\nhello"],
+        "status-599": [b"HTTP/1.1 599 Odd\r\nContent-Length: 5\r\n\r\nhello"],
+        "interim-102-199": [b"HTTP/1.1 102 Processing\r\nX-P: 1\r\n\r\nHTTP/1.1 199 Misc\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "interim-hop": [b"HTTP/1.1 103 Early Hints\r\nConnection: x-a\r\nX-A: 1\r\nKeep-Alive: t=1\r\nLink: </a>\r\nContent-Length: 7\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+        "partial-head-close": [b"HTTP/1.1 200 OK\r\nContent-Len", None],
+        "nothing-close": [None],
+        "cut-body-close": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", None],
         "head-chunked": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"],
         "304-chunked": [b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"],
         "long-reason": [b"HTTP/1.1 200 " + b"r" * 4000 + b"\r\nContent-Length: 5\r\n\r\nhello"],
