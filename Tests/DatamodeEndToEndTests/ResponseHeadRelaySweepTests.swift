@@ -278,6 +278,27 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("the access log records the status and body bytes of heads relayed from their bytes")
+    func accessLog() throws {
+        try withRig { rig in
+            let cases: [(String, Int, Int)] = [("reason-empty", 404, 5), ("204-cl", 204, 0), ("status-999", 999, 5),
+                                               ("cl-leading-zeros", 200, 5), ("http10-close", 200, 300_000)]
+            for (name, _, _) in cases {
+                let client = try rig.connect()
+                defer { client.close() }
+                try client.send(rig.request("/case/" + name))
+                _ = try client.readResponse()
+            }
+            let lines = rig.proxy.accessLog(atLeast: cases.count) { ($0["url"] as? String)?.contains("/case/") == true }
+            for (name, status, bytes) in cases {
+                let line = lines.first { ($0["url"] as? String)?.hasSuffix("/case/" + name) == true }
+                #expect(line?["status"] as? Int == status, "\(name): \(String(describing: line))")
+                #expect(line?["bytes"] as? Int == bytes, "\(name): \(String(describing: line))")
+                #expect(line?["outcome"] as? String == "forwarded", "\(name)")
+            }
+        }
+    }
+
     @Test("status codes 599 and 999 are relayed as sent")
     func unusualStatuses() throws {
         try withRig { rig in
