@@ -687,6 +687,31 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    // MARK: random heads against a model
+
+    @Test("600 random valid heads in random pieces: the relayed head and body are what a model of SPEC §6 says")
+    func randomHeadsAgainstAModel() throws {
+        try withRig { rig in
+            let client = try rig.connect()
+            defer { client.close() }
+            let origin = try RawHTTPClient(port: rig.originPort, timeout: .seconds(5))
+            defer { origin.close() }
+            var mismatches: [String] = []
+            for seed in 0..<600 {
+                try origin.send("GET /expected/\(seed) HTTP/1.1\r\nHost: origin\r\n\r\n")
+                let expected = try origin.readResponse().body
+                try client.send(rig.request("/random/\(seed)"))
+                let response = try client.readResponse()
+                let got = response.headBytes + response.body
+                if got != expected {
+                    mismatches.append("seed \(seed): got \(String(decoding: got, as: UTF8.self).prefix(400).debugDescription)"
+                        + " want \(String(decoding: expected, as: UTF8.self).prefix(400).debugDescription)")
+                }
+            }
+            #expect(mismatches.isEmpty, "\(mismatches.count) of 600: \(mismatches.prefix(3))")
+        }
+    }
+
     // MARK: curl
 
     /// curl through the proxy, two URLs on one connection: what it wrote (`-i --raw`), and per transfer
@@ -858,6 +883,77 @@ struct ResponseHeadRelaySweepTests {
         "latin1-reason": [b"HTTP/1.1 200 caf\xe9\r\nContent-Length: 5\r\n\r\nhello"],
     }
 
+    # Random valid heads (`/random/SEED`) and, from a model of SPEC §6 written here, what the client must get for
+    # each (`/expected/SEED`, asked of the origin directly): the status line as sent, hop-by-hop and Connection-listed
+    # fields gone (any case), OWS around values removed, the framing written last, then Via.
+    import random
+    TCHAR = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    HOP = ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "proxy-authenticate"]
+    OWS = ["", " ", "\t", "  ", " \t ", "\t\t"]
+    VCHAR = [chr(c) for c in range(0x21, 0x7f)] + ["\u00e9", "\u2615", "\u00fc"]
+
+    def mixcase(rng, text):
+        return "".join(c.upper() if rng.random() < 0.5 else c.lower() for c in text)
+
+    def random_case(seed):
+        rng = random.Random(seed)
+        status = rng.choice([200, 201, 203, 400, 404, 410, 418, 500, 503, 599])
+        reason = rng.choice(["OK", "", " ", "\tTabbed", "Trailing ", "Gr\u00fc\u00dfe", "a  b\tc", "x" * rng.randint(1, 300)])
+        chunked = rng.random() < 0.4
+        body = ("body-%d-" % seed).encode() * rng.randint(0, 50)
+        listed = ["x-l%d" % rng.randint(0, 3) for _ in range(rng.randint(0, 3))]
+        fields = []
+        for _ in range(rng.randint(0, 40)):
+            kind = rng.random()
+            if kind < 0.15:
+                name = mixcase(rng, rng.choice(HOP[1:]))
+            elif kind < 0.3:
+                name = mixcase(rng, rng.choice(["x-l0", "x-l1", "x-l2", "x-l3"]))
+            else:
+                name = "".join(rng.choice(TCHAR) for _ in range(rng.randint(1, 20)))
+                if name.lower() in HOP + ["content-length", "transfer-encoding", "host"]:
+                    name = "x-" + name
+            inner = ""
+            for _ in range(rng.randint(0, 30)):
+                inner += rng.choice(VCHAR) if rng.random() < 0.85 else rng.choice([" ", "\t"])
+            inner = inner.strip(" \t")
+            fields.append((name, inner, rng.choice(OWS), rng.choice(OWS)))
+        if listed or rng.random() < 0.3:
+            tokens = listed + (["keep-alive"] if rng.random() < 0.5 else [])
+            at = rng.randint(0, len(fields))
+            fields.insert(at, (mixcase(rng, "connection"), ", ".join(tokens), rng.choice(OWS), rng.choice(OWS)))
+        framing = ("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(len(body)))
+        fields.insert(rng.randint(0, len(fields)), (mixcase(rng, framing[0]), framing[1], rng.choice(OWS), rng.choice(OWS)))
+        wire = ("HTTP/1.1 %d %s\r\n" % (status, reason)).encode()
+        wire += b"".join(("%s:%s%s%s\r\n" % (n, a, v, b)).encode() for n, v, a, b in fields) + b"\r\n"
+        if chunked:
+            rest, out = body, b""
+            while rest:
+                n = rng.randint(1, 40)
+                out += b"%x\r\n" % len(rest[:n]) + rest[:n] + b"\r\n"
+                rest = rest[n:]
+            wire += out + b"0\r\n\r\n"
+        else:
+            wire += body
+        listed_lower = set()
+        for n, v, _, _ in fields:
+            if n.lower() == "connection":
+                listed_lower |= {t.strip(" \t").lower() for t in v.split(",")}
+        expected = ("HTTP/1.1 %d %s\r\n" % (status, reason)).encode()
+        for n, v, _, _ in fields:
+            low = n.lower()
+            if low in HOP or low in listed_lower or low in ("content-length", "transfer-encoding"):
+                continue
+            expected += ("%s: %s\r\n" % (n, v)).encode()
+        expected += ("%s: %s\r\n" % framing).encode() + b"Via: 1.1 datamode-proxy\r\n\r\n" + body
+        cuts = sorted(rng.sample(range(1, len(wire)), min(rng.randint(0, 4), len(wire) - 1)))
+        pieces = []
+        last = 0
+        for cut in cuts + [len(wire)]:
+            pieces += [wire[last:cut], 0.001]
+            last = cut
+        return pieces, expected
+
     counter = [0]
     lock = threading.Lock()
 
@@ -875,6 +971,17 @@ struct ResponseHeadRelaySweepTests {
                 path = target.split("//", 1)[-1]
                 path = path[path.find("/"):] if "://" in target else target
                 sys.stdout.write("REQ %d %r\n" % (serial, head))
+                if path.startswith("/expected/"):
+                    body = random_case(int(path.split("/")[2]))[1]
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                    continue
+                if path.startswith("/random/"):
+                    for piece in random_case(int(path.split("/")[2]))[0]:
+                        if isinstance(piece, float):
+                            time.sleep(piece)
+                        else:
+                            conn.sendall(piece)
+                    continue
                 if path == "/conn":
                     body = b"conn=%d" % serial
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -902,6 +1009,7 @@ struct ResponseHeadRelaySweepTests {
     sys.stdout.write("PORT %d\n" % listener.getsockname()[1])
     while True:
         sock, _ = listener.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with lock:
             counter[0] += 1
             serial = counter[0]
