@@ -712,6 +712,45 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("1500 random heads with bytes replaced, then the close: a 502, a valid relayed head, or the close; never a hang or crash")
+    func mutatedHeads() throws {
+        try withRig { rig in
+            var client = try rig.connect()
+            defer { client.close() }
+            var failures: [String] = []
+            var outcomes: [String: Int] = [:]
+            for seed in 0..<1500 {
+                try client.send(rig.request("/mutated/\(seed)"))
+                do {
+                    let response = try client.readFinalResponse()
+                    if response.status == 502 {
+                        outcomes["502", default: 0] += 1
+                        if response.problem?.error != "upstream-protocol-error" {
+                            failures.append("seed \(seed): 502 \(response.bodyText)")
+                        }
+                    } else {
+                        outcomes["relayed", default: 0] += 1
+                        if !response.headText.hasSuffix(Self.via + "\r\n") && !response.headText.hasSuffix("Connection: close\r\n\r\n") {
+                            failures.append("seed \(seed): \(response.headText.suffix(200).debugDescription)")
+                        }
+                    }
+                } catch TestSocketError.closed(let detail) {
+                    outcomes["closed", default: 0] += 1
+                    _ = detail
+                } catch {
+                    failures.append("seed \(seed): \(error)")
+                    if rig.proxy.hasExited { break }
+                }
+                // Whatever happened, the next case goes on a fresh client connection unless this one is sure to be good.
+                client.close()
+                client = try rig.connect()
+            }
+            #expect(failures.isEmpty, "\(failures.count): \(failures.prefix(5))")
+            #expect(!rig.proxy.hasExited)
+            #expect(outcomes["502", default: 0] > 0 && outcomes["relayed", default: 0] > 0, "\(outcomes)")
+        }
+    }
+
     // MARK: curl
 
     /// curl through the proxy, two URLs on one connection: what it wrote (`-i --raw`), and per transfer
@@ -954,6 +993,19 @@ struct ResponseHeadRelaySweepTests {
             last = cut
         return pieces, expected
 
+    def mutated_case(seed):
+        """A random head with 1 to 3 of its bytes replaced (CR, LF, NUL, colon, space, tab, comma, a digit, a byte
+        past 0x7f...), then the close."""
+        rng = random.Random(seed * 7919 + 1)
+        pieces, _ = random_case(seed)
+        wire = bytearray(b"".join(p for p in pieces if isinstance(p, bytes)))
+        end = wire.find(b"\r\n\r\n") + 4
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(0, end)
+            wire[at] = rng.choice([0x0d, 0x0a, 0x00, 0x3a, 0x20, 0x09, 0x2c, 0x30, 0x39, 0x7f, 0x80, 0xc3, 0xff, 0x01, 0x22,
+                                   rng.randrange(0, 256)])
+        return bytes(wire)
+
     counter = [0]
     lock = threading.Lock()
 
@@ -982,6 +1034,9 @@ struct ResponseHeadRelaySweepTests {
                         else:
                             conn.sendall(piece)
                     continue
+                if path.startswith("/mutated/"):
+                    conn.sendall(mutated_case(int(path.split("/")[2])))
+                    return
                 if path == "/conn":
                     body = b"conn=%d" % serial
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
