@@ -712,6 +712,48 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("200 random valid heads to an HTTP/1.0 client asking for keep-alive: chunked ones unchunked and closed, others kept")
+    func randomHeadsToHTTP10Clients() throws {
+        try withRig { rig in
+            var client = try rig.connect()
+            defer { client.close() }
+            let origin = try RawHTTPClient(port: rig.originPort, timeout: .seconds(5))
+            defer { origin.close() }
+            var mismatches: [String] = []
+            for seed in 0..<200 {
+                try origin.send("GET /expected/\(seed) HTTP/1.1\r\nHost: origin\r\n\r\n")
+                let model = String(decoding: try origin.readResponse().body, as: UTF8.self)
+                let end = model.range(of: "\r\n\r\n")!
+                let head = String(model[..<end.lowerBound]), body = String(model[end.upperBound...])
+                let chunkedTail = "\r\nTransfer-Encoding: chunked\r\nVia: 1.1 datamode-proxy"
+                let chunked = head.hasSuffix(chunkedTail)
+                let expected = chunked
+                    ? String(head.dropLast(chunkedTail.count)) + "\r\n" + Self.via + "Connection: close\r\n\r\n" + body
+                    : head + "\r\nConnection: keep-alive\r\n\r\n" + body
+                try client.send(rig.request("/random/\(seed)", version: "HTTP/1.0", headers: [("Connection", "keep-alive")]))
+                let response: ParsedResponse
+                do {
+                    response = try client.readResponse()
+                } catch {
+                    mismatches.append("seed \(seed): \(error)")
+                    client.close()
+                    client = try rig.connect()
+                    continue
+                }
+                let got = response.headText + response.bodyText
+                if got != expected {
+                    mismatches.append("seed \(seed): got \(got.prefix(400).debugDescription) want \(expected.prefix(400).debugDescription)")
+                }
+                if chunked {
+                    if !client.isClosedByPeer(within: .seconds(2)) { mismatches.append("seed \(seed): connection kept") }
+                    client.close()
+                    client = try rig.connect()
+                }
+            }
+            #expect(mismatches.isEmpty, "\(mismatches.count) of 200: \(mismatches.prefix(3))")
+        }
+    }
+
     @Test("1500 random heads with bytes replaced, then the close: a 502, a valid relayed head, or the close; never a hang or crash")
     func mutatedHeads() throws {
         try withRig { rig in
