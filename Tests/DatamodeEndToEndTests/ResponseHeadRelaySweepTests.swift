@@ -687,6 +687,34 @@ struct ResponseHeadRelaySweepTests {
         }
     }
 
+    @Test("40 clients that leave while their head arrives in pieces: the proxy lives on and holds no connection after")
+    func clientsLeavingMidHead() throws {
+        try withRig(config: "threads: 1\n") { rig in
+            let names = ["slow-head", "near-64k-pieces", "fields-250-pieces", "split-before-final-crlf", "interim"]
+            var clients: [RawHTTPClient] = []
+            for index in 0..<40 {
+                let client = try rig.connect()
+                try client.send(rig.request("/case/" + names[index % names.count]))
+                clients.append(client)
+            }
+            for (index, client) in clients.enumerated() {
+                usleep(useconds_t(index % 4 * 2_000))
+                if index % 2 == 0 { client.reset() } else { client.close() }
+            }
+            let client = try rig.connect()
+            defer { client.close() }
+            #expect(try rig.originConnection(on: client).hasPrefix("conn="))
+            client.close()
+            var active = -1.0
+            for _ in 0..<50 {
+                active = try AdminAPIClient(port: rig.proxy.adminPort).scrape().value("datamode_connections_active") ?? -1
+                if active == 0 { break }
+                usleep(200_000)
+            }
+            #expect(active == 0, "connections still active")
+        }
+    }
+
     // MARK: random heads against a model
 
     @Test("600 random valid heads in random pieces: the relayed head and body are what a model of SPEC §6 says")
