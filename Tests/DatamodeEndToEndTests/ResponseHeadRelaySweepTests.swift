@@ -804,9 +804,8 @@ struct ResponseHeadRelaySweepTests {
                             failures.append("seed \(seed): \(response.headText.suffix(200).debugDescription)")
                         }
                     }
-                } catch TestSocketError.closed(let detail) {
+                } catch TestSocketError.closed {
                     outcomes["closed", default: 0] += 1
-                    _ = detail
                 } catch {
                     failures.append("seed \(seed): \(error)")
                     if rig.proxy.hasExited { break }
@@ -874,7 +873,9 @@ struct ResponseHeadRelaySweepTests {
 
     /// The origin: `/conn` answers which of its connections it came on (`conn=N`); `/case/NAME` writes the case's
     /// pieces (bytes, or a pause in seconds) and keeps the connection for the next request unless the case ends
-    /// with `None`, which closes it.
+    /// with `None`, which closes it. `/random/SEED` writes a random valid head and body in random pieces, and
+    /// `/expected/SEED` (asked of the origin directly) answers with what the client must get for it, from a model of
+    /// SPEC §6 written in Python; `/mutated/SEED` writes that head with 1 to 3 bytes replaced, then closes.
     static let origin = #"""
     import socket, sys, threading, time
 
