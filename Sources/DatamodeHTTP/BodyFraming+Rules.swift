@@ -128,10 +128,6 @@ struct FramingFields {
     /// next request on a pooled connection (request smuggling; on responses, a desynchronised client).
     /// `Host` is refused for the same reason: removing it would leave the origin to guess the authority.
     /// Returns the first such token found.
-    static func framingFieldNamed(inConnection value: String) -> String? {
-        value.withUTF8Bytes { framingFieldNamed(inConnection: $0) }
-    }
-
     static func framingFieldNamed(inConnection u: UnsafeBufferPointer<UInt8>) -> String? {
         var start = 0
         for i in 0...u.count where i == u.count || u[i] == 0x2C {

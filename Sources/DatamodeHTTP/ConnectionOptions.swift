@@ -23,10 +23,7 @@ public struct ConnectionOptions: Sendable, Hashable, ExpressibleByArrayLiteral {
 
     /// Whether `token` (any case) is one of the options.
     public func contains(_ token: String) -> Bool {
-        if ASCII.equalsIgnoringCase(token, "close") { return close }
-        if ASCII.equalsIgnoringCase(token, "keep-alive") { return keepAlive }
-        if ASCII.equalsIgnoringCase(token, "upgrade") { return upgrade }
-        return fieldNames.contains { ASCII.equalsIgnoringCase($0, token) }
+        token.withUTF8Bytes { contains($0) }
     }
 
     /// `contains` for a name's bytes (any case).
