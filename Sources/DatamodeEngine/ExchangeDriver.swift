@@ -24,8 +24,8 @@ final class ExchangeDriver {
     let session: HTTP1Session
     /// What is recorded of this exchange (its log line).
     let exchange: Exchange
-    /// Strong, taken from the session once: the worker outlives every exchange, and the session's `unowned` reference
-    /// cost a checked load and a release on every use (~19 a plain exchange, callgrind).
+    /// Strong, taken from the session once: the worker outlives every exchange, and a checked `unowned` load cost a
+    /// retain and a release on every use (~19 a plain exchange, callgrind).
     let worker: Worker
     @inline(__always) var transport: ClientTransport { session.transport }
     /// The request body comes from here, and the response goes there (plaintext under TLS).

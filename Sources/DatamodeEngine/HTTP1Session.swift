@@ -20,7 +20,8 @@ import Glibc
 final class HTTP1Session: ClientSession {
     typealias StateMachine = HTTP1SessionStateMachine<ExchangeDriver>
 
-    unowned let worker: Worker
+    /// Not reference-counted: the worker outlives everything its loop owns (see `ClientTransport.worker`).
+    unowned(unsafe) let worker: Worker
     /// The wire to the client: plain TCP or TLS, its buffers, speculative writes, parking.
     let transport: ClientTransport
     /// What the client sent (plaintext under TLS), and what is queued for it.
