@@ -39,7 +39,8 @@ final class OriginResponse {
     static func readHead(_ driver: ExchangeDriver, _ upstream: UpstreamConnection) {
         guard driver.allowance.latencyElapsed(arrived: upstream.hasResponseBytes, session: driver.session)
         else { return }
-        while driver.lease.isForwarding(upstream), driver.response == nil {
+        let lease = driver.lease
+        while lease.isForwarding(upstream), driver.response == nil {
             // Nil from `ResponseHeadTake.spans`: a head handed over by an origin's HTTP/2 stream, read with its Strings.
             if relaysFromBytes(driver), let read = ResponseHeadTake.spans(from: upstream) { startFromBytes(driver, $0, $1, upstream) } {
                 switch read {
@@ -295,6 +296,7 @@ final class OriginResponse {
     /// buffer leaves the bytes in the upstream's input, whose read watermark then stops reading from the origin
     /// (backpressure).
     func pump() {
+        let driver = driver
         guard let upstream = driver.upstream else { return }
         if let capture {
             capture.pump(driver, upstream)
@@ -310,6 +312,7 @@ final class OriginResponse {
     /// Removes this response from the client's output, where it is still whole at the tail (anything before it
     /// belongs to earlier responses), so that a clean answer can take its place.
     func retract() {
+        let driver = driver
         guard capture == nil else {
             // Held back (SPEC §13): nothing of it was queued.
             driver.response = nil
@@ -331,6 +334,7 @@ final class OriginResponse {
 
     /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`).
     func switchToSpliceIfIdle() {
+        let driver = driver
         guard let remaining = BodySplice.remaining(driver) else {
             if let splice, splice.relay == nil {
                 splice.stopDraining()

@@ -128,12 +128,14 @@ final class UpstreamLease {
     /// Whether `upstream` is this exchange's lease and the exchange is still being forwarded (an upstream's
     /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
     func isForwarding(_ upstream: UpstreamConnection) -> Bool {
+        let driver = self.driver
         guard case .forwarding(let current) = driver.session.machine.state else { return false }
         return current === driver && self.upstream === upstream
     }
 
     /// The same for a CONNECT or Upgrade tunnel.
     func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
+        let driver = self.driver
         guard case .tunnel(let current) = driver.session.machine.state else { return false }
         return current === driver && self.upstream === upstream
     }
