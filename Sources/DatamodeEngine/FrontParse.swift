@@ -1,4 +1,5 @@
 import CLibevent
+import DatamodeHTTP
 
 /// Parses an element (a message head, a chunk-size line) at the front of an evbuffer without copying the body
 /// behind it.
@@ -9,6 +10,15 @@ import CLibevent
 /// into a fresh allocation on every message, and page-faulted it in (bench/results/2026-11-24-profile-100k.md).
 /// `package`: the fuzz target (DatamodeFuzz) drives it beside the reference parsers.
 package enum FrontParse {
+    /// A client's request head at the front of `input`, within the settings' limits.
+    static func requestHead(_ input: OpaquePointer, settings: WorkerSettings) -> HeadParseResult<RequestHead> {
+        let limits = settings.limits
+        return parse(input, limit: settings.maxHeadBytes, incomplete: .incomplete,
+                     isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
+            HTTP1Parser.parseRequestHead($0, limits: limits)
+        }
+    }
+
     package static func parse<Result>(_ buffer: OpaquePointer, limit: Int, incomplete: Result,
                                       isIncomplete: (Result) -> Bool,
                                       _ body: (UnsafeRawBufferPointer) -> Result) -> Result {

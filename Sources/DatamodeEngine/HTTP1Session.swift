@@ -295,7 +295,7 @@ final class HTTP1Session: ClientSession {
             if case .readingHead(nil) = machine.state {
                 headTimer = machine.headBytesBuffered(now: worker.clock.nowNanoseconds())
             }
-            let parsed = handedHead.map { HeadParseResult.complete($0, length: 0) } ?? parseHead(available: available)
+            let parsed = handedHead.map { HeadParseResult.complete($0, length: 0) } ?? FrontParse.requestHead(input, settings: worker.settings)
             handedHead = nil
             switch parsed {
             case .incomplete:
@@ -336,14 +336,6 @@ final class HTTP1Session: ClientSession {
         let (since, action) = machine.headParsed()
         apply(action)
         return since ?? worker.clock.nowNanoseconds()
-    }
-
-    func parseHead(available: Int) -> HeadParseResult<RequestHead> {
-        let limits = worker.settings.limits
-        return FrontParse.parse(input, limit: worker.settings.maxHeadBytes, incomplete: .incomplete,
-                                isIncomplete: { if case .incomplete = $0 { true } else { false } }) {
-            HTTP1Parser.parseRequestHead($0, limits: limits)
-        }
     }
 
     // MARK: deciding
