@@ -293,10 +293,10 @@ final class HTTP1Session: ClientSession {
             // event_add per request for nothing, issue 31).
             var headTimer = StateMachine.Action.none
             if case .readingHead(nil) = machine.state {
-                headTimer = machine.headBytesBuffered(now: worker.clock.nowNanoseconds())
+                headTimer = machine.headBytesBuffered(now: now())
             }
-            let parsed = handedHead.map { HeadParseResult.complete($0, length: 0) } ?? FrontParse.requestHead(input, settings: worker.settings)
-            handedHead = nil
+            let parsed = if let head = handedHead.take() { HeadParseResult.complete(head, length: 0) }
+                else { onWorker { FrontParse.requestHead(input, settings: $0.settings) } }
             switch parsed {
             case .incomplete:
                 apply(headTimer)
@@ -304,7 +304,7 @@ final class HTTP1Session: ClientSession {
                 return
             case .invalid(let error):
                 apply(headTimer)
-                worker.refreshSnapshot()
+                onWorker { $0.refreshSnapshot() }
                 let exchange = Exchange(clientVersion: .http11, method: "-", url: "-", startedAt: headStarted())
                 exchange.source = exchangeSource
                 exchange.outcome = .error
@@ -320,9 +320,9 @@ final class HTTP1Session: ClientSession {
             case .complete(let head, let length):
                 evbuffer_drain(input, length)
                 let started = headStarted()
-                worker.refreshSnapshot()
+                onWorker { $0.refreshSnapshot() }
                 // A reload's timeouts apply to connections already open from their next request on, as before.
-                machine.timeouts = worker.settings.clientTimeouts
+                machine.timeouts = onWorker { $0.settings.clientTimeouts }
                 let exchange = Exchange(clientVersion: head.version, method: head.method, url: head.target, startedAt: started)
                 exchange.overHTTP2 = transport.isStream
                 exchange.source = exchangeSource
@@ -331,11 +331,19 @@ final class HTTP1Session: ClientSession {
         }
     }
 
+    /// Runs `body` on the worker without retaining it: it outlives the session (see `worker`), and a call through an
+    /// `unowned(unsafe)` reference retains and releases it around the call (two atomic operations).
+    @inline(__always) func onWorker<R>(_ body: (Worker) -> R) -> R {
+        Unmanaged.passUnretained(worker)._withUnsafeGuaranteedRef(body)
+    }
+
+    @inline(__always) func now() -> UInt64 { onWorker { $0.clock.nowNanoseconds() } }
+
     /// Stops the head timer; returns when the head's first byte arrived.
     func headStarted() -> UInt64 {
         let (since, action) = machine.headParsed()
         apply(action)
-        return since ?? worker.clock.nowNanoseconds()
+        return since ?? now()
     }
 
     // MARK: deciding
