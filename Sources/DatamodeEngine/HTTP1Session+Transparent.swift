@@ -73,7 +73,7 @@ extension HTTP1Session {
         if available > 0 {
             stopServerFirstTimer()
             // The head timer (`client-header`) bounds a client that starts and never finishes.
-            apply(machine.headBytesBuffered(now: worker.clock.nowNanoseconds()))
+            apply(machine.headBytesBuffered(now: now()))
         } else if atEnd {
             // Connected and closed without a byte: nothing to relay, nothing to log but the connection.
             close()

@@ -435,7 +435,7 @@ final class HTTP1Session: ClientSession {
     /// timer per connection wakes whatever a link profile's bucket or latency, or a spent budget, holds back.
     func armShapingTimer(at deadline: UInt64) {
         guard !released else { return }
-        shaping.arm(at: deadline, base: worker.base, owner: context(self)) { worker.clock.nowNanoseconds() }
+        shaping.arm(at: deadline, base: worker.base, owner: context(self)) { now() }
     }
 
     func shapingTimerFired() {
