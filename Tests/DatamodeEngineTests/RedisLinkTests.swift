@@ -75,10 +75,13 @@ struct RedisLinkTests {
         #expect(AdminPolling.until(timeout: .seconds(5)) { link.isUp })
         redis.kill()
         #expect(AdminPolling.until(timeout: .seconds(5)) { !link.isUp })
+        // `isUp` turns before the callback runs (the link logs in between): wait for the callback, then count it.
+        #expect(AdminPolling.until(timeout: .seconds(5)) { inbox.downs.load(ordering: .relaxed) >= 1 })
         #expect(inbox.downs.load(ordering: .relaxed) == 1)
         #expect(Self.call(link, ["PING"]) == nil)
         try redis.start()
         #expect(AdminPolling.until(timeout: .seconds(10)) { link.isUp }, "not up again")
+        #expect(AdminPolling.until(timeout: .seconds(5)) { inbox.ups.load(ordering: .relaxed) >= 2 })
         #expect(inbox.ups.load(ordering: .relaxed) == 2)
         #expect(Self.call(link, ["PING"]) == .status("PONG"))
         _ = try redis.command(["PUBLISH", "test:changes", "again"])
