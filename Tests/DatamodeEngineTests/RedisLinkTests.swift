@@ -41,6 +41,7 @@ struct RedisLinkTests {
         link.start()
         defer { link.stop() }
         #expect(AdminPolling.until(timeout: .seconds(5)) { link.isUp }, "never up: \(redis.log)")
+        #expect(AdminPolling.until(timeout: .seconds(5)) { inbox.ups.load(ordering: .relaxed) >= 1 })
         #expect(inbox.ups.load(ordering: .relaxed) == 1)
         #expect(Self.call(link, ["SET", "k", "a\u{0}b c"]) == .status("OK"))
         #expect(Self.call(link, ["GET", "k"]) == .string(Array("a\u{0}b c".utf8)))
