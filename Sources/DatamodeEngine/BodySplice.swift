@@ -72,8 +72,9 @@ final class BodySplice {
         // and each time read and wrote a quarter as much); other relays keep 256 KiB pipes (pipe pages count
         // against a user's limit, and tunnels are many).
         let pipeSize = driver.allowance.link.map { max(SpliceRelay.chunk, $0.down.quantum) } ?? SpliceRelay.chunk
-        guard let relay = SpliceRelay(base: driver.worker.base, source: upstream.socket, sink: driver.transport.socket,
-                                      limit: remaining, pipeSize: pipeSize) else {
+        let worker = driver.worker
+        guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: driver.transport.socket,
+                                      limit: remaining, pipeSize: pipeSize, pipes: worker.pipes) else {
             stopDraining()
             return false
         }
@@ -85,7 +86,7 @@ final class BodySplice {
             relay.quota = { [unowned self] wanted in self.quota(wanted) }
         }
         self.relay = relay
-        driver.worker.metrics.bodySpliced()
+        worker.metrics.bodySpliced()
         relay.start()
         return true
     }

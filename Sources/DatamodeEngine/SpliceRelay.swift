@@ -57,31 +57,59 @@ final class SpliceRelay {
     /// The pipe's size as asked (the kernel may give less: then each read moves less), and the most one read moves.
     let pipeSize: Int
 
-    init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil, pipeSize: Int = SpliceRelay.chunk) {
+    private let base: OpaquePointer
+    /// Where the pipe came from and goes back to, empty, when the relay ends (nil: made and closed here).
+    private let pipes: PipePool?
+    /// `stop` ran: no event is made or added any more.
+    private var stopped = false
+
+    init?(base: OpaquePointer, source: Int32, sink: Int32, limit: UInt64? = nil, pipeSize: Int = SpliceRelay.chunk,
+          pipes: PipePool? = nil) {
+        self.base = base
         self.source = source
         self.sink = sink
         self.limit = limit
         self.passesEOF = limit == nil
         self.pipeSize = pipeSize
-        guard dm_splice_pipe(&pipe, Int32(pipeSize)) == 0 else { return nil }
-        readEvent = event_new(base, source, Int16(EV_READ | EV_PERSIST), spliceReadableCallback, context(self))
-        writeEvent = event_new(base, sink, Int16(EV_WRITE | EV_PERSIST), spliceWritableCallback, context(self))
+        self.pipes = pipeSize == SpliceRelay.chunk ? pipes : nil
+        if let kept = self.pipes?.take() {
+            pipe = [kept.read, kept.write]
+        } else {
+            guard dm_splice_pipe(&pipe, Int32(pipeSize)) == 0 else { return nil }
+        }
     }
 
     deinit {
         stop()
-        if pipe[0] >= 0 { Glibc.close(pipe[0]) }
-        if pipe[1] >= 0 { Glibc.close(pipe[1]) }
+        // Only an empty pipe is kept: bytes left in one would reach the next relay's sink.
+        if inPipe == 0, let pipes, pipe[0] >= 0 {
+            pipes.give(read: pipe[0], write: pipe[1])
+        } else {
+            if pipe[0] >= 0 { Glibc.close(pipe[0]) }
+            if pipe[1] >= 0 { Glibc.close(pipe[1]) }
+        }
     }
 
+    /// Waits for the source to be readable (a tunnel: its bytes come later).
     func start() {
         armRead()
     }
 
     private func armRead() {
-        guard !readArmed else { return }
+        guard !readArmed, !stopped else { return }
+        if readEvent == nil {
+            readEvent = event_new(base, source, Int16(EV_READ | EV_PERSIST), spliceReadableCallback, context(self))
+        }
         readArmed = true
         event_add(readEvent, nil)
+    }
+
+    private func armWrite() {
+        guard !stopped else { return }
+        if writeEvent == nil {
+            writeEvent = event_new(base, sink, Int16(EV_WRITE | EV_PERSIST), spliceWritableCallback, context(self))
+        }
+        event_add(writeEvent, nil)
     }
 
     private func disarmRead() {
@@ -91,6 +119,7 @@ final class SpliceRelay {
     }
 
     func stop() {
+        stopped = true
         if let readEvent { event_free(readEvent) }
         if let writeEvent { event_free(writeEvent) }
         readEvent = nil
@@ -136,14 +165,14 @@ final class SpliceRelay {
     /// The quota may allow bytes again (the shaping timer fired): reading resumes, unless the relay waits for the
     /// sink, whose write event resumes it.
     func resume() {
-        guard waitingForQuota, readEvent != nil else { return }
+        guard waitingForQuota, !stopped else { return }
         waitingForQuota = false
         sourceReadable()
     }
 
     func sinkWritable() {
         if drain() {
-            event_del(writeEvent)
+            if let writeEvent { event_del(writeEvent) }
             if ended {
                 if passesEOF { shutdown(sink, Int32(SHUT_WR)) }
             } else if limit.map({ taken < $0 }) ?? true {
@@ -165,7 +194,7 @@ final class SpliceRelay {
             }
             if n < 0 && errno == EAGAIN {
                 disarmRead()
-                event_add(writeEvent, nil)
+                armWrite()
                 return false
             }
             failed = true
@@ -173,5 +202,40 @@ final class SpliceRelay {
             return false
         }
         return true
+    }
+}
+
+/// Empty splice pipes kept between the relays of one worker (issue 31): a pipe costs `pipe2`, `fcntl` to size it and
+/// two `close`s, which made splicing a 100 KiB body cost more than copying it. Only pipes of the default size
+/// (`SpliceRelay.chunk`) are kept, and only empty ones (`SpliceRelay.deinit`); a few at most, each holding two
+/// descriptors and no pages while empty. Used on its worker's thread only.
+final class PipePool {
+    static let capacity = 8
+    private var kept: [(read: Int32, write: Int32)] = []
+
+    init() {
+        kept.reserveCapacity(Self.capacity)
+    }
+
+    deinit {
+        for pipe in kept {
+            Glibc.close(pipe.read)
+            Glibc.close(pipe.write)
+        }
+    }
+
+    var count: Int { kept.count }
+
+    func take() -> (read: Int32, write: Int32)? {
+        kept.popLast()
+    }
+
+    func give(read: Int32, write: Int32) {
+        guard kept.count < Self.capacity else {
+            Glibc.close(read)
+            Glibc.close(write)
+            return
+        }
+        kept.append((read, write))
     }
 }

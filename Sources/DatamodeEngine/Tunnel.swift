@@ -112,8 +112,9 @@ final class Tunnel {
               evbuffer_get_length(upstream.input) == 0, evbuffer_get_length(upstream.output) == 0 else { return }
         let clientFD = transport.socket
         let upstreamFD = upstream.socket
-        guard let up = SpliceRelay(base: driver.worker.base, source: clientFD, sink: upstreamFD),
-              let down = SpliceRelay(base: driver.worker.base, source: upstreamFD, sink: clientFD),
+        let worker = driver.worker
+        guard let up = SpliceRelay(base: worker.base, source: clientFD, sink: upstreamFD, pipes: worker.pipes),
+              let down = SpliceRelay(base: worker.base, source: upstreamFD, sink: clientFD, pipes: worker.pipes),
               machine.spliced() else { return }
         transport.suspendForSplice()
         upstream.suspendIO()

@@ -45,6 +45,8 @@ final class Worker {
     let accessLog: AccessLog
     let logger: Logger
     let pool = UpstreamPool()
+    /// Empty splice pipes kept for the next body or tunnel relay (`PipePool`).
+    let pipes = PipePool()
     /// HTTP/2 connections to origins that chose h2, shared by this worker's exchanges (SPEC §17).
     let originSessions = HTTP2OriginPool()
     /// URLs' body lengths seen whole, for what variants and refusals saved (SPEC §13).
