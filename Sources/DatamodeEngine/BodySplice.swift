@@ -23,10 +23,13 @@ final class BodySplice {
     /// Whether large Content-Length bodies are spliced (`DATAMODE_BODY_SPLICE=0` turns it off, as
     /// `DATAMODE_TUNNEL_SPLICE` does for tunnels: an operator's escape hatch).
     static let enabled: Bool = getenv("DATAMODE_BODY_SPLICE").map { String(cString: $0) != "0" } ?? true
-    /// Below this much body left, the pipe is not worth setting up: with 64 KiB, 100 KiB responses cost
-    /// 105 instead of 58 us each (a pipe, two events and two bufferevent switches per response, against
-    /// copying the rest), while 100 MiB went from 0.70 to 0.22 CPU s/GB (bench/results/2026-11-24-2312.md).
-    static let threshold: UInt64 = 1 << 20
+    /// Below this much body left, copying the rest costs less than splicing it. The first threshold was 1 MiB:
+    /// with 64 KiB, 100 KiB responses had cost 105 instead of 58 us each (bench/results/2026-11-24-2312.md: a
+    /// pipe made, two events and two bufferevent switches per response), and the bulk read took such a body into
+    /// user space before it could qualify anyway. Now pipes are kept (`PipePool`), the first moves need no event
+    /// (`SpliceRelay.startAtOnce`), and the body stays in the socket while the head is read
+    /// (`UpstreamConnection.readHeadFirst`).
+    static let threshold: UInt64 = 64 << 10
 
     /// The driver that owns this (and outlives it): not reference-counted, as it is read on every relay step.
     unowned(unsafe) let driver: ExchangeDriver
@@ -53,10 +56,21 @@ final class BodySplice {
         return remaining
     }
 
-    /// The body qualifies (`remaining` bytes left): splice now if nothing is buffered, else drain first. Returns
-    /// false when no pipe could be made (the body then streams on through the buffers).
-    func startWhenIdle(remaining: UInt64) -> Bool {
-        guard relay == nil, let upstream = driver.upstream else { return true }
+    /// What `startWhenIdle` did.
+    enum Start {
+        /// Splicing, or draining first.
+        case started
+        /// The whole body moved at once and the exchange went on (it may have ended): the caller flushes again.
+        case ended
+        /// No pipe could be made: the body streams on through the buffers.
+        case failed
+    }
+
+    /// The body qualifies (`remaining` bytes left): splice now if nothing is buffered, else drain first. What is in
+    /// the origin's socket already moves at once (`SpliceRelay.startAtOnce`); only what would block waits for an
+    /// event.
+    func startWhenIdle(remaining: UInt64) -> Start {
+        guard relay == nil, let upstream = driver.upstream else { return .started }
         guard evbuffer_get_length(upstream.input) == 0, driver.outputLength == 0 else {
             // Only while a write event or the shaping timer is armed: it comes when the client takes bytes or the
             // bucket refills, and the relay then moves what was read. Without one, nothing would wake the exchange
@@ -65,7 +79,7 @@ final class BodySplice {
                 draining = true
                 upstream.suspendIO()
             }
-            return true
+            return .started
         }
         // A shaped body moves a bucket's quantum per wake-up: up to 1 MiB through one pipe that size at high rates
         // (at 1 Gbit/s, 0.37 against 0.76 CPU s/GB with 256 KiB pipes, which woke the relay four times as often
@@ -76,20 +90,33 @@ final class BodySplice {
         guard let relay = SpliceRelay(base: worker.base, source: upstream.socket, sink: driver.transport.socket,
                                       limit: remaining, pipeSize: pipeSize, pipes: worker.pipes) else {
             stopDraining()
-            return false
+            return .failed
         }
         draining = false
-        driver.transport.suspendForSplice()
-        upstream.suspendIO()
         relay.onProgress = { [unowned self] relay in self.progressed(relay) }
         if driver.allowance.link != nil {
             relay.quota = { [unowned self] wanted in self.quota(wanted) }
         }
         self.relay = relay
         worker.metrics.bodySpliced()
-        relay.start()
-        return true
+        startingAtOnce = true
+        relay.startAtOnce()
+        startingAtOnce = false
+        if endedAtOnce { return .ended }
+        // The relay waits for one of the sockets: libevent lets go of both until it is over. Not before: a body
+        // that moved whole at once (the usual case, its bytes already in the socket) costs no epoll_ctl this way.
+        if self.relay === relay {
+            driver.transport.suspendForSplice()
+            upstream.suspendIO()
+        }
+        return .started
     }
+
+    /// Inside `startWhenIdle`'s first moves: an end reached there is not flushed here but by the caller, which is
+    /// inside a flush already (`HTTP1Session.flushPendingWrites`).
+    private var startingAtOnce = false
+    /// The relay ended inside `startWhenIdle`.
+    private var endedAtOnce = false
 
     /// The body no longer qualifies (or no pipe could be made): the origin is read again.
     func stopDraining() {
@@ -140,7 +167,11 @@ final class BodySplice {
             _ = driver.machine.originSentEOF()
             driver.perform(driver.machine.responseBodyStep(RelayStep(result: .moving, before: 0, left: 0), unwritten: false))
         }
-        driver.session.flushPendingWrites()
+        if startingAtOnce {
+            endedAtOnce = true
+        } else {
+            driver.session.flushPendingWrites()
+        }
     }
 
     /// The exchange ends (or its session is freed): the relay stops.

@@ -235,13 +235,14 @@ final class ExchangeDriver {
     // MARK: after each callback
 
     /// Called after the session flushed its writes: a tunnel passes ends on and may go to splice(2); a large body
-    /// may go to splice(2).
-    func afterFlush() {
+    /// may go to splice(2). Returns whether a body spliced whole at once ended the exchange (flush again).
+    func afterFlush() -> Bool {
         if let tunnel {
             tunnel.afterFlush()
         } else if let response, response.splice?.relay == nil {
-            response.switchToSpliceIfIdle()
+            return response.switchToSpliceIfIdle()
         }
+        return false
     }
 
     /// A pump moves only what fits below the destination's high water. If the write that follows empties the

@@ -187,7 +187,7 @@ final class HTTP1Session: ClientSession {
         }
         switch machine.state {
         case .forwarding(let driver), .tunnel(let driver):
-            driver.afterFlush()
+            if driver.afterFlush() { return flushPendingWrites() }
         case .closing:
             if unsentOutput == 0 { apply(machine.outputDrained()) }
         default:

@@ -332,18 +332,25 @@ final class OriginResponse {
         driver.response = nil
     }
 
-    /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`).
-    func switchToSpliceIfIdle() {
+    /// After each callback: a large Content-Length body goes to splice(2) once it may (see `BodySplice`). Returns
+    /// whether the whole body moved at once and the exchange went on: what that queued is still to be flushed.
+    func switchToSpliceIfIdle() -> Bool {
         let driver = driver
         guard let remaining = BodySplice.remaining(driver) else {
             if let splice, splice.relay == nil {
                 splice.stopDraining()
                 self.splice = nil
             }
-            return
+            return false
         }
         let splice = splice ?? BodySplice(driver: driver)
         self.splice = splice
-        if !splice.startWhenIdle(remaining: remaining) { self.splice = nil }
+        switch splice.startWhenIdle(remaining: remaining) {
+        case .started: return false
+        case .ended: return true
+        case .failed:
+            self.splice = nil
+            return false
+        }
     }
 }

@@ -95,6 +95,12 @@ final class SpliceRelay {
         armRead()
     }
 
+    /// Moves what it can now, then waits only for what would block (a body whose bytes are already in the source's
+    /// socket moves without an event made or added). `onProgress` is called before this returns.
+    func startAtOnce() {
+        sourceReadable()
+    }
+
     private func armRead() {
         guard !readArmed, !stopped else { return }
         if readEvent == nil {

@@ -397,13 +397,14 @@ final class UpstreamConnection {
         }
     }
 
-    /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`).
-    @inline(__always)
-    func readMoreIfPending() {
-        guard isPlainTCP else { return }
+    /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`). Returns how many
+    /// bytes that read.
+    @inline(__always) @discardableResult
+    func readMoreIfPending() -> Int {
+        guard isPlainTCP else { return 0 }
         let buffered = evbuffer_get_length(input)
-        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return }
-        BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
+        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return 0 }
+        return BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
     }
 
     /// Drops everything queued for the origin and not yet written.
@@ -562,8 +563,7 @@ final class UpstreamConnection {
     func upstreamReadable() {
         switch state {
         case .busy:
-            readMoreIfPending()
-            owner?.upstreamReadable(self)
+            owner?.upstreamReadable(self)  // which reads on past the first 4 KiB when it should (`readMoreIfPending`)
         case .idle:
             // An idle connection must be silent; bytes here mean the origin is confused. Do not reuse it. A TLS
             // filter's read callback can come with nothing read: one deferred when it decrypted the last bytes of

@@ -1,3 +1,4 @@
+import CLibevent
 import DatamodeHTTP
 import DatamodePolicy
 
@@ -160,10 +161,27 @@ final class UpstreamLease {
         driver.pumpRequestBody()
     }
 
+    /// The origin's socket was read (at most 4 KiB, `SocketReader`). A body or a tunnel reads on at once what else is
+    /// waiting (`UpstreamConnection.readMoreIfPending`). A response head is read first: a body that may be spliced
+    /// then stays in the socket from its first byte on (`BodySplice`), instead of being copied into user space and
+    /// out again; any other is read on after its head (and a head longer than the read, before it ends).
     func upstreamReadable(_ upstream: UpstreamConnection) {
         let driver = self.driver
-        if isTunnelling(upstream) { driver.tunnel?.pump(fromClient: false); return }
+        if isTunnelling(upstream) {
+            upstream.readMoreIfPending()
+            driver.tunnel?.pump(fromClient: false)
+            return
+        }
         guard isForwarding(upstream) else { return }
+        guard driver.response == nil else {
+            upstream.readMoreIfPending()
+            driver.pumpResponseBody()
+            return
+        }
+        let firstReadFull = evbuffer_get_length(upstream.input) >= BulkRead.libeventReadCap
+        OriginResponse.readHead(driver, upstream)
+        guard firstReadFull, isForwarding(upstream), BodySplice.remaining(driver) == nil,
+              upstream.readMoreIfPending() > 0 else { return }
         if driver.response == nil {
             OriginResponse.readHead(driver, upstream)
         } else {

@@ -11,6 +11,9 @@ public indirect enum OriginResponse: Sendable {
                  framing: OriginBodyFraming = .contentLength)
     /// These bytes exactly (a malformed response, a response split oddly), then close if asked.
     case raw([UInt8], thenClose: Bool)
+    /// These bytes in pieces, each but the last followed by `pause` (a response that reaches the proxy in parts),
+    /// then close if asked.
+    case pieces([[UInt8]], pause: Duration, thenClose: Bool)
     /// Close the connection without a byte of response.
     case closeWithoutResponse
     /// Wait, then answer (upstream timeouts). The wait ends early when the origin is stopped.

@@ -321,6 +321,15 @@ public final class RecordingOrigin: @unchecked Sendable {
         case .raw(let bytes, let thenClose):
             try send(fd, bytes)
             return !thenClose
+        case .pieces(let pieces, let pause, let thenClose):
+            for (index, piece) in pieces.enumerated() {
+                try send(fd, piece)
+                if index < pieces.count - 1 {
+                    Thread.sleep(forTimeInterval: Double(pause.components.attoseconds) / 1e18 + Double(pause.components.seconds))
+                }
+                if isStopped { return false }
+            }
+            return !thenClose
         case .delay(let duration, let next):
             let deadline = ContinuousClock.now + duration
             while ContinuousClock.now < deadline {
