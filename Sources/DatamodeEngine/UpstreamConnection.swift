@@ -397,13 +397,18 @@ final class UpstreamConnection {
         }
     }
 
-    /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`). Returns how many
-    /// bytes that read.
-    @inline(__always) @discardableResult
-    func readMoreIfPending() -> Int {
-        guard isPlainTCP else { return 0 }
+    /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`).
+    @inline(__always)
+    func readMoreIfPending() {
+        guard evbuffer_get_length(input) >= BulkRead.libeventReadCap else { return }
+        readOn()
+    }
+
+    /// The last read was full: take what else is waiting, up to the high watermark. Returns how many bytes came.
+    @discardableResult
+    func readOn() -> Int {
         let buffered = evbuffer_get_length(input)
-        guard buffered >= BulkRead.libeventReadCap, buffered < Flow.highWater else { return 0 }
+        guard isPlainTCP, buffered < Flow.highWater else { return 0 }
         return BulkRead.readAvailable(fd: bufferevent_getfd(bev), into: input, budget: Flow.highWater - buffered)
     }
 

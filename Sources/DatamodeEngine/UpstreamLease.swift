@@ -164,7 +164,9 @@ final class UpstreamLease {
     /// The origin's socket was read (at most 4 KiB, `SocketReader`). A body or a tunnel reads on at once what else is
     /// waiting (`UpstreamConnection.readMoreIfPending`). A response head is read first: a body that may be spliced
     /// then stays in the socket from its first byte on (`BodySplice`), instead of being copied into user space and
-    /// out again; any other is read on after its head (and a head longer than the read, before it ends).
+    /// out again; any other is read on after its head (and a head longer than the read, before it ends), in the
+    /// same callback, whatever the head took of the input (the rest of a 5,000-byte response waited for the next
+    /// readiness, and reached the client in a second write).
     func upstreamReadable(_ upstream: UpstreamConnection) {
         let driver = self.driver
         if isTunnelling(upstream) {
@@ -181,7 +183,7 @@ final class UpstreamLease {
         let firstReadFull = evbuffer_get_length(upstream.input) >= BulkRead.libeventReadCap
         OriginResponse.readHead(driver, upstream)
         guard firstReadFull, isForwarding(upstream), BodySplice.remaining(driver) == nil,
-              upstream.readMoreIfPending() > 0 else { return }
+              upstream.readOn() > 0 else { return }
         if driver.response == nil {
             OriginResponse.readHead(driver, upstream)
         } else {

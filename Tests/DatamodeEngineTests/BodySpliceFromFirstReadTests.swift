@@ -52,6 +52,31 @@ import Testing
         #expect(origin.connectionCount == 1, "the origin connection carried every exchange")
     }
 
+    /// Found by the client kit's tests (its Linux URLProtocol kept only the last piece of a body: fixed too): a
+    /// response not spliced whose head the first read took is read on in the same callback, even when the head and
+    /// the body's first bytes emptied the input; the rest of a 5,000-byte response used to wait for the next
+    /// readiness and reach the client in a second write. Each response here is sent in one write, so it takes one
+    /// read callback (a tenth more allowed for a response the kernel delivered in two parts).
+    @Test func aResponseSentInOneWriteIsReadInOneCallback() throws {
+        let origin = try Self.origin()
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30))
+        let sizes = [4_029, 4_030, 5_000, 8_000, 20_000, (64 << 10) + 1_000]
+        let before = proxy.server.metrics().upstreamReadCallbacks
+        var exchanges = 0
+        for round in 0..<10 {
+            for size in sizes {
+                try Self.fetch(client, origin, pad: 0, size: size, seed: round, "round \(round), \(size) bytes")
+                exchanges += 1
+            }
+        }
+        let callbacks = proxy.server.metrics().upstreamReadCallbacks - before
+        #expect(callbacks >= exchanges)
+        #expect(callbacks <= exchanges + exchanges / 10, "\(callbacks) read callbacks for \(exchanges) responses")
+    }
+
     /// Heads that end before, at and after the first read's 4 KiB (a head longer than the read is read on; its body
     /// then goes as it may), each followed by bodies on both sides of the threshold.
     @Test func headsOfEveryLengthAroundTheFirstReadKeepTheirBodiesWhole() throws {
