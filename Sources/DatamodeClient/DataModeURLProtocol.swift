@@ -176,6 +176,9 @@ public final class DataModeURLProtocol: URLProtocol {
             let owner = UncheckedBox(self)
             Thread.detachNewThread {
                 let self_ = owner.value
+                // swift-corelibs-foundation's `urlProtocol(_:didLoad:)` replaces a completion handler's data instead
+                // of appending to it: the body is handed over once, whole (a delegate then gets it in one piece).
+                var body = Data()
                 do {
                     try exchange.run(head: { head in
                         var fields: [String: String] = [:]
@@ -186,7 +189,8 @@ public final class DataModeURLProtocol: URLProtocol {
                                                           headerFields: fields) {
                             _ = self_.received(response)
                         }
-                    }, body: { data in self_.received(data) })
+                    }, body: { data in body.append(data) })
+                    if !body.isEmpty { self_.received(body) }
                     self_.completed(nil)
                 } catch is CancellationError {
                     return

@@ -88,6 +88,32 @@ struct ClientKitTests {
         }
     }
 
+    /// Found when the proxy's writes of a response split differently (session 26): swift-corelibs-foundation's
+    /// `urlProtocol(_:didLoad:)` replaces the task's data instead of appending to it, so a body that reached the
+    /// client kit in several reads came back as its last piece. The kit now hands the body over once, whole.
+    @Test("a body that reaches the client in parts comes back whole", arguments: [5_000, 300_000])
+    func aBodyInPartsComesBackWhole(size: Int) throws {
+        let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
+        let head = Array("HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: \(size)\r\n\r\n".utf8)
+        let origin = try RecordingOrigin { _ in
+            .pieces([head + body[0..<(size / 3)], Array(body[(size / 3)...])], pause: .milliseconds(50), thenClose: false)
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyProcess(config: "")
+        defer {
+            proxy.signal(SIGKILL)
+            proxy.waitForExit(timeout: 10)
+            try? FileManager.default.removeItem(atPath: proxy.directory)
+        }
+        let configuration = URLSessionConfiguration.ephemeral
+        DataModeURLProtocol.install(on: configuration, proxyHost: "127.0.0.1", proxyPort: Int(proxy.port))
+        let session = URLSession(configuration: configuration)
+        defer { session.invalidateAndCancel() }
+        let data = try fetch(session, URLRequest(url: URL(string: origin.url("/img/parts.jpg"))!)).get()
+        #expect(data.count == size)
+        #expect(data == Data(body))
+    }
+
     @Test("adaptiveLoader, constrained mode: a URLError with reason .constrained, then the low-res image")
     func adaptiveConstrained() throws {
         try Self.withProxy { _, admin, origin, session throws in
