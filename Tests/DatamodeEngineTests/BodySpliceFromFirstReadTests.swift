@@ -160,6 +160,52 @@ import Testing
         }
     }
 
+    /// Answers with no body or no client to take it, around a body that would be spliced: a `HEAD` whose head names
+    /// 200 KiB, a `304`, a body the origin closes after, and clients that reset before the answer (the relay then
+    /// fails at once, inside the flush that started it). The proxy answers the next client as ever.
+    @Test func bodilessAnswersClosingAnswersAndVanishedClientsAroundASplice() throws {
+        let size = 200 << 10
+        let pattern = PatternBody(length: UInt64(size), seed: 77)
+        let origin = try RecordingOrigin { request in
+            switch request.target.split(separator: "/").last ?? "" {
+            case "head": return .respond(status: 200, headers: [HTTPField(name: "Content-Length", value: String(size))],
+                                         framing: .bodiless)
+            case "not-modified": return .status(304)
+            case "closing": return .respond(status: 200, headers: [HTTPField(name: "Connection", value: "close")],
+                                            body: pattern.bytes)
+            default: return .respond(status: 200, body: pattern.bytes)
+            }
+        }
+        defer { origin.stop() }
+        let proxy = try ProxyHarness(threads: 1)
+        defer { proxy.stop() }
+        let client = try proxy.connect(timeout: .seconds(30))
+        try client.send(RequestText.make("HEAD", origin.url("/head")))
+        let head = try client.readResponse(method: "HEAD")
+        #expect(head.status == 200 && head.body.isEmpty)
+        try client.send(RequestText.make("GET", origin.url("/not-modified")))
+        #expect(try client.readResponse().status == 304)
+        try client.send(RequestText.make("GET", origin.url("/body")))
+        #expect(try client.readResponse().body == pattern.bytes)
+        let connectionsBefore = origin.connectionCount
+        try client.send(RequestText.make("GET", origin.url("/closing")))
+        #expect(try client.readResponse().body == pattern.bytes)
+        // `Connection: close` is the origin connection's (hop by hop): the client's carries on, on a new one.
+        try client.send(RequestText.make("GET", origin.url("/body")))
+        #expect(try client.readResponse().body == pattern.bytes)
+        #expect(origin.connectionCount == connectionsBefore + 1)
+        for _ in 0..<30 {
+            let vanishing = try proxy.connect(timeout: .seconds(30))
+            try vanishing.send(RequestText.make("GET", origin.url("/body")))
+            vanishing.reset()
+        }
+        let after = try proxy.connect(timeout: .seconds(30))
+        for _ in 0..<3 {
+            try after.send(RequestText.make("GET", origin.url("/body")))
+            #expect(try after.readResponse().body == pattern.bytes)
+        }
+    }
+
     /// A relay stopped with bytes still in its pipe (the client went away mid-body) does not give that pipe back:
     /// the next bodies, through pipes kept in the pool, carry only their own bytes.
     @Test func aPipeLeftWithBytesInItIsNeverUsedAgain() throws {
