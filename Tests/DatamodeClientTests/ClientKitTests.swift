@@ -55,11 +55,15 @@ struct ClientKitTests {
     static let full = String(repeating: "F", count: 4096)
     static let low = String(repeating: "l", count: 256)
 
-    static func withProxy(config: String = "", _ body: (ProxyProcess, AdminAPIClient, RecordingOrigin, URLSession) throws -> Void) throws {
-        let origin = try RecordingOrigin { request in
-            request.head.target.hasSuffix("@small.jpg") ? .ok(Self.low, headers: [("Content-Type", "image/jpeg")])
-                : .ok(Self.full, headers: [("Content-Type", "image/jpeg")])
-        }
+    /// The hero image in full and small (`@small.jpg`).
+    static let images: RecordingOrigin.Handler = { request in
+        request.head.target.hasSuffix("@small.jpg") ? .ok(Self.low, headers: [("Content-Type", "image/jpeg")])
+            : .ok(Self.full, headers: [("Content-Type", "image/jpeg")])
+    }
+
+    static func withProxy(config: String = "", origin answer: @escaping RecordingOrigin.Handler = Self.images,
+                          _ body: (ProxyProcess, AdminAPIClient, RecordingOrigin, URLSession) throws -> Void) throws {
+        let origin = try RecordingOrigin(handler: answer)
         defer { origin.stop() }
         let proxy = try ProxyProcess(config: config)
         defer {
@@ -95,23 +99,14 @@ struct ClientKitTests {
     func aBodyInPartsComesBackWhole(size: Int) throws {
         let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
         let head = Array("HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: \(size)\r\n\r\n".utf8)
-        let origin = try RecordingOrigin { _ in
+        let parts: RecordingOrigin.Handler = { _ in
             .pieces([head + body[0..<(size / 3)], Array(body[(size / 3)...])], pause: .milliseconds(50), thenClose: false)
         }
-        defer { origin.stop() }
-        let proxy = try ProxyProcess(config: "")
-        defer {
-            proxy.signal(SIGKILL)
-            proxy.waitForExit(timeout: 10)
-            try? FileManager.default.removeItem(atPath: proxy.directory)
+        try Self.withProxy(origin: parts) { _, _, origin, session throws in
+            let data = try fetch(session, URLRequest(url: URL(string: origin.url("/img/parts.jpg"))!)).get()
+            #expect(data.count == size)
+            #expect(data == Data(body))
         }
-        let configuration = URLSessionConfiguration.ephemeral
-        DataModeURLProtocol.install(on: configuration, proxyHost: "127.0.0.1", proxyPort: Int(proxy.port))
-        let session = URLSession(configuration: configuration)
-        defer { session.invalidateAndCancel() }
-        let data = try fetch(session, URLRequest(url: URL(string: origin.url("/img/parts.jpg"))!)).get()
-        #expect(data.count == size)
-        #expect(data == Data(body))
     }
 
     @Test("adaptiveLoader, constrained mode: a URLError with reason .constrained, then the low-res image")
