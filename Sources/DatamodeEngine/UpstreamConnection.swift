@@ -400,8 +400,7 @@ final class UpstreamConnection {
     /// After a full 4 KiB libevent read, take what else is waiting in one readv (see `BulkRead`).
     @inline(__always)
     func readMoreIfPending() {
-        guard evbuffer_get_length(input) >= BulkRead.libeventReadCap else { return }
-        readOn()
+        if evbuffer_get_length(input) >= BulkRead.libeventReadCap { readOn() }
     }
 
     /// The last read was full: take what else is waiting, up to the high watermark. Returns how many bytes came.
