@@ -96,6 +96,13 @@ struct SpeculativeWriter {
         }
     }
 
+    /// Hands the writing to libevent's path until the output is empty again (`drained`).
+    mutating func waitForSocket(_ bev: OpaquePointer) {
+        guard !waiting else { return }
+        bufferevent_enable(bev, Int16(EV_WRITE))
+        waiting = true
+    }
+
     /// From the write callback: once the output is empty, EV_WRITE goes off again.
     mutating func drained(_ bev: OpaquePointer, output: OpaquePointer) {
         guard waiting, evbuffer_get_length(output) == 0 else { return }

@@ -91,6 +91,8 @@ final class UpstreamConnection {
     /// The TLS state of an `https://` upstream (owned by the bufferevent, freed with it).
     private var ssl: OpaquePointer?
     private var writer = SpeculativeWriter()
+    /// An HTTP/1.1 TLS origin's records, written speculatively once the handshake is over.
+    private var records: TLSRecordWriter?
     /// Offer `h2` to a TLS origin (SPEC §17): when it chooses it, the connection becomes an `HTTP2OriginSession`
     /// and this exchange its first stream (`adoptHTTP2`).
     private let offersH2: Bool
@@ -161,6 +163,7 @@ final class UpstreamConnection {
             reader.setReading(true, bev: bev)
         } else {
             bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+            if ssl != nil { records = TLSRecordWriter(filter: bev) }
         }
         guard let owner else { return }
         if responseTimer.timeoutMs < 0 { owner.tunnelConnected(self) } else { owner.upstreamConnected(self) }
@@ -586,6 +589,8 @@ final class UpstreamConnection {
         if isPlainTCP, state == .busy || state == .idle || state == .flushing {
             writer.flush(bev, output: output)
             if state == .flushing && evbuffer_get_length(output) == 0 { close(); return }
+        } else if records != nil, state == .busy || state == .idle || state == .flushing {
+            records!.flush(plaintext: output)  // the records the filter made of it (`TLSRecordWriter`)
         }
         startHeadTimerIfSent()
     }
@@ -686,6 +691,7 @@ final class UpstreamConnection {
         reader.stop()
         feed?.stop()
         feed = nil
+        records = nil
         bufferevent_free(bev)
         worker.upstreamClosed(self)
     }
