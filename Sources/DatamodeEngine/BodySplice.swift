@@ -28,7 +28,7 @@ final class BodySplice {
     /// pipe made, two events and two bufferevent switches per response), and the bulk read took such a body into
     /// user space before it could qualify anyway. Now pipes are kept (`PipePool`), the first moves need no event
     /// (`SpliceRelay.startAtOnce`), and the body stays in the socket while the head is read
-    /// (`UpstreamConnection.readHeadFirst`).
+    /// (`UpstreamLease.upstreamReadable`).
     static let threshold: UInt64 = 64 << 10
 
     /// The driver that owns this (and outlives it): not reference-counted, as it is read on every relay step.
