@@ -230,8 +230,6 @@ final class PipePool {
         }
     }
 
-    var count: Int { kept.count }
-
     func take() -> (read: Int32, write: Int32)? {
         kept.popLast()
     }
