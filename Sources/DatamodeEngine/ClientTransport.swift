@@ -96,10 +96,6 @@ final class ClientTransport {
     /// keeps writing after a half-close.
     var endsBothWaysAtEOF: Bool { ssl != nil && !isStream }
 
-    /// TLS: the filter encrypts what `output` gets one chain at a time, a record (or more) per chain
-    /// (`RecordSizedChains`).
-    var writesRecordPerChain: Bool { ssl != nil && !isStream }
-
     /// Registers `owner`'s callbacks and the connection's watermarks and limits; reading on, writing speculative.
     /// `callbacks`: the HTTP/1 session's, or the HTTP/2 session's once the client chose `h2` (the same wire,
     /// another owner: `HTTP2Session.adopt`).

@@ -302,7 +302,6 @@ final class OriginResponse {
             capture.pump(driver, upstream)
             return
         }
-        if driver.transport.writesRecordPerChain { RecordSizedChains.coalesce(upstream.input) }
         guard let step = driver.relay(.down, &body, from: upstream.input, to: driver.output,
                                       room: driver.transport.outputHighWater - driver.outputLength) else { return }
         // Nothing of this response has been written while all of it is still queued at the output's tail.

@@ -41,27 +41,3 @@ struct TLSRecordWriter {
         writer.flush(socket, output: records)
     }
 }
-
-/// Full TLS records for an HTTP/1.1 TLS client's response bodies.
-///
-/// libevent_openssl encrypts its output one chain at a time (`SSL_write` per chain), so a body moved on in small
-/// chains leaves as as many short records, each with its own `SSL_write`, header, nonce and tag. Bodies from an h2
-/// origin arrive so: one chain per DATA chunk (nginx sends 8 KiB frames, and a frame cut by a TLS record comes in two
-/// pieces); the HTTPS 100 KiB row with the default configuration made 15.9 `SSL_write` calls a request against 3.0
-/// over an HTTP/1.1 origin (uprobes), whose filter reads into large chains. Before such a body is relayed, its front
-/// is made one chain (`evbuffer_pullup`: one copy of what is there, at most `most`) when its first chain is shorter
-/// than a full record and more waits behind it.
-enum RecordSizedChains {
-    /// A full record's payload (RFC 8446 §5.1).
-    static let recordPayload = 16 * 1024
-    /// The most made contiguous at once: four full records.
-    static let most = 64 * 1024
-
-    static func coalesce(_ source: OpaquePointer) {
-        let front = evbuffer_get_contiguous_space(source)
-        guard front < recordPayload else { return }
-        let length = min(evbuffer_get_length(source), most)
-        guard length > front else { return }
-        _ = evbuffer_pullup(source, length)
-    }
-}
