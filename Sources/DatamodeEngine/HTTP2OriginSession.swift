@@ -36,6 +36,10 @@ final class HTTP2OriginSession {
     /// sum bounds what they hold now (only arrivals add), so the streams are counted only once it reaches the bound.
     private var heldWhenSettled = 0
     private var arrivedSinceSettled = 0
+    /// The codec's events are being handed out (`handle`): streams stage what they write for their exchanges
+    /// (`HTTP2OriginStream.write`) and it moves on to their pairs when the round ends, listed in `stagedStreams`.
+    private(set) var handlingEvents = false
+    private var stagedStreams: [HTTP2OriginStream] = []
 
     /// Until the origin's first SETTINGS say how many streams it takes, one: its SETTINGS come with the end of the
     /// handshake, and guessing higher (RFC 9113 §6.5.2 only recommends 100) gets streams refused by a smaller origin.
@@ -123,16 +127,41 @@ final class HTTP2OriginSession {
     func wireReadable() {
         guard !released, let bev else { return }
         let input = bufferevent_get_input(bev)!
-        while evbuffer_get_length(input) > 0 && !released {
-            let length = evbuffer_get_contiguous_space(input)
-            guard length > 0, let start = evbuffer_pullup(input, length) else { return }
-            let events = codec.receive(UnsafeRawBufferPointer(start: start, count: length))
-            evbuffer_drain(input, length)
-            handle(events)
+        // One round for all of it: the input is in chains of a TLS record or less, and what the streams write for
+        // their exchanges moves on once, at the end (`stage`).
+        inRound {
+            while evbuffer_get_length(input) > 0 && !released {
+                let length = evbuffer_get_contiguous_space(input)
+                guard length > 0, let start = evbuffer_pullup(input, length) else { return }
+                let events = codec.receive(UnsafeRawBufferPointer(start: start, count: length))
+                evbuffer_drain(input, length)
+                handle(events)
+            }
         }
     }
 
+    /// `stream` staged bytes in this round of events: they move to its pair when the round ends.
+    func stage(_ stream: HTTP2OriginStream) {
+        stagedStreams.append(stream)
+    }
+
+    /// Runs `body` as a round of events: what the streams stage in it moves to their pairs when it ends, whatever
+    /// happened in it (a stream released in it has dropped its own). A round begun inside another is part of it.
+    private func inRound(_ body: () -> Void) {
+        guard !handlingEvents else { return body() }
+        handlingEvents = true
+        defer {
+            handlingEvents = false
+            while let stream = stagedStreams.popLast() { stream.flushStaged() }
+        }
+        body()
+    }
+
     private func handle(_ events: [HTTP2ClientEvent]) {
+        inRound { dispatch(events) }
+    }
+
+    private func dispatch(_ events: [HTTP2ClientEvent]) {
         for event in events {
             switch event {
             case .informational(let id, let status, let fields):

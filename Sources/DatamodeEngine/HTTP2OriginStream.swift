@@ -67,6 +67,18 @@ final class HTTP2OriginStream {
     private var lengthDelimited: LengthDelimitedBody?
     /// Response body bytes written to the pair and not yet given back to the origin's windows.
     private var unconsumed = 0
+    /// What this stream writes for its exchange while the session hands out one read's events
+    /// (`HTTP2OriginSession.handle`), moved to the pair at the end of it (`flushStaged`): the origin's DATA come in
+    /// pieces (a frame split across TLS records, 8 KiB frames from nginx), and each piece written to the pair was a
+    /// chain of its own, moved on at once (a transfer and a deferred callback each) and encrypted for the client as a
+    /// TLS record of its own (15.9 `SSL_write` per 100 KiB answer against 3.0 from an HTTP/1.1 origin). Staged, the
+    /// pieces fill chains of `Self.stagingChain` bytes: the same one copy, a move per read, records of full size.
+    private var staged: OpaquePointer?
+    /// Bytes the last staged chain still takes (at least): a piece that does not fit fills it and starts a new one.
+    private var stagedRoom = 0
+    /// Listed in the session's staged streams for this round of events.
+    private var stagedListed = false
+    static let stagingChain = 32 * 1024 - 64
 
     /// The largest request head read back (the exchange wrote it; its own limits already applied).
     static let requestLimits = HTTPLimits(requestLine: 64 * 1024, headerSection: 256 * 1024, headerCount: 1000)
@@ -420,8 +432,48 @@ final class HTTP2OriginStream {
     }
 
     private func write(_ bytes: UnsafeRawBufferPointer) {
-        guard let end else { return }
-        _ = evbuffer_add(bufferevent_get_output(end), bytes.baseAddress, bytes.count)
+        guard let end, let base = bytes.baseAddress, bytes.count > 0 else { return }
+        guard session.handlingEvents else {
+            // Outside a round of events nothing would move staged bytes on: they go first, then these, at once.
+            flushStaged()
+            _ = evbuffer_add(bufferevent_get_output(end), base, bytes.count)
+            return
+        }
+        let buffer: OpaquePointer
+        if let staged { buffer = staged } else { buffer = evbuffer_new()!; staged = buffer }
+        if !stagedListed {
+            stagedListed = true
+            session.stage(self)
+        }
+        var offset = 0
+        while offset < bytes.count {
+            if stagedRoom == 0 {
+                // A fresh chain: the last one is full (or none is there yet), so libevent adds one, copying nothing.
+                let size = max(Self.stagingChain, bytes.count - offset)
+                guard evbuffer_expand(buffer, size) == 0 else { break }
+                stagedRoom = size
+            }
+            let n = min(stagedRoom, bytes.count - offset)
+            _ = evbuffer_add(buffer, base + offset, n)
+            stagedRoom -= n
+            offset += n
+        }
+        if offset < bytes.count {
+            _ = evbuffer_add(buffer, base + offset, bytes.count - offset)
+            stagedRoom = 0
+        }
+    }
+
+    /// The round of events is over (or the stream breaks off): what it staged goes to the pair, in one move.
+    func flushStaged() {
+        stagedListed = false
+        stagedRoom = 0
+        guard let staged, evbuffer_get_length(staged) > 0 else { return }
+        guard let end else {
+            evbuffer_drain(staged, evbuffer_get_length(staged))
+            return
+        }
+        evbuffer_add_buffer(bufferevent_get_output(end), staged)
     }
 
     /// A reason phrase for the status line the exchange reads (HTTP/2 has none; RFC 9112 §4 lets it be anything).
@@ -508,6 +560,7 @@ final class HTTP2OriginStream {
     }
 
     private func breakOff(_ detail: String, unprocessed: Bool) {
+        flushStaged()
         if let end { bufferevent_flush(end, Int16(EV_WRITE), BEV_FLUSH) }
         upstream?.originStreamFailed(detail, unprocessed: unprocessed)
     }
@@ -524,6 +577,10 @@ final class HTTP2OriginStream {
         request = .over
         response = .over
         session.streamReleased(self, wasWaiting: wasWaiting)
+        if let staged {
+            self.staged = nil
+            evbuffer_free(staged)
+        }
         guard let end else { return }
         self.end = nil
         bufferevent_free(end)

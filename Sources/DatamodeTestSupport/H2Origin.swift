@@ -9,7 +9,8 @@ import Glibc
 /// to trust with `SSL_CERT_FILE`. It takes `maxConcurrentStreams` streams at once (its SETTINGS) and counts what it
 /// saw: `GET /stats` → `{"connections", "maxOpen", "streams"}`.
 ///
-/// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/echo` (the request
+/// Paths: `/hello` (a short body with `content-length`), `/stream/N` (N pattern bytes, no length), `/sized/N` (N
+/// pattern bytes with `content-length`, in DATA frames of 8 KiB as nginx sends them), `/echo` (the request
 /// body back, no length, with trailers `x-body-length` and `x-request-fields`: the field names it received),
 /// `/trailers`, `/early-hints` (103 then 200), `/early-hints-reset` (103 then RST_STREAM INTERNAL_ERROR, in one write),
 /// `/early-hints-refused` (103 then RST_STREAM REFUSED_STREAM), `/early-hints-goaway` (103, GOAWAY with last stream 0,
@@ -149,6 +150,7 @@ class Connection:
         self.conn = h2.connection.H2Connection(config=config)
         self.requests = {}      # stream id -> (headers, body bytearray)
         self.pending = {}       # stream id -> [bytes left, then action after: None | ("trailers", list) | ("reset", code)]
+        self.frame_cap = {}     # stream id -> the largest DATA frame it sends (/sized/)
         self.refused = False
         self.open = set()
         self.release_at = {}    # /stall-read/ stream id -> when its DATA starts being acknowledged
@@ -277,6 +279,11 @@ class Connection:
             self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(payload))),
                                          ("x-request-fields", names), ("x-authority", fields.get(":authority", ""))])
             self.queue(sid, payload, None)
+        elif path.startswith("/sized/"):
+            size = int(path.split("/")[2])
+            self.conn.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
+            self.frame_cap[sid] = 8192
+            self.queue(sid, pattern(size), None)
         elif path.startswith("/stream/"):
             self.conn.send_headers(sid, [(":status", "200"), ("content-type", "application/octet-stream")])
             self.queue(sid, pattern(int(path.split("/")[2])), None)
@@ -410,7 +417,8 @@ class Connection:
         for sid in list(self.pending):
             payload, after = self.pending[sid]
             while payload:
-                window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+                window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size,
+                             self.frame_cap.get(sid, 1 << 30))
                 if window <= 0:
                     break
                 chunk, payload = payload[:window], payload[window:]
