@@ -769,7 +769,7 @@ import Testing
     /// came in: the origin's 8 KiB frames (as nginx sends them) straddle its 16 KiB TLS records, and each piece was a
     /// chain of its own, moved on at once and encrypted as a record of its own (the bench's 100 KiB answers from nginx:
     /// 15.9 `SSL_write` each, against 3.0 from an HTTP/1.1 origin). `HTTP2OriginStream` stages what one read of the
-    /// wire writes and moves it on at the end of the read, in chains of 32 KiB. The client counts the application-data
+    /// wire writes and moves it on at the end of the read, in chains of 16 KiB (a record each). The client counts the application-data
     /// records it gets (TLS 1.3: the session tickets are among them) and checks every byte of the 600,000-byte answer.
     @Test func anAnswerFromAnH2OriginLeavesInFullRecords() throws {
         let size = 600_000
