@@ -36,8 +36,9 @@ final class HTTP2OriginSession {
     /// sum bounds what they hold now (only arrivals add), so the streams are counted only once it reaches the bound.
     private var heldWhenSettled = 0
     private var arrivedSinceSettled = 0
-    /// The codec's events are being handed out (`handle`): streams stage what they write for their exchanges
-    /// (`HTTP2OriginStream.write`) and it moves on to their pairs when the round ends, listed in `stagedStreams`.
+    /// A round of events is under way (`inRound`: a read of the wire, or one batch of the codec's events): streams
+    /// stage what they write for their exchanges (`HTTP2OriginStream.write`), listed in `stagedStreams`, and it moves
+    /// on to their pairs when the round ends.
     private(set) var handlingEvents = false
     private var stagedStreams: [HTTP2OriginStream] = []
 

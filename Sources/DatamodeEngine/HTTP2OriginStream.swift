@@ -67,8 +67,8 @@ final class HTTP2OriginStream {
     private var lengthDelimited: LengthDelimitedBody?
     /// Response body bytes written to the pair and not yet given back to the origin's windows.
     private var unconsumed = 0
-    /// What this stream writes for its exchange while the session hands out one read's events
-    /// (`HTTP2OriginSession.handle`), moved to the pair at the end of it (`flushStaged`): the origin's DATA come in
+    /// What this stream writes for its exchange during one of the session's rounds of events
+    /// (`HTTP2OriginSession.inRound`), moved to the pair at the end of it (`flushStaged`): the origin's DATA come in
     /// pieces (a frame split across TLS records, 8 KiB frames from nginx), and each piece written to the pair was a
     /// chain of its own, moved on at once (a transfer and a deferred callback each) and encrypted for the client as a
     /// TLS record of its own (15.9 `SSL_write` per 100 KiB answer against 3.0 from an HTTP/1.1 origin). Staged, the
