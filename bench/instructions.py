@@ -13,6 +13,11 @@ few thousand instructions a second: the rows run twice per binary, interleaved, 
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
     bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
+                          [--profiles DIR]
+
+`--profiles DIR` keeps each run's callgrind profile in DIR (named by row, binary and run), with the binaries' symbol
+tables kept (only their debug info is stripped), for `callgrind_annotate --inclusive=yes DIR/FILE`: where a row's
+instructions go, by function.
 
 `--haproxy` adds HAProxy (the bench's configuration, one thread) on the small GET: the same client, request and
 origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
@@ -95,7 +100,7 @@ def run_client(port, origin_port, path, n):
     return statuses
 
 
-def counted(argv, port, path, n, origin_port, workdir):
+def counted(argv, port, path, n, origin_port, workdir, keep=None):
     """Instructions the program `argv` (listening on `port`) executed while it answered n requests of one keep-alive
     client, and the statuses it answered."""
     out = os.path.join(workdir, "callgrind.out")
@@ -123,7 +128,10 @@ def counted(argv, port, path, n, origin_port, workdir):
             total = int(m.group(1))
     if total is None:
         raise SystemExit("no callgrind total: " + err.decode()[-2000:])
-    return total, statuses, reference_counting(out)
+    counting = reference_counting(out)
+    if keep:
+        shutil.copy(out, keep)
+    return total, statuses, counting
 
 
 # Swift's reference counting: each call is an atomic read-modify-write (a locked instruction, ~20 cycles) that the
@@ -156,7 +164,7 @@ def reference_counting(path):
     return total
 
 
-def instructions(binary, mode, config, path, n, origin_port, workdir):
+def instructions(binary, mode, config, path, n, origin_port, workdir, keep=None):
     """datamode-proxy `binary`, one worker, with `config` added, in `mode`: see `counted`."""
     port, admin = free_port(), free_port()
     config_path = os.path.join(workdir, "config.yaml")
@@ -165,7 +173,7 @@ def instructions(binary, mode, config, path, n, origin_port, workdir):
                 % (port, admin, config))
     state = tempfile.mkdtemp(dir=workdir)
     argv = [binary, "run", "--config", config_path, "--mode", mode, "--state-dir", state, "--threads", "1"]
-    return counted(argv, port, path, n, origin_port, workdir)
+    return counted(argv, port, path, n, origin_port, workdir, keep)
 
 
 def haproxy_instructions(path, n, origin_port, workdir):
@@ -184,9 +192,9 @@ def haproxy_instructions(path, n, origin_port, workdir):
     return counted(["haproxy", "-db", "-f", config_path], port, path, n, origin_port, workdir)
 
 
-def stripped(binary, workdir, name):
+def stripped(binary, workdir, name, keep_symbols=False):
     copy = os.path.join(workdir, name)
-    subprocess.run(["strip", "-o", copy, binary], check=True)
+    subprocess.run(["strip"] + (["--strip-debug"] if keep_symbols else []) + ["-o", copy, binary], check=True)
     return copy
 
 
@@ -196,6 +204,7 @@ def main():
     parser.add_argument("after")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out")
+    parser.add_argument("--profiles", help="keep each run's callgrind profile here, with symbols")
     parser.add_argument("--haproxy", action="store_true",
                         help="also count HAProxy (the bench's configuration) on the small GET, as a peer's figure")
     args = parser.parse_args()
@@ -209,14 +218,22 @@ def main():
              "| reference counting, calls/request (before / after) | statuses |",
              "|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as workdir:
-        binaries = [stripped(args.before, workdir, "before"), stripped(args.after, workdir, "after")]
+        keep_symbols = args.profiles is not None
+        if keep_symbols:
+            os.makedirs(args.profiles, exist_ok=True)
+        binaries = [stripped(args.before, workdir, "before", keep_symbols),
+                    stripped(args.after, workdir, "after", keep_symbols)]
         for row, (mode, config, path) in ROWS.items():
             per, counts = [[], []], [[], []]
             seen = set()
-            for _ in range(2):
+            for run in range(2):
                 for index, binary in enumerate(binaries):
+                    keep = None
+                    if args.profiles:
+                        keep = os.path.join(args.profiles, "%s-%s-%d.out" % (
+                            re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-"), ("before", "after")[index], run + 1))
                     total, statuses, counting = instructions(binary, mode, config, path, args.requests, origin_port,
-                                                             workdir)
+                                                             workdir, keep)
                     per[index].append(total / args.requests)
                     counts[index].append(counting / args.requests)
                     seen.update(statuses)
