@@ -13,11 +13,14 @@ few thousand instructions a second: the rows run twice per binary, interleaved, 
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
     bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
-                          [--profiles DIR]
+                          [--profiles DIR] [--rows no-mode,refusal]
 
 `--profiles DIR` keeps each run's callgrind profile in DIR (named by row, binary and run), with the binaries' symbol
 tables kept (only their debug info is stripped), for `callgrind_annotate --inclusive=yes DIR/FILE`: where a row's
 instructions go, by function.
+
+`--rows` runs only the rows whose name contains one of the given words (a full A/B is three rows × two binaries × two
+runs, about 12 minutes; one row is a third of that).
 
 `--haproxy` adds HAProxy (the bench's configuration, one thread) on the small GET: the same client, request and
 origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
@@ -205,9 +208,19 @@ def main():
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out")
     parser.add_argument("--profiles", help="keep each run's callgrind profile here, with symbols")
+    parser.add_argument("--rows", help="only the rows whose name contains one of these comma-separated words "
+                        "(%s)" % "; ".join(ROWS))
     parser.add_argument("--haproxy", action="store_true",
                         help="also count HAProxy (the bench's configuration) on the small GET, as a peer's figure")
     args = parser.parse_args()
+    rows = ROWS
+    if args.rows:
+        def slug(text):
+            return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+        words = [slug(w) for w in args.rows.split(",") if slug(w)]
+        rows = {name: row for name, row in ROWS.items() if any(w in slug(name) for w in words)}
+        if not rows:
+            parser.error("--rows %s names no row; the rows are: %s" % (args.rows, "; ".join(ROWS)))
 
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Origin)
     server.daemon_threads = True
@@ -223,7 +236,7 @@ def main():
             os.makedirs(args.profiles, exist_ok=True)
         binaries = [stripped(args.before, workdir, "before", keep_symbols),
                     stripped(args.after, workdir, "after", keep_symbols)]
-        for row, (mode, config, path) in ROWS.items():
+        for row, (mode, config, path) in rows.items():
             per, counts = [[], []], [[], []]
             seen = set()
             for run in range(2):
@@ -254,9 +267,10 @@ def main():
     text = "\n".join([
         "# Instructions per request: before vs after",
         "",
-        "Command: `bench/instructions.py %s %s --requests %d%s` (callgrind, one worker thread, one keep-alive client, "
+        "Command: `bench/instructions.py %s %s --requests %d%s%s` (callgrind, one worker thread, one keep-alive client, "
         "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
-            args.before, args.after, args.requests, " --haproxy" if args.haproxy else ""),
+            args.before, args.after, args.requests, " --rows " + args.rows if args.rows else "",
+            " --haproxy" if args.haproxy else ""),
         "",
     ] + lines + [""])
     if args.out:
