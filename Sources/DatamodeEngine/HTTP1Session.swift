@@ -122,7 +122,7 @@ final class HTTP1Session: ClientSession {
             break
         case .armTimer(let milliseconds):
             // Closing: the write callback must fire once everything is written (to the socket, under TLS).
-            if case .closing = machine.state { transport.closeWhenWritten() }
+            if case .closing = machine.phase { transport.closeWhenWritten() }
             armTimer(milliseconds)
         case .disarmTimer:
             disarmTimer()
@@ -145,24 +145,24 @@ final class HTTP1Session: ClientSession {
     // MARK: libevent events
 
     func clientReadable() {
-        switch machine.state {
+        switch machine.phase {
         case .readingHead where isTransparentOpening:
             transparentOpeningReadable()
         case .readingHead:
             processInput()
-        case .forwarding(let driver):
+        case .forwarding:
             readMoreIfPending()
-            driver.pumpRequestBody()
-        case .drainingRefusedBody(let driver):
-            driver.discardRequestBody()
-        case .storing(let driver):
+            machine.exchange?.pumpRequestBody()
+        case .drainingRefusedBody:
+            machine.exchange?.discardRequestBody()
+        case .storing:
             readMoreIfPending()
-            driver.intake?.readable()
-        case .tunnel(let driver):
+            machine.exchange?.intake?.readable()
+        case .tunnel:
             readMoreIfPending()
-            driver.tunnel?.pump(fromClient: true)
-        case .openingInterception(let driver):
-            clientHelloReadable(driver)
+            machine.exchange?.tunnel?.pump(fromClient: true)
+        case .openingInterception:
+            if let driver = machine.exchange { clientHelloReadable(driver) }
         case .closing, .lingering:
             evbuffer_drain(input, evbuffer_get_length(input))
         case .held, .parked, .closed:
@@ -182,12 +182,12 @@ final class HTTP1Session: ClientSession {
             flushed?.flushPendingWrites()
             transport.flush(whole: !machine.isRelaying)
             rounds += 1
-            guard rounds < 16, let driver = machine.exchange, machine.isRelaying,
+            guard rounds < 16, machine.isRelaying, let driver = machine.exchange,
                   driver.moveWhatFlushingMadeRoomFor() else { break }
         }
-        switch machine.state {
-        case .forwarding(let driver), .tunnel(let driver):
-            if driver.afterFlush() { return flushPendingWrites() }
+        switch machine.phase {
+        case .forwarding, .tunnel:
+            if let driver = machine.exchange, driver.afterFlush() { return flushPendingWrites() }
         case .closing:
             if unsentOutput == 0 { apply(machine.outputDrained()) }
         default:
@@ -262,7 +262,7 @@ final class HTTP1Session: ClientSession {
     /// The TLS socket wrote some records (an evbuffer callback, inside libevent's write): once everything is out,
     /// a closing connection closes, from the timer (never from inside the buffer's own callback).
     func socketOutputDrained() {
-        guard case .closing = machine.state, unsentOutput == 0 else { return }
+        guard case .closing = machine.phase, unsentOutput == 0 else { return }
         armTimer(0)
     }
 
@@ -292,7 +292,7 @@ final class HTTP1Session: ClientSession {
             // in this read: a whole head disarms it a few lines on, in the same callback, where no timer can fire (one
             // event_add per request for nothing, issue 31).
             var headTimer = StateMachine.Action.none
-            if case .readingHead(nil) = machine.state {
+            if case .readingHead(nil) = machine.phase {
                 headTimer = machine.headBytesBuffered(now: now())
             }
             let parsed = if let head = handedHead.take() { HeadParseResult.complete(head, length: 0) }

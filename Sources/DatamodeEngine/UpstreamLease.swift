@@ -130,15 +130,15 @@ final class UpstreamLease {
     /// callback may arrive for an exchange that has just ended, or for a connection it no longer holds).
     func isForwarding(_ upstream: UpstreamConnection) -> Bool {
         let driver = self.driver
-        guard case .forwarding(let current) = driver.session.machine.state else { return false }
-        return current === driver && self.upstream === upstream
+        return driver.session.machine.phase == .forwarding && driver.session.machine.exchange === driver
+            && self.upstream === upstream
     }
 
     /// The same for a CONNECT or Upgrade tunnel.
     func isTunnelling(_ upstream: UpstreamConnection) -> Bool {
         let driver = self.driver
-        guard case .tunnel(let current) = driver.session.machine.state else { return false }
-        return current === driver && self.upstream === upstream
+        return driver.session.machine.phase == .tunnel && driver.session.machine.exchange === driver
+            && self.upstream === upstream
     }
 
     /// A CONNECT's upstream is up (`Tunnel.connected`).
