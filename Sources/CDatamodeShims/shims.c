@@ -172,3 +172,96 @@ long long dm_malloc_free_bytes(void) {
     return -1;
 #endif
 }
+
+/* libevent's allocator with a small per-thread cache of evbuffer chains (issue 31; see the header). */
+
+#define DM_CHAIN_CLASSES 3
+static const size_t dm_chain_class_size[DM_CHAIN_CLASSES] = { 1024, 2048, 4096 };
+static const int dm_chain_class_cap[DM_CHAIN_CLASSES] = { 32, 16, 8 };
+
+struct dm_chain_cache {
+    void *head[DM_CHAIN_CLASSES];
+    int count[DM_CHAIN_CLASSES];
+    int registered;
+};
+static __thread struct dm_chain_cache dm_chain_cache;
+static pthread_key_t dm_chain_cache_key;
+static pthread_once_t dm_chain_cache_once = PTHREAD_ONCE_INIT;
+
+static void dm_chain_cache_release(void *cache_pointer) {
+    struct dm_chain_cache *cache = cache_pointer;
+    for (int k = 0; k < DM_CHAIN_CLASSES; k++) {
+        while (cache->head[k]) {
+            void *block = cache->head[k];
+            cache->head[k] = *(void **)block;
+            free(block);
+        }
+        cache->count[k] = 0;
+    }
+}
+
+static void dm_chain_cache_make_key(void) {
+    pthread_key_create(&dm_chain_cache_key, dm_chain_cache_release);
+}
+
+/* The class a request of `size` bytes is served from: only libevent's chain sizes, exact powers of two. */
+static int dm_chain_class_of_request(size_t size) {
+    for (int k = 0; k < DM_CHAIN_CLASSES; k++) if (size == dm_chain_class_size[k]) return k;
+    return -1;
+}
+
+/* The class a freed block can serve: its usable size holds the class's size and wastes little past it. */
+static int dm_chain_class_of_block(void *block) {
+    size_t usable = malloc_usable_size(block);
+    for (int k = 0; k < DM_CHAIN_CLASSES; k++) {
+        if (usable >= dm_chain_class_size[k] && usable < dm_chain_class_size[k] + 64) return k;
+    }
+    return -1;
+}
+
+static void *dm_chain_malloc(size_t size) {
+    int k = dm_chain_class_of_request(size);
+    if (k >= 0 && dm_chain_cache.head[k]) {
+        void *block = dm_chain_cache.head[k];
+        dm_chain_cache.head[k] = *(void **)block;
+        dm_chain_cache.count[k] -= 1;
+        return block;
+    }
+    return malloc(size);
+}
+
+static void *dm_chain_realloc(void *block, size_t size) {
+    return realloc(block, size);
+}
+
+static void dm_chain_free(void *block) {
+    if (!block) return;
+    int k = dm_chain_class_of_block(block);
+    if (k < 0 || dm_chain_cache.count[k] >= dm_chain_class_cap[k]) {
+        free(block);
+        return;
+    }
+    if (!dm_chain_cache.registered) {
+        /* The thread's blocks go back to malloc when it exits. */
+        pthread_once(&dm_chain_cache_once, dm_chain_cache_make_key);
+        pthread_setspecific(dm_chain_cache_key, &dm_chain_cache);
+        dm_chain_cache.registered = 1;
+    }
+    *(void **)block = dm_chain_cache.head[k];
+    dm_chain_cache.head[k] = block;
+    dm_chain_cache.count[k] += 1;
+}
+
+void dm_event_use_chain_cache(void) {
+    event_set_mem_functions(dm_chain_malloc, dm_chain_realloc, dm_chain_free);
+}
+
+long long dm_event_chain_cache_bytes(void) {
+    long long bytes = 0;
+    for (int k = 0; k < DM_CHAIN_CLASSES; k++) bytes += (long long)dm_chain_cache.count[k] * (long long)dm_chain_class_size[k];
+    return bytes;
+}
+
+void dm_event_chain_cache_drain(void) {
+    dm_chain_cache_release(&dm_chain_cache);
+}

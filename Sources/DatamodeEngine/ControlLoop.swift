@@ -115,6 +115,8 @@ final class SignalWatcher {
 /// Process-wide libevent set-up, run once before any base exists.
 enum ProxyServerProcess {
     static let setUp: Void = {
+        // First: libevent's allocations from here on go through it (evbuffer chains reused per thread).
+        dm_event_use_chain_cache()
         // Locking callbacks, so another thread can wake a base (event_base_loopexit from the control thread).
         evthread_use_pthreads()
         // A peer closing mid-write must be an EPIPE error, not the end of the process.

@@ -71,4 +71,15 @@ int dm_malloc_trim(void);
 /** The free bytes malloc holds in its arenas (glibc's mallinfo2().fordblks); -1 where unknown. */
 long long dm_malloc_free_bytes(void);
 
+/** Makes libevent allocate through a small per-thread cache of evbuffer chains (issue 31): a relayed exchange
+    allocates and frees ~5 chains of 1, 2 and 4 KiB, sizes past glibc's per-thread cache (tcache, up to 1032 bytes)
+    that each took its arena's lock and bins. A thread keeps at most 32 + 16 + 8 of them (96 KiB); any other size,
+    and any block past that, is plain malloc and free, and a thread's blocks go back to malloc when it exits.
+    Call once, before any other libevent call. */
+void dm_event_use_chain_cache(void);
+/** The bytes this thread's chain cache holds. */
+long long dm_event_chain_cache_bytes(void);
+/** Gives this thread's cached chains back to malloc. */
+void dm_event_chain_cache_drain(void);
+
 #endif
