@@ -8,8 +8,11 @@ comparison: instructions are not time (cache misses and syscalls are not in them
 
 For each binary and each row: the proxy runs under callgrind with one worker thread and instrumentation off; a local
 origin answers; instrumentation is switched on (callgrind_control -i) for exactly the N requests of one keep-alive client,
-so start-up and shutdown are not counted. Timers that fire during the run (the once-a-second control tick) are, a
-few thousand instructions a second: the rows run twice per binary, interleaved, and both figures are shown.
+so start-up and shutdown are not counted. Timers that fire during the run (the control tick, the deferred-delivery
+pass on the store's SQLite) are, ~8K instructions a request under valgrind's slowdown and varying by ~1% between runs
+of one binary: the rows run twice per binary, interleaved, and both figures are shown, with the worker thread's
+own count beside them (`--separate-threads=yes`; the thread that ran the most), which the timers of other threads
+do not touch.
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
     bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
@@ -26,6 +29,7 @@ runs, about 12 minutes; one row is a third of that).
 origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
 """
 import argparse
+import glob
 import http.server
 import os
 import re
@@ -107,7 +111,10 @@ def counted(argv, port, path, n, origin_port, workdir, keep=None):
     """Instructions the program `argv` (listening on `port`) executed while it answered n requests of one keep-alive
     client, and the statuses it answered."""
     out = os.path.join(workdir, "callgrind.out")
-    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out]
+    for stale in glob.glob(out + "*"):
+        os.remove(stale)
+    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                              "--callgrind-out-file=" + out]
                              + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while True:
@@ -131,10 +138,23 @@ def counted(argv, port, path, n, origin_port, workdir, keep=None):
             total = int(m.group(1))
     if total is None:
         raise SystemExit("no callgrind total: " + err.decode()[-2000:])
-    counting = reference_counting(out)
+    files = sorted(glob.glob(out + "-*")) or [out]
+    counting = sum(reference_counting(f) for f in files)
+    # The thread that answered: the one that ran the most (the store, delivery and control threads run timers only).
+    worker_total, worker_file = max((thread_total(f), f) for f in files)
     if keep:
-        shutil.copy(out, keep)
-    return total, statuses, counting
+        shutil.copy(worker_file, keep)
+    return total, statuses, counting, worker_total
+
+
+def thread_total(path):
+    """The instructions one thread's profile (`--separate-threads=yes`) counted: its `totals:` or `summary:` line."""
+    found = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith(("totals:", "summary:")):
+                found[line.split(":")[0]] = int(line.split()[1])
+    return found.get("totals", found.get("summary", 0))
 
 
 # Swift's reference counting: each call is an atomic read-modify-write (a locked instruction, ~20 cycles) that the
@@ -148,7 +168,7 @@ def reference_counting(path):
     """Calls to Swift's reference-counting entry points in a callgrind profile (every thread, every caller, the
     runtime's own calls included): `calls=` lines under a `cfn=` naming one of `COUNTING`."""
     names, total, counting = {}, 0, False
-    for name in [path] + [path + "." + suffix for suffix in ("1", "2")]:
+    for name in [path]:
         if not os.path.exists(name):
             continue
         with open(name, errors="replace") as f:
@@ -228,8 +248,9 @@ def main():
     origin_port = server.server_address[1]
 
     lines = ["| row | before (instr./request, 2 runs) | after (2 runs) | after / before (means) "
-             "| reference counting, calls/request (before / after) | statuses |",
-             "|---|---|---|---|---|---|"]
+             "| worker thread only: before / after (means) | ratio | reference counting, calls/request (before / after) "
+             "| statuses |",
+             "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as workdir:
         keep_symbols = args.profiles is not None
         if keep_symbols:
@@ -237,7 +258,7 @@ def main():
         binaries = [stripped(args.before, workdir, "before", keep_symbols),
                     stripped(args.after, workdir, "after", keep_symbols)]
         for row, (mode, config, path) in rows.items():
-            per, counts = [[], []], [[], []]
+            per, counts, workers = [[], []], [[], []], [[], []]
             seen = set()
             for run in range(2):
                 for index, binary in enumerate(binaries):
@@ -245,24 +266,28 @@ def main():
                     if args.profiles:
                         keep = os.path.join(args.profiles, "%s-%s-%d.out" % (
                             re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-"), ("before", "after")[index], run + 1))
-                    total, statuses, counting = instructions(binary, mode, config, path, args.requests, origin_port,
-                                                             workdir, keep)
+                    total, statuses, counting, worker = instructions(binary, mode, config, path, args.requests,
+                                                                     origin_port, workdir, keep)
                     per[index].append(total / args.requests)
+                    workers[index].append(worker / args.requests)
                     counts[index].append(counting / args.requests)
                     seen.update(statuses)
             means = [sum(p) / len(p) for p in per]
-            lines.append("| %s | %s | %s | %.3f | %.1f / %.1f | %s |" % (
+            worker_means = [sum(w) / len(w) for w in workers]
+            lines.append("| %s | %s | %s | %.3f | %.0f / %.0f | %.3f | %.1f / %.1f | %s |" % (
                 row, " / ".join("%.0f" % v for v in per[0]), " / ".join("%.0f" % v for v in per[1]),
-                means[1] / means[0], sum(counts[0]) / 2, sum(counts[1]) / 2, ", ".join(map(str, sorted(seen)))))
+                means[1] / means[0], worker_means[0], worker_means[1], worker_means[1] / worker_means[0],
+                sum(counts[0]) / 2, sum(counts[1]) / 2, ", ".join(map(str, sorted(seen)))))
             print(lines[-1], flush=True)
         if args.haproxy and not shutil.which("haproxy"):
-            lines.append("| small GET, no mode: HAProxy | not installed | | | | |")
+            lines.append("| small GET, no mode: HAProxy | not installed | | | | | | |")
         elif args.haproxy:
             runs = [haproxy_instructions(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir)
                     for _ in range(2)]
-            lines.append("| small GET, no mode: HAProxy (peer, `conf/haproxy.cfg.tmpl`) | %s | | | (C: none) | %s |" % (
-                " / ".join("%.0f" % (total / args.requests) for total, _, _ in runs),
-                ", ".join(map(str, sorted({code for _, statuses, _ in runs for code in statuses})))))
+            lines.append("| small GET, no mode: HAProxy (peer, `conf/haproxy.cfg.tmpl`) | %s | | | %s | | (C: none) | %s |" % (
+                " / ".join("%.0f" % (total / args.requests) for total, _, _, _ in runs),
+                " / ".join("%.0f" % (worker / args.requests) for _, _, _, worker in runs),
+                ", ".join(map(str, sorted({code for _, statuses, _, _ in runs for code in statuses})))))
             print(lines[-1], flush=True)
     text = "\n".join([
         "# Instructions per request: before vs after",
