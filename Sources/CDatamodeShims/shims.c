@@ -10,6 +10,9 @@
 #include <malloc.h>
 #include <string.h>
 #include <time.h>
+#include <event2/buffer.h>
+#include <event2/buffer_compat.h>
+#include <event2/bufferevent_struct.h>
 
 struct event *dm_timer_new(struct event_base *base, event_callback_fn cb, void *arg) {
     return evtimer_new(base, cb, arg);
@@ -264,4 +267,27 @@ long long dm_event_chain_cache_bytes(void) {
 
 void dm_event_chain_cache_drain(void) {
     dm_chain_cache_release(&dm_chain_cache);
+}
+
+/* libevent 2.1's bufferevent_socket_outbuf_cb (bufferevent_sock.c), but for `write_suspended`, which only rate
+   limits and hostname lookups set (neither is used on these bufferevents). */
+static void dm_socket_output_added(struct evbuffer *buffer, const struct evbuffer_cb_info *info, void *arg) {
+    struct bufferevent *bev = arg;
+    (void)buffer;
+    if (info->n_added && (bev->enabled & EV_WRITE) && !event_pending(&bev->ev_write, EV_WRITE, NULL)) {
+        event_add(&bev->ev_write, evutil_timerisset(&bev->timeout_write) ? &bev->timeout_write : NULL);
+    }
+}
+
+void dm_socket_output_callbacks_off(struct bufferevent *bev) {
+    evbuffer_setcb(bufferevent_get_output(bev), NULL, NULL);
+}
+
+void dm_socket_output_watch(struct bufferevent *bev, int on) {
+    struct evbuffer *output = bufferevent_get_output(bev);
+    if (on) {
+        evbuffer_add_cb(output, dm_socket_output_added, bev);
+    } else {
+        evbuffer_remove_cb(output, dm_socket_output_added, bev);
+    }
 }

@@ -113,6 +113,7 @@ final class ClientTransport {
         if isPlain {
             // EV_WRITE stays off: writes are speculative (see SpeculativeWriter). EV_READ too: `SocketReader` reads.
             bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+            writer.takeOverOutputCallback(bev)
             reader.start(base: worker.base, fd: fd, callback: clientSocketReadableCallback, owner: context(self))
             reader.setReading(true, bev: bev)
         } else {
@@ -335,6 +336,8 @@ final class ClientTransport {
         // The filter turned the socket's EV_READ and EV_WRITE on as it was made: the reader reads, and the writer
         // turns EV_WRITE on only when it must.
         bufferevent_disable(socketBev, Int16(EV_READ | EV_WRITE))
+        // The plain writer had taken libevent's callback off this output (`configure`); so does the fresh one.
+        writer.takeOverOutputCallback(socketBev!)
         socketInput = bufferevent_get_input(socketBev)
         if readHold.isHeld {
             readHold.release(input: input, owner: context(self))  // `input` becomes the filter's

@@ -1,3 +1,4 @@
+import CDatamodeShims
 import CLibevent
 #if canImport(Glibc)
 import Glibc
@@ -34,6 +35,24 @@ struct SpeculativeWriter {
     static let tlsRecordsLimit = 256 * 1024
     /// Outputs up to this are written speculatively.
     var limit = Self.speculativeLimit
+    /// The output has no callback of libevent's (`takeOverOutputCallback`): while EV_WRITE is on, this writer puts
+    /// libevent's rule back (`dm_socket_output_watch`), so the buffer's callback list is empty the rest of the time.
+    private var watchesOutput = false
+
+    /// Removes libevent's callback from `bev`'s output (`dm_socket_output_callbacks_off`); from now on this writer
+    /// must be the only one to turn `bev`'s EV_WRITE on. Only while EV_WRITE is off.
+    mutating func takeOverOutputCallback(_ bev: OpaquePointer) {
+        guard !watchesOutput, !waiting else { return }
+        dm_socket_output_callbacks_off(bev)
+        watchesOutput = true
+    }
+
+    @inline(__always)
+    private mutating func startWaiting(_ bev: OpaquePointer) {
+        bufferevent_enable(bev, Int16(EV_WRITE))
+        if watchesOutput { dm_socket_output_watch(bev, 1) }
+        waiting = true
+    }
 
     /// Writes what `bev`'s output holds; enables EV_WRITE only if some remains. Errors are left for libevent
     /// to report: data stays queued, EV_WRITE goes on, and its write fails again with the error event.
@@ -50,8 +69,7 @@ struct SpeculativeWriter {
             return
         }
         guard pending <= limit || whole else {
-            bufferevent_enable(bev, Int16(EV_WRITE))
-            waiting = true
+            startWaiting(bev)
             return
         }
         let fd = bufferevent_getfd(bev)
@@ -63,10 +81,7 @@ struct SpeculativeWriter {
             evbuffer_freeze(output, 1)
         }
         if evbuffer_get_length(output) == 0 { fileQueued = false }
-        if evbuffer_get_length(output) > 0 {
-            bufferevent_enable(bev, Int16(EV_WRITE))
-            waiting = true
-        }
+        if evbuffer_get_length(output) > 0 { startWaiting(bev) }
     }
 
     /// Writes the front of `output` (at most 16 chains: a TLS output has a chain per record) with one send(2), or
@@ -99,8 +114,7 @@ struct SpeculativeWriter {
     /// Hands the writing to libevent's path until the output is empty again (`drained`).
     mutating func waitForSocket(_ bev: OpaquePointer) {
         guard !waiting else { return }
-        bufferevent_enable(bev, Int16(EV_WRITE))
-        waiting = true
+        startWaiting(bev)
     }
 
     /// From the write callback: once the output is empty, EV_WRITE goes off again.
@@ -108,6 +122,7 @@ struct SpeculativeWriter {
         guard waiting, evbuffer_get_length(output) == 0 else { return }
         fileQueued = false
         bufferevent_disable(bev, Int16(EV_WRITE))
+        if watchesOutput { dm_socket_output_watch(bev, 0) }
         waiting = false
     }
 }

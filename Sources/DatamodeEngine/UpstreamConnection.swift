@@ -159,6 +159,7 @@ final class UpstreamConnection {
         // Plain TCP: EV_WRITE stays off and writes are speculative, `SocketReader` reads; TLS and pairs keep
         // libevent's read and write paths.
         if isPlainTCP {
+            writer.takeOverOutputCallback(bev)
             reader.start(base: worker.base, fd: socket, callback: upstreamSocketReadableCallback, owner: context(self))
             reader.setReading(true, bev: bev)
         } else {

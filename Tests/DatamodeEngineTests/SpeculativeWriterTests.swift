@@ -1,4 +1,5 @@
 import CLibevent
+import Dispatch
 @testable import DatamodeEngine
 import Testing
 #if canImport(Glibc)
@@ -89,5 +90,56 @@ import Glibc
         #expect(writing.queued == before)
         #expect(writing.receive(bytes.count) == bytes)
         #expect(writing.queued == 0 && !writing.writer.waiting)
+    }
+
+    /// Without libevent's output callback (`takeOverOutputCallback`, issue 31: ~80 instructions for every add, drain
+    /// and move on the output) the writer puts its rule back while EV_WRITE is on: libevent's write path empties the
+    /// output and deletes its write event, then bytes are added before the write callback's `drained` (a body pumped
+    /// from the callback): they must still go out. Without the rule they wait for ever (this test then times out).
+    @Test func withoutLibeventsOutputCallbackBytesAddedAfterTheOutputEmptiedStillGoOut() throws {
+        let writing = try Writing()
+        writing.writer.takeOverOutputCallback(writing.bev)
+        var small: Int32 = 4096
+        setsockopt(writing.pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        setsockopt(writing.pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        let first = Self.answer(128 * 1024), second = Array(Self.answer(96 * 1024 + 7).reversed())
+        writing.queue(first)
+        writing.flush(whole: true)
+        #expect(writing.writer.waiting)
+        var received: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65_536)
+        var addedSecond = false, emptiedWhileWaiting = false
+        let deadline = DispatchTime.now().uptimeNanoseconds + 10_000_000_000
+        while received.count < first.count + second.count, DispatchTime.now().uptimeNanoseconds < deadline {
+            _ = event_base_loop(writing.pair.base, EVLOOP_NONBLOCK)
+            if writing.queued == 0 && !addedSecond {
+                // libevent wrote the last byte and deleted its write event; EV_WRITE is still on.
+                emptiedWhileWaiting = writing.writer.waiting
+                writing.queue(second)
+                addedSecond = true
+            } else if writing.queued == 0 && addedSecond {
+                writing.writer.drained(writing.bev, output: writing.output)
+            }
+            let n = recv(writing.pair.peer, &chunk, chunk.count, Int32(MSG_DONTWAIT))
+            if n > 0 { received += chunk[0..<n] } else { usleep(500) }
+        }
+        #expect(emptiedWhileWaiting)
+        #expect(received.count == first.count + second.count, "bytes added after the output emptied were not written")
+        let inOrder = received == first + second  // (not inside #expect: a failure would print 224 KiB)
+        #expect(inOrder)
+        #expect(writing.queued == 0 && !writing.writer.waiting)
+    }
+
+    /// Taken over, a small output is written at once as before, and the writer waits (and stops waiting) as before.
+    @Test func withoutLibeventsOutputCallbackSmallAndLargeOutputsAreWrittenWhole() throws {
+        let writing = try Writing()
+        writing.writer.takeOverOutputCallback(writing.bev)
+        for size in [1, 1_279, 16 * 1024, 100 * 1024] {
+            let bytes = Self.answer(size)
+            writing.queue(bytes)
+            writing.flush(whole: size <= 16 * 1024)
+            #expect(writing.receive(bytes.count) == bytes)
+            #expect(writing.queued == 0 && !writing.writer.waiting)
+        }
     }
 }

@@ -82,4 +82,14 @@ long long dm_event_chain_cache_bytes(void);
 /** Gives this thread's cached chains back to malloc. */
 void dm_event_chain_cache_drain(void);
 
+/** A plain socket bufferevent's output without libevent's callback. libevent 2.1 registers one on every socket
+    bufferevent's output (`bufferevent_socket_outbuf_cb`: when bytes are added while EV_WRITE is enabled and the write
+    event is not pending, add it), and every evbuffer_add, drain and move on that output runs the buffer's callback
+    list (~80 instructions each, ~5 a proxied exchange; an empty list returns at once). Speculative writes keep EV_WRITE
+    off nearly always, so the callback is needed only while EV_WRITE is on: `dm_socket_output_watch` puts the same
+    rule back for exactly that time. Only for a bufferevent whose EV_WRITE is enabled by its `SpeculativeWriter` alone. */
+void dm_socket_output_callbacks_off(struct bufferevent *bev);
+/** `on`: registers libevent's rule (above) on `bev`'s output; off: removes it. */
+void dm_socket_output_watch(struct bufferevent *bev, int on);
+
 #endif
