@@ -53,6 +53,36 @@ import Testing
         #expect(requests.map(\.indexOnConnection) == [0, 1, 2, 3])
     }
 
+    /// The pool keeps one list of idle connections per origin: requests alternating between origins, from one client
+    /// and then another, each find their own origin's connection, and no origin sees a second one.
+    @Test func requestsAlternatingBetweenOriginsEachReuseTheirOwnConnection() throws {
+        let first = try RecordingOrigin { request in .ok("first " + request.target) }
+        defer { first.stop() }
+        let second = try RecordingOrigin { request in .ok("second " + request.target) }
+        defer { second.stop() }
+        let proxy = try ProxyHarness()
+        defer { proxy.stop() }
+        let client = try proxy.connect()
+
+        for round in 0..<4 {
+            for (origin, name) in [(first, "first"), (second, "second"), (second, "second"), (first, "first")] {
+                try client.send(RequestText.make("GET", origin.url("/\(round)")))
+                let response = try client.readResponse()
+                #expect(response.status == 200 && response.bodyText == "\(name) /\(round)")
+            }
+        }
+        #expect(first.connectionCount == 1 && second.connectionCount == 1)
+        #expect(first.requests.count == 8 && second.requests.count == 8)
+
+        // A second client while the first is idle: each origin's one pooled connection serves it too.
+        let other = try proxy.connect()
+        try other.send(RequestText.make("GET", second.url("/other")))
+        #expect(try other.readResponse().bodyText == "second /other")
+        try other.send(RequestText.make("GET", first.url("/other")))
+        #expect(try other.readResponse().bodyText == "first /other")
+        #expect(first.connectionCount == 1 && second.connectionCount == 1)
+    }
+
     @Test func aKeptUpstreamConnectionIsReusedAfterBodiesOfEveryFraming() throws {
         let origin = try RecordingOrigin { request in
             switch request.target {
