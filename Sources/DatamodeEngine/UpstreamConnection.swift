@@ -156,8 +156,7 @@ final class UpstreamConnection {
         state = .busy
         timer?.disarm()
         carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
-        // Plain TCP: EV_WRITE stays off and writes are speculative, `SocketReader` reads; TLS and pairs keep
-        // libevent's read and write paths.
+        // Plain TCP: writes are speculative (EV_WRITE off), `SocketReader` reads; TLS and pairs keep libevent's paths.
         if isPlainTCP {
             writer.takeOverOutputCallback(bev)
             reader.start(base: worker.base, fd: socket, callback: upstreamSocketReadableCallback, owner: context(self))
