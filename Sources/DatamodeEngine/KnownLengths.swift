@@ -11,8 +11,8 @@
 /// a per-process seed that is ~2⁻⁶⁴ for any pair, and its worst is a wrong `bytes_saved` estimate.
 struct KnownLengths {
     let capacity: Int
-    private var fingerprints: [UInt64] = []
-    private var lengths: [UInt64] = []
+    /// One slot per index: a fingerprint (0: empty) and its length.
+    private var slots: [(fingerprint: UInt64, length: UInt64)] = []
     private let seed: UInt64
 
     /// `capacity`: slots, rounded up to a power of two.
@@ -25,22 +25,19 @@ struct KnownLengths {
 
     /// A `200` to a `GET` of `url`, not a variant, framed with `Content-Length: length`.
     mutating func record(_ url: String, length: UInt64) {
-        if fingerprints.isEmpty {
-            fingerprints = Array(repeating: 0, count: capacity)
-            lengths = Array(repeating: 0, count: capacity)
-        }
+        if slots.isEmpty { slots = Array(repeating: (0, 0), count: capacity) }
         let print = fingerprint(url)
-        let slot = Int(truncatingIfNeeded: print) & (capacity - 1)
-        fingerprints[slot] = print
-        lengths[slot] = length
+        slots[slot(print)] = (print, length)
     }
 
     subscript(url: String) -> UInt64? {
-        guard !fingerprints.isEmpty else { return nil }
+        guard !slots.isEmpty else { return nil }
         let print = fingerprint(url)
-        let slot = Int(truncatingIfNeeded: print) & (capacity - 1)
-        return fingerprints[slot] == print ? lengths[slot] : nil
+        let found = slots[slot(print)]
+        return found.fingerprint == print ? found.length : nil
     }
+
+    private func slot(_ print: UInt64) -> Int { Int(truncatingIfNeeded: print) & (capacity - 1) }
 
     /// What serving `replacement` bytes instead of `url` saved, when `url`'s length is known and larger.
     func saving(_ url: String, replacement: UInt64) -> Int? {
