@@ -165,25 +165,25 @@ COUNTING = {"swift_retain", "swift_release", "swift_retain_n", "swift_release_n"
 
 
 def reference_counting(path):
-    """Calls to Swift's reference-counting entry points in a callgrind profile (every thread, every caller, the
-    runtime's own calls included): `calls=` lines under a `cfn=` naming one of `COUNTING`."""
+    """Calls to Swift's reference-counting entry points in one callgrind profile file (one thread's, with
+    `--separate-threads=yes`; every caller, the runtime's own calls included): `calls=` lines under a `cfn=` naming
+    one of `COUNTING`. Names are compressed per file, so each file is read on its own."""
     names, total, counting = {}, 0, False
-    for name in [path]:
-        if not os.path.exists(name):
-            continue
-        with open(name, errors="replace") as f:
-            for line in f:
-                if line.startswith("fn="):
-                    counting = False
-                if line.startswith(("fn=", "cfn=")):
-                    m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
-                    if m and m.group(2):
-                        names[m.group(1)] = m.group(2)
-                    if line.startswith("cfn="):
-                        counting = bool(m) and names.get(m.group(1), "") in COUNTING
-                    continue
-                if line.startswith("calls=") and counting:
-                    total += int(line.split("=", 1)[1].split()[0])
+    if not os.path.exists(path):
+        return 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("fn="):
+                counting = False
+            if line.startswith(("fn=", "cfn=")):
+                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m and m.group(2):
+                    names[m.group(1)] = m.group(2)
+                if line.startswith("cfn="):
+                    counting = bool(m) and names.get(m.group(1), "") in COUNTING
+                continue
+            if line.startswith("calls=") and counting:
+                total += int(line.split("=", 1)[1].split()[0])
     return total
 
 
