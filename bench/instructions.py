@@ -16,7 +16,7 @@ do not touch.
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
     bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
-                          [--profiles DIR] [--rows no-mode,refusal]
+                          [--profiles DIR] [--rows no-mode,refusal] [--cache-sim]
 
 `--profiles DIR` keeps each run's callgrind profile in DIR (named by row, binary and run), with the binaries' symbol
 tables kept (only their debug info is stripped), for `callgrind_annotate --inclusive=yes DIR/FILE`: where a row's
@@ -24,6 +24,9 @@ instructions go, by function.
 
 `--rows` runs only the rows whose name contains one of the given words (a full A/B is three rows × two binaries × two
 runs, about 12 minutes; one row is a third of that).
+
+`--cache-sim` has callgrind simulate the caches and the branch predictor too (about twice as slow) and adds a table:
+the worker thread's I1, D1 and last-level misses and mispredicted branches a request, each run on its own line.
 
 `--haproxy` adds HAProxy (the bench's configuration, one thread) on the small GET: the same client, request and
 origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
@@ -107,14 +110,23 @@ def run_client(port, origin_port, path, n):
     return statuses
 
 
+# `--cache-sim`: callgrind also simulates the caches (the host's sizes, as valgrind reads them from CPUID) and the
+# branch predictor. Simulated, not measured (this machine's virtual CPU exposes no counters), but the same model for
+# both programs: where two programs run about the same instructions in different times, it says whether misses differ.
+SIMULATE = False
+MISSES = {"I1 misses": ("I1mr",), "LL instruction misses": ("ILmr",), "D1 misses": ("D1mr", "D1mw"),
+          "LL data misses": ("DLmr", "DLmw"), "mispredicted branches": ("Bcm", "Bim")}
+
+
 def counted(argv, port, path, n, origin_port, workdir, keep=None):
     """Instructions the program `argv` (listening on `port`) executed while it answered n requests of one keep-alive
     client, and the statuses it answered."""
     out = os.path.join(workdir, "callgrind.out")
     for stale in glob.glob(out + "*"):
         os.remove(stale)
+    simulate = ["--cache-sim=yes", "--branch-sim=yes"] if SIMULATE else []
     proxy = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                              "--callgrind-out-file=" + out]
+                              "--callgrind-out-file=" + out] + simulate
                              + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while True:
@@ -141,20 +153,29 @@ def counted(argv, port, path, n, origin_port, workdir, keep=None):
     files = sorted(glob.glob(out + "-*")) or [out]
     counting = sum(reference_counting(f) for f in files)
     # The thread that answered: the one that ran the most (the store, delivery and control threads run timers only).
-    worker_total, worker_file = max((thread_total(f), f) for f in files)
+    worker_events, worker_file = max(((thread_events(f), f) for f in files), key=lambda pair: pair[0].get("Ir", 0))
     if keep:
         shutil.copy(worker_file, keep)
-    return total, statuses, counting, worker_total
+    counted.worker_events = worker_events
+    return total, statuses, counting, worker_events.get("Ir", 0)
 
 
-def thread_total(path):
-    """The instructions one thread's profile (`--separate-threads=yes`) counted: its `totals:` or `summary:` line."""
-    found = {}
+def thread_events(path):
+    """What one thread's profile (`--separate-threads=yes`) counted, by event (`Ir`, and with `--cache-sim` the
+    misses): its `events:` names over its `totals:` or `summary:` line."""
+    names, found = ["Ir"], {}
     with open(path, errors="replace") as f:
         for line in f:
+            if line.startswith("events:"):
+                names = line.split()[1:]
             if line.startswith(("totals:", "summary:")):
-                found[line.split(":")[0]] = int(line.split()[1])
-    return found.get("totals", found.get("summary", 0))
+                found[line.split(":")[0]] = dict(zip(names, map(int, line.split()[1:])))
+    return found.get("totals", found.get("summary", {}))
+
+
+def misses_cells(events, n):
+    """`MISSES` a request, from one worker thread's events."""
+    return " | ".join("%.1f" % (sum(events.get(e, 0) for e in names) / n) for names in MISSES.values())
 
 
 # Swift's reference counting: each call is an atomic read-modify-write (a locked instruction, ~20 cycles) that the
@@ -230,9 +251,13 @@ def main():
     parser.add_argument("--profiles", help="keep each run's callgrind profile here, with symbols")
     parser.add_argument("--rows", help="only the rows whose name contains one of these comma-separated words "
                         "(%s)" % "; ".join(ROWS))
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also simulate caches and branches: misses a request of the worker thread, in a second table")
     parser.add_argument("--haproxy", action="store_true",
                         help="also count HAProxy (the bench's configuration) on the small GET, as a peer's figure")
     args = parser.parse_args()
+    global SIMULATE
+    SIMULATE = args.cache_sim
     rows = ROWS
     if args.rows:
         def slug(text):
@@ -251,6 +276,8 @@ def main():
              "| worker thread only: before / after (means) | ratio | reference counting, calls/request (before / after) "
              "| statuses |",
              "|---|---|---|---|---|---|---|---|"]
+    simulated = ["| row, binary, run | instructions | " + " | ".join(MISSES) + " |",
+                 "|---|---:|" + "---:|" * len(MISSES)]
     with tempfile.TemporaryDirectory() as workdir:
         keep_symbols = args.profiles is not None
         if keep_symbols:
@@ -268,6 +295,9 @@ def main():
                             re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-"), ("before", "after")[index], run + 1))
                     total, statuses, counting, worker = instructions(binary, mode, config, path, args.requests,
                                                                      origin_port, workdir, keep)
+                    simulated.append("| %s, %s, %d | %.0f | %s |" % (
+                        row, ("before", "after")[index], run + 1, worker / args.requests,
+                        misses_cells(counted.worker_events, args.requests)))
                     per[index].append(total / args.requests)
                     workers[index].append(worker / args.requests)
                     counts[index].append(counting / args.requests)
@@ -282,8 +312,11 @@ def main():
         if args.haproxy and not shutil.which("haproxy"):
             lines.append("| small GET, no mode: HAProxy | not installed | | | | | | |")
         elif args.haproxy:
-            runs = [haproxy_instructions(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir)
-                    for _ in range(2)]
+            runs = []
+            for run in range(2):
+                runs.append(haproxy_instructions(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir))
+                simulated.append("| small GET, no mode, HAProxy, %d | %.0f | %s |" % (
+                    run + 1, runs[-1][3] / args.requests, misses_cells(counted.worker_events, args.requests)))
             lines.append("| small GET, no mode: HAProxy (peer, `conf/haproxy.cfg.tmpl`) | %s | | | %s | | (C: none) | %s |" % (
                 " / ".join("%.0f" % (total / args.requests) for total, _, _, _ in runs),
                 " / ".join("%.0f" % (worker / args.requests) for _, _, _, worker in runs),
@@ -292,12 +325,16 @@ def main():
     text = "\n".join([
         "# Instructions per request: before vs after",
         "",
-        "Command: `bench/instructions.py %s %s --requests %d%s%s` (callgrind, one worker thread, one keep-alive client, "
+        "Command: `bench/instructions.py %s %s --requests %d%s%s%s` (callgrind, one worker thread, one keep-alive client, "
         "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
             args.before, args.after, args.requests, " --rows " + args.rows if args.rows else "",
-            " --haproxy" if args.haproxy else ""),
+            " --haproxy" if args.haproxy else "", " --cache-sim" if args.cache_sim else ""),
         "",
-    ] + lines + [""])
+    ] + lines + ([
+        "",
+        "Simulated caches and branch predictor (`--cache-sim`), the worker thread, a request:",
+        "",
+    ] + simulated if args.cache_sim else []) + [""])
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
