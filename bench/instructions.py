@@ -16,7 +16,7 @@ do not touch.
 Valgrind cannot read the debug info of the release build, so the binaries are stripped copies.
 
     bench/instructions.py BEFORE_BIN AFTER_BIN [--requests 2000] [--haproxy] [--out bench/results/STAMP-instructions.md]
-                          [--profiles DIR] [--rows no-mode,refusal] [--cache-sim]
+                          [--profiles DIR] [--rows no-mode,refusal] [--cache-sim] [--nginx]
 
 `--profiles DIR` keeps each run's callgrind profile in DIR (named by row, binary and run), with the binaries' symbol
 tables kept (only their debug info is stripped), for `callgrind_annotate --inclusive=yes DIR/FILE`: where a row's
@@ -29,7 +29,8 @@ runs, about 12 minutes; one row is a third of that).
 the worker thread's I1, D1 and last-level misses and mispredicted branches a request, each run on its own line.
 
 `--haproxy` adds HAProxy (the bench's configuration, one thread) on the small GET: the same client, request and
-origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after").
+origin, so the figure is a peer's count beside ours (its column is "before"; it has no "after"). `--nginx` adds nginx
+the same way (the bench's proxy configuration, its one worker run as the only process).
 """
 import argparse
 import glob
@@ -236,6 +237,24 @@ def haproxy_instructions(path, n, origin_port, workdir):
     return counted(["haproxy", "-db", "-f", config_path], port, path, n, origin_port, workdir)
 
 
+def nginx_instructions(path, n, origin_port, workdir):
+    """nginx with the bench's own proxy configuration (`conf/nginx-proxy.conf.tmpl`, one worker), run as that one
+    process (`master_process off`): see `counted`, and `haproxy_instructions`."""
+    port = free_port()
+    template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "nginx-proxy.conf.tmpl")
+    with open(template) as f:
+        config = f.read()
+    config = config.replace("master_process on;", "master_process off;")
+    for key, value in {"WORKERS": "1", "NOFILE": "4096", "WORKER_CONNECTIONS": "1000", "WORK": workdir,
+                       "NAME": "nginx-proxy", "PORT": str(port), "ORIGIN_PORT": str(origin_port)}.items():
+        config = config.replace("@%s@" % key, value)
+    os.makedirs(os.path.join(workdir, "nginx-proxy-tmp"), exist_ok=True)
+    config_path = os.path.join(workdir, "nginx-proxy.conf")
+    with open(config_path, "w") as f:
+        f.write(config)
+    return counted(["nginx", "-p", workdir, "-c", config_path], port, path, n, origin_port, workdir)
+
+
 def stripped(binary, workdir, name, keep_symbols=False):
     copy = os.path.join(workdir, name)
     subprocess.run(["strip"] + (["--strip-debug"] if keep_symbols else []) + ["-o", copy, binary], check=True)
@@ -253,6 +272,8 @@ def main():
                         "(%s)" % "; ".join(ROWS))
     parser.add_argument("--cache-sim", action="store_true",
                         help="also simulate caches and branches: misses a request of the worker thread, in a second table")
+    parser.add_argument("--nginx", action="store_true",
+                        help="also count nginx (the bench's proxy configuration) on the small GET, as a peer's figure")
     parser.add_argument("--haproxy", action="store_true",
                         help="also count HAProxy (the bench's configuration) on the small GET, as a peer's figure")
     args = parser.parse_args()
@@ -309,16 +330,20 @@ def main():
                 means[1] / means[0], worker_means[0], worker_means[1], worker_means[1] / worker_means[0],
                 sum(counts[0]) / 2, sum(counts[1]) / 2, ", ".join(map(str, sorted(seen)))))
             print(lines[-1], flush=True)
-        if args.haproxy and not shutil.which("haproxy"):
-            lines.append("| small GET, no mode: HAProxy | not installed | | | | | | |")
-        elif args.haproxy:
+        peers = [("HAProxy", "haproxy", "conf/haproxy.cfg.tmpl", haproxy_instructions)] if args.haproxy else []
+        if args.nginx:
+            peers.append(("nginx", "nginx", "conf/nginx-proxy.conf.tmpl", nginx_instructions))
+        for name, program, template, count in peers:
+            if not shutil.which(program):
+                lines.append("| small GET, no mode: %s | not installed | | | | | | |" % name)
+                continue
             runs = []
             for run in range(2):
-                runs.append(haproxy_instructions(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir))
-                simulated.append("| small GET, no mode, HAProxy, %d | %.0f | %s |" % (
-                    run + 1, runs[-1][3] / args.requests, misses_cells(counted.worker_events, args.requests)))
-            lines.append("| small GET, no mode: HAProxy (peer, `conf/haproxy.cfg.tmpl`) | %s | | | %s | | (C: none) | %s |" % (
-                " / ".join("%.0f" % (total / args.requests) for total, _, _, _ in runs),
+                runs.append(count(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir))
+                simulated.append("| small GET, no mode, %s, %d | %.0f | %s |" % (
+                    name, run + 1, runs[-1][3] / args.requests, misses_cells(counted.worker_events, args.requests)))
+            lines.append("| small GET, no mode: %s (peer, `%s`) | %s | | | %s | | (C: none) | %s |" % (
+                name, template, " / ".join("%.0f" % (total / args.requests) for total, _, _, _ in runs),
                 " / ".join("%.0f" % (worker / args.requests) for _, _, _, worker in runs),
                 ", ".join(map(str, sorted({code for _, statuses, _, _ in runs for code in statuses})))))
             print(lines[-1], flush=True)
@@ -328,7 +353,7 @@ def main():
         "Command: `bench/instructions.py %s %s --requests %d%s%s%s` (callgrind, one worker thread, one keep-alive client, "
         "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
             args.before, args.after, args.requests, " --rows " + args.rows if args.rows else "",
-            " --haproxy" if args.haproxy else "", " --cache-sim" if args.cache_sim else ""),
+            (" --haproxy" if args.haproxy else "") + (" --nginx" if args.nginx else ""), " --cache-sim" if args.cache_sim else ""),
         "",
     ] + lines + ([
         "",
