@@ -121,7 +121,8 @@ MISSES = {"I1 misses": ("I1mr",), "LL instruction misses": ("ILmr",), "D1 misses
 
 def counted(argv, port, path, n, origin_port, workdir, keep=None):
     """Instructions the program `argv` (listening on `port`) executed while it answered n requests of one keep-alive
-    client, and the statuses it answered."""
+    client, the statuses it answered, its reference-counting calls, and the worker thread's events (`thread_events`:
+    its instructions, `Ir`, and with `--cache-sim` its misses)."""
     out = os.path.join(workdir, "callgrind.out")
     for stale in glob.glob(out + "*"):
         os.remove(stale)
@@ -157,8 +158,7 @@ def counted(argv, port, path, n, origin_port, workdir, keep=None):
     worker_events, worker_file = max(((thread_events(f), f) for f in files), key=lambda pair: pair[0].get("Ir", 0))
     if keep:
         shutil.copy(worker_file, keep)
-    counted.worker_events = worker_events
-    return total, statuses, counting, worker_events.get("Ir", 0)
+    return total, statuses, counting, worker_events
 
 
 def thread_events(path):
@@ -314,11 +314,12 @@ def main():
                     if args.profiles:
                         keep = os.path.join(args.profiles, "%s-%s-%d.out" % (
                             re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-"), ("before", "after")[index], run + 1))
-                    total, statuses, counting, worker = instructions(binary, mode, config, path, args.requests,
+                    total, statuses, counting, events = instructions(binary, mode, config, path, args.requests,
                                                                      origin_port, workdir, keep)
+                    worker = events.get("Ir", 0)
                     simulated.append("| %s, %s, %d | %.0f | %s |" % (
                         row, ("before", "after")[index], run + 1, worker / args.requests,
-                        misses_cells(counted.worker_events, args.requests)))
+                        misses_cells(events, args.requests)))
                     per[index].append(total / args.requests)
                     workers[index].append(worker / args.requests)
                     counts[index].append(counting / args.requests)
@@ -340,11 +341,12 @@ def main():
             runs = []
             for run in range(2):
                 runs.append(count(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir))
+                events = runs[-1][3]
                 simulated.append("| small GET, no mode, %s, %d | %.0f | %s |" % (
-                    name, run + 1, runs[-1][3] / args.requests, misses_cells(counted.worker_events, args.requests)))
+                    name, run + 1, events.get("Ir", 0) / args.requests, misses_cells(events, args.requests)))
             lines.append("| small GET, no mode: %s (peer, `%s`) | %s | | | %s | | (C: none) | %s |" % (
                 name, template, " / ".join("%.0f" % (total / args.requests) for total, _, _, _ in runs),
-                " / ".join("%.0f" % (worker / args.requests) for _, _, _, worker in runs),
+                " / ".join("%.0f" % (events.get("Ir", 0) / args.requests) for _, _, _, events in runs),
                 ", ".join(map(str, sorted({code for _, statuses, _, _ in runs for code in statuses})))))
             print(lines[-1], flush=True)
     text = "\n".join([
