@@ -221,19 +221,25 @@ def instructions(binary, mode, config, path, n, origin_port, workdir, keep=None)
     return counted(argv, port, path, n, origin_port, workdir, keep)
 
 
+def peer_config(template, name, values, workdir, edit=lambda text: text):
+    """The bench's configuration `conf/<template>` for a peer, its `@KEY@`s filled from `values` (and `WORK`, `NAME`),
+    after `edit`, written into `workdir`: its path."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", template)) as f:
+        config = edit(f.read())
+    for key, value in dict(values, WORK=workdir, NAME=name).items():
+        config = config.replace("@%s@" % key, str(value))
+    config_path = os.path.join(workdir, name + ".conf")
+    with open(config_path, "w") as f:
+        f.write(config)
+    return config_path
+
+
 def haproxy_instructions(path, n, origin_port, workdir):
     """HAProxy with the bench's own configuration (`conf/haproxy.cfg.tmpl`, one thread): see `counted`. It relays
     the same absolute-form request to the same origin, so the row says what a peer spends where we spend ours."""
     port = free_port()
-    template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "haproxy.cfg.tmpl")
-    with open(template) as f:
-        config = f.read()
-    for key, value in {"THREADS": "1", "MAXCONN": "1000", "WORK": workdir, "NAME": "haproxy", "PORT": str(port),
-                       "ORIGIN_PORT": str(origin_port)}.items():
-        config = config.replace("@%s@" % key, value)
-    config_path = os.path.join(workdir, "haproxy.cfg")
-    with open(config_path, "w") as f:
-        f.write(config)
+    config_path = peer_config("haproxy.cfg.tmpl", "haproxy", {"THREADS": 1, "MAXCONN": 1000, "PORT": port,
+                                                              "ORIGIN_PORT": origin_port}, workdir)
     return counted(["haproxy", "-db", "-f", config_path], port, path, n, origin_port, workdir)
 
 
@@ -241,17 +247,11 @@ def nginx_instructions(path, n, origin_port, workdir):
     """nginx with the bench's own proxy configuration (`conf/nginx-proxy.conf.tmpl`, one worker), run as that one
     process (`master_process off`): see `counted`, and `haproxy_instructions`."""
     port = free_port()
-    template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "nginx-proxy.conf.tmpl")
-    with open(template) as f:
-        config = f.read()
-    config = config.replace("master_process on;", "master_process off;")
-    for key, value in {"WORKERS": "1", "NOFILE": "4096", "WORKER_CONNECTIONS": "1000", "WORK": workdir,
-                       "NAME": "nginx-proxy", "PORT": str(port), "ORIGIN_PORT": str(origin_port)}.items():
-        config = config.replace("@%s@" % key, value)
     os.makedirs(os.path.join(workdir, "nginx-proxy-tmp"), exist_ok=True)
-    config_path = os.path.join(workdir, "nginx-proxy.conf")
-    with open(config_path, "w") as f:
-        f.write(config)
+    config_path = peer_config("nginx-proxy.conf.tmpl", "nginx-proxy",
+                              {"WORKERS": 1, "NOFILE": 4096, "WORKER_CONNECTIONS": 1000, "PORT": port,
+                               "ORIGIN_PORT": origin_port}, workdir,
+                              edit=lambda text: text.replace("master_process on;", "master_process off;"))
     return counted(["nginx", "-p", workdir, "-c", config_path], port, path, n, origin_port, workdir)
 
 
