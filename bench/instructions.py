@@ -23,7 +23,8 @@ tables kept (only their debug info is stripped), for `callgrind_annotate --inclu
 instructions go, by function.
 
 `--rows` runs only the rows whose name contains one of the given words (a full A/B is three rows × two binaries × two
-runs, about 12 minutes; one row is a third of that).
+runs, about 12 minutes; one row is a third of that). `--runs 1` halves it: the worker thread's count of one binary
+repeats within a few instructions, so one run each is enough for a quick A/B (two keep the timers' spread visible).
 
 `--cache-sim` has callgrind simulate the caches and the branch predictor too (about twice as slow) and adds a table:
 the worker thread's I1, D1 and last-level misses and mispredicted branches a request, each run on its own line.
@@ -266,6 +267,9 @@ def main():
     parser.add_argument("before")
     parser.add_argument("after")
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=2,
+                        help="runs per binary, interleaved (the worker thread's count is the same within a few "
+                             "instructions from run to run: one run is enough for a quick A/B)")
     parser.add_argument("--out")
     parser.add_argument("--profiles", help="keep each run's callgrind profile here, with symbols")
     parser.add_argument("--rows", help="only the rows whose name contains one of these comma-separated words "
@@ -293,8 +297,8 @@ def main():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     origin_port = server.server_address[1]
 
-    lines = ["| row | before (instr./request, 2 runs) | after (2 runs) | after / before (means) "
-             "| worker thread only: before / after (means) | ratio | reference counting, calls/request (before / after) "
+    lines = [("| row | before (instr./request, %d runs) | after (%d runs) | after / before (means) " % (args.runs, args.runs))
+             + "| worker thread only: before / after (means) | ratio | reference counting, calls/request (before / after) "
              "| statuses |",
              "|---|---|---|---|---|---|---|---|"]
     simulated = ["| row, binary, run | instructions | " + " | ".join(MISSES) + " |",
@@ -308,7 +312,7 @@ def main():
         for row, (mode, config, path) in rows.items():
             per, counts, workers = [[], []], [[], []], [[], []]
             seen = set()
-            for run in range(2):
+            for run in range(args.runs):
                 for index, binary in enumerate(binaries):
                     keep = None
                     if args.profiles:
@@ -329,7 +333,7 @@ def main():
             lines.append("| %s | %s | %s | %.3f | %.0f / %.0f | %.3f | %.1f / %.1f | %s |" % (
                 row, " / ".join("%.0f" % v for v in per[0]), " / ".join("%.0f" % v for v in per[1]),
                 means[1] / means[0], worker_means[0], worker_means[1], worker_means[1] / worker_means[0],
-                sum(counts[0]) / 2, sum(counts[1]) / 2, ", ".join(map(str, sorted(seen)))))
+                sum(counts[0]) / args.runs, sum(counts[1]) / args.runs, ", ".join(map(str, sorted(seen)))))
             print(lines[-1], flush=True)
         peers = [("HAProxy", "haproxy", "conf/haproxy.cfg.tmpl", haproxy_instructions)] if args.haproxy else []
         if args.nginx:
@@ -339,7 +343,7 @@ def main():
                 lines.append("| small GET, no mode: %s | not installed | | | | | | |" % name)
                 continue
             runs = []
-            for run in range(2):
+            for run in range(args.runs):
                 runs.append(count(ROWS["small GET, no mode"][2], args.requests, origin_port, workdir))
                 events = runs[-1][3]
                 simulated.append("| small GET, no mode, %s, %d | %.0f | %s |" % (
@@ -352,10 +356,11 @@ def main():
     text = "\n".join([
         "# Instructions per request: before vs after",
         "",
-        "Command: `bench/instructions.py %s %s --requests %d%s%s%s` (callgrind, one worker thread, one keep-alive client, "
-        "1 KiB origin answers, instrumented for the N requests only; two runs per binary, interleaved)." % (
-            args.before, args.after, args.requests, " --rows " + args.rows if args.rows else "",
-            (" --haproxy" if args.haproxy else "") + (" --nginx" if args.nginx else ""), " --cache-sim" if args.cache_sim else ""),
+        "Command: `bench/instructions.py %s %s --requests %d%s%s%s%s` (callgrind, one worker thread, one keep-alive client, "
+        "1 KiB origin answers, instrumented for the N requests only; %d runs per binary, interleaved)." % (
+            args.before, args.after, args.requests, " --runs %d" % args.runs if args.runs != 2 else "",
+            " --rows " + args.rows if args.rows else "",
+            (" --haproxy" if args.haproxy else "") + (" --nginx" if args.nginx else ""), " --cache-sim" if args.cache_sim else "", args.runs),
         "",
     ] + lines + ([
         "",
