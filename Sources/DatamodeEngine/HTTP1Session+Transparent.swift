@@ -157,6 +157,6 @@ extension HTTP1Session {
     /// and the target is the origin the client named (`own`: its own target, or a variant's on the same origin);
     /// a variant's target elsewhere (the proxy's configuration, not the client's) is resolved as usual.
     func upstreamKey(host: String, port: UInt16, tls: Bool, own: Bool) -> UpstreamKey {
-        UpstreamKey(host: host, port: port, tls: tls, pinned: own ? transparent?.destination : nil)
+        onWorker { $0.upstreamKey(host: host, port: port, tls: tls, pinned: own ? transparent?.destination : nil) }
     }
 }
