@@ -10,6 +10,7 @@
 /// - request targets normalise idempotently;
 /// - the transparent listener's `Host` fast path (`RequestTarget.httpOnHost`) and the HTTP/2 codec's `:authority` and
 ///   `:path` check (`RequestTarget.isAbsolute`) agree with parsing the joined URL;
+/// - `RequestTarget.parse`'s shortcut for targets in their one spelling agrees with `parseInFull`;
 /// - chunked framing gives the same outcome whether the bytes arrive at once or in two reads;
 /// - the engine's in-place paths agree with the reference parsers: the input, arriving in pieces (derived from
 ///   the input, so a finding reproduces) in an evbuffer's chains, through `FrontParse` (request and response
@@ -96,6 +97,18 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         }
         guard RequestTarget.isAbsolute(scheme: "https", authority: host, path: path) == joinedKeepsPath else {
             fatalError("isAbsolute \(host.debugDescription) \(path.debugDescription): reference \(joinedKeepsPath)")
+        }
+    }
+
+    // MARK: the shortcut for targets in their one spelling against parsing them in full
+    // The input up to its first newline is a target, as it is and after "http://" (so the shortcut is often taken).
+    let line = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<(bytes.firstIndex(of: 0x0A) ?? bytes.count)]),
+                      as: UTF8.self)
+    for target in [line, "http://" + line] {
+        let parsed = RequestTarget.parse(target, method: "GET")
+        let inFull = RequestTarget.parseInFull(target, method: "GET")
+        guard parsed == inFull else {
+            fatalError("target \(target.debugDescription): parse \(parsed) vs parseInFull \(inFull)")
         }
     }
 
