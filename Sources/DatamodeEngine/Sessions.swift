@@ -5,12 +5,27 @@ import DatamodeState
 import Synchronization
 
 /// A request's session as the exchange carries it from its head to its log line.
-struct SessionMembership: Equatable {
+///
+/// A class, immutable: the admission and the exchange hand it over, nearly always nil, and as an optional struct it
+/// was copied through its generic value witness at each hand-over, nil or not (~150 instructions each, two a plain
+/// exchange, callgrind); a reference costs a retain.
+final class SessionMembership: Equatable {
     let id: String
     let slot: Int
     let serial: UInt64
     /// The session's link profile (SPEC §10): the shaping, when it exists, takes it before the conditions' mapping.
     let profile: String?
+
+    init(id: String, slot: Int, serial: UInt64, profile: String?) {
+        self.id = id
+        self.slot = slot
+        self.serial = serial
+        self.profile = profile
+    }
+
+    static func == (a: SessionMembership, b: SessionMembership) -> Bool {
+        a.id == b.id && a.slot == b.slot && a.serial == b.serial && a.profile == b.profile
+    }
 }
 
 /// One worker's session counters. Written only by the worker's thread, without a lock, on the request path;
