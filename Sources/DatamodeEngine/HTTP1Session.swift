@@ -297,7 +297,7 @@ final class HTTP1Session: ClientSession {
             }
             let parsed = if let head = handedHead.take() { HeadParseResult.complete(head, length: 0) }
                 else { onWorker { FrontParse.requestHead(input, settings: $0.settings) } }
-            switch parsed {
+            switch consume parsed {  // the head moves out of the result, not copied out and destroyed twice
             case .incomplete:
                 apply(headTimer)
                 apply(machine.incompleteHeadAtEOF(outputBacklog: unsentOutput))
