@@ -125,10 +125,10 @@ final class ExchangeDriver {
             expectsContinue = head.values(of: "expect").contains { $0.utf8.count == 12 && $0.lowercased() == "100-continue" }
         }
         if let url = admission.url { exchange.url = url }
-        // These two only when there is one: assigning either optional copied it through its generic value witness,
-        // nil or not (~350 instructions each a plain exchange, callgrind).
-        if case .some = admission.session { exchange.session = admission.session }
+        exchange.session = admission.session
         allowance.budgetMask = admission.budgetMask
+        // Only when there is one: assigning the optional copied it through its generic value witness, nil or not
+        // (~350 instructions a plain exchange, callgrind).
         if case .some = admission.lift { refusalLift = admission.lift }
         if let mode = admission.mode { exchange.mode = mode }
         if let tags = admission.tags {

@@ -71,7 +71,7 @@ public struct RequestTarget: Hashable, Sendable {
     /// without leading zeros, then a path: the one spelling `parse` writes back, so `spelled` is its `absoluteURL`
     /// and its authority its `Host`. nil for anything else (uppercase, percent-encoding, an IPv6 literal, userinfo, a
     /// query or nothing right after the authority, a byte `parse` refuses...), which `parseInFull` then reads. Not
-    /// for CONNECT (authority-form only). ~1,400 instructions under `parseInFull`'s on a plain request (callgrind).
+    /// for CONNECT (authority-form only). ~1,100 instructions under `parseInFull`'s on a plain request (callgrind).
     static func canonicalAbsolute(_ u: UnsafeBufferPointer<UInt8>, spelled: String) -> RequestTarget? {
         let n = u.count
         guard n > 8, u[0] == 0x68, u[1] == 0x74, u[2] == 0x74, u[3] == 0x70 else { return nil }  // "http"
