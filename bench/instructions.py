@@ -297,7 +297,8 @@ def main():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     origin_port = server.server_address[1]
 
-    lines = [("| row | before (instr./request, %d runs) | after (%d runs) | after / before (means) " % (args.runs, args.runs))
+    run_count = "%d run%s" % (args.runs, "" if args.runs == 1 else "s")
+    lines = [("| row | before (instr./request, %s) | after (%s) | after / before (means) " % (run_count, run_count))
              + "| worker thread only: before / after (means) | ratio | reference counting, calls/request (before / after) "
              "| statuses |",
              "|---|---|---|---|---|---|---|---|"]
@@ -357,10 +358,10 @@ def main():
         "# Instructions per request: before vs after",
         "",
         "Command: `bench/instructions.py %s %s --requests %d%s%s%s%s` (callgrind, one worker thread, one keep-alive client, "
-        "1 KiB origin answers, instrumented for the N requests only; %d runs per binary, interleaved)." % (
+        "1 KiB origin answers, instrumented for the N requests only; %s per binary, interleaved)." % (
             args.before, args.after, args.requests, " --runs %d" % args.runs if args.runs != 2 else "",
             " --rows " + args.rows if args.rows else "",
-            (" --haproxy" if args.haproxy else "") + (" --nginx" if args.nginx else ""), " --cache-sim" if args.cache_sim else "", args.runs),
+            (" --haproxy" if args.haproxy else "") + (" --nginx" if args.nginx else ""), " --cache-sim" if args.cache_sim else "", run_count),
         "",
     ] + lines + ([
         "",
