@@ -180,7 +180,7 @@ struct Admission {
         case .forwardProxy where !settings.users.isEmpty:
             guard let user = ProxyAuthorization.user(head.values(of: "proxy-authorization"), users: settings.users) else {
                 return admission.refuse(.proxyAuthRequired, nil, close: false,
-                              fields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
+                                        fields: [("Proxy-Authenticate", "Basic realm=\"datamode-proxy\", charset=\"UTF-8\"")])
             }
             admission.proxyUser = user
         case .forwardProxy, .transparent:
