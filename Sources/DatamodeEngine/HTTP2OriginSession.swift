@@ -41,6 +41,9 @@ final class HTTP2OriginSession {
     /// on to their pairs when the round ends.
     private(set) var handlingEvents = false
     private var stagedStreams: [HTTP2OriginStream] = []
+    /// The chain of the wire's input being read (`wireReadable`), and whether a read is under way.
+    private let frames = evbuffer_new()!
+    private var reading = false
 
     /// Until the origin's first SETTINGS say how many streams it takes, one: its SETTINGS come with the end of the
     /// handshake, and guessing higher (RFC 9113 §6.5.2 only recommends 100) gets streams refused by a smaller origin.
@@ -64,6 +67,10 @@ final class HTTP2OriginSession {
         worker.metrics.http2OriginConnectionOpened()
         worker.originSessions.add(self)
         armIdleTimer()
+    }
+
+    deinit {
+        evbuffer_free(frames)
     }
 
     /// Whether a new exchange may be given a stream here (it may still have to wait for the concurrency).
@@ -126,17 +133,25 @@ final class HTTP2OriginSession {
     // MARK: reading
 
     func wireReadable() {
-        guard !released, let bev else { return }
+        // A read begun while one is under way (its events made the wire read more) is the same read: the loop below
+        // goes on with what came, after the events of the bytes before it.
+        guard !released, !reading, let bev else { return }
+        reading = true
+        defer { reading = false }
         let input = bufferevent_get_input(bev)!
         // One round for all of it: the input is in chains of a TLS record or less, and what the streams write for
         // their exchanges moves on once, at the end (`stage`).
         inRound {
-            while evbuffer_get_length(input) > 0 && !released {
+            while !released && evbuffer_get_length(input) > 0 {
+                // The first chain moves to `frames` whole (no copy), and stays there while its events are handled:
+                // the codec reports response bodies where they lie in it (`responseBodyAt`), and the streams copy
+                // them from there once, into what goes to their exchanges.
                 let length = evbuffer_get_contiguous_space(input)
-                guard length > 0, let start = evbuffer_pullup(input, length) else { return }
-                let events = codec.receive(UnsafeRawBufferPointer(start: start, count: length))
-                evbuffer_drain(input, length)
-                handle(events)
+                guard length > 0, evbuffer_remove_buffer(input, frames, length) == Int32(length),
+                      let start = evbuffer_pullup(frames, length) else { return }
+                let bytes = UnsafeRawBufferPointer(start: start, count: length)
+                handle(codec.receive(bytes, bodyInPlace: true), in: bytes)
+                evbuffer_drain(frames, length)
             }
         }
     }
@@ -158,11 +173,12 @@ final class HTTP2OriginSession {
         body()
     }
 
-    private func handle(_ events: [HTTP2ClientEvent]) {
-        inRound { dispatch(events) }
+    /// `received`: the bytes the events were read from (their `responseBodyAt` ranges are of it).
+    private func handle(_ events: [HTTP2ClientEvent], in received: UnsafeRawBufferPointer? = nil) {
+        inRound { dispatch(events, in: received) }
     }
 
-    private func dispatch(_ events: [HTTP2ClientEvent]) {
+    private func dispatch(_ events: [HTTP2ClientEvent], in received: UnsafeRawBufferPointer?) {
         for event in events {
             switch event {
             case .informational(let id, let status, let fields):
@@ -170,13 +186,10 @@ final class HTTP2OriginSession {
             case .response(let id, let status, let fields, let endStream):
                 streams[id]?.responseHead(status: status, fields: fields, endStream: endStream)
             case .responseBody(let id, let bytes):
-                if let stream = streams[id] {
-                    stream.responseBody(bytes)
-                    arrivedSinceSettled += bytes.count
-                    windowsToSettle = true
-                } else {
-                    codec.consumeResponseBody(id, count: bytes.count)
-                }
+                bytes.withUnsafeBytes { responseBody(id, $0) }
+            case .responseBodyAt(let id, let range):
+                guard let received else { preconditionFailure("a body in place without the bytes it lies in") }
+                responseBody(id, UnsafeRawBufferPointer(rebasing: received[range]))
             case .responseEnd(let id, let trailers):
                 streams[id]?.responseEnded(trailers: trailers)
             case .requestBodyDrained(let id):
@@ -225,6 +238,16 @@ final class HTTP2OriginSession {
     // MARK: writing
 
     /// Moves the codec's frames to the wire while it takes them; closes once a closing connection has nothing left.
+    private func responseBody(_ id: HTTP2StreamID, _ bytes: UnsafeRawBufferPointer) {
+        if let stream = streams[id] {
+            stream.responseBody(bytes)
+            arrivedSinceSettled += bytes.count
+            windowsToSettle = true
+        } else {
+            codec.consumeResponseBody(id, count: bytes.count)
+        }
+    }
+
     func flushOutput() {
         guard !released, let bev else { return }
         if windowsToSettle {

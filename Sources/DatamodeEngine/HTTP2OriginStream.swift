@@ -344,7 +344,7 @@ final class HTTP2OriginStream {
         }
     }
 
-    func responseBody(_ bytes: [UInt8]) {
+    func responseBody(_ bytes: UnsafeRawBufferPointer) {
         guard case .body(let chunked) = response, end != nil else {
             if let id { session.codec.consumeResponseBody(id, count: bytes.count) }
             return
@@ -354,7 +354,7 @@ final class HTTP2OriginStream {
         // With `content-length`, the body's last byte is held until END_STREAM says nothing more follows
         // (`responseEnded`).
         let count = lengthDelimited?.writable(bytes) ?? bytes.count
-        bytes.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
+        write(UnsafeRawBufferPointer(rebasing: bytes.prefix(count)))
         if chunked { write("\r\n") }
         unconsumed += bytes.count
     }

@@ -19,7 +19,7 @@ struct LengthDelimitedBody {
 
     /// How many of `bytes`, a DATA frame's payload, to write now: all of them, but the body's last byte, which is
     /// held. Past the length (one frame with too much) everything is written: the codec refuses such a frame.
-    mutating func writable(_ bytes: [UInt8]) -> Int {
+    mutating func writable(_ bytes: some BidirectionalCollection<UInt8>) -> Int {
         received += UInt64(bytes.count)
         guard received == length, let last = bytes.last else { return bytes.count }
         held = last

@@ -152,7 +152,12 @@ extension HTTP2ClientSession {
         _ = nghttp2_session_consume_connection(session, data.count)
         guard let stream = streams[id], stream.malformation == nil else { return 0 }  // nobody will consume it
         stream.unconsumed += data.count
-        events.append(.responseBody(id, Array(data)))
+        if let buffer = inPlaceBuffer, let start = data.baseAddress, let base = buffer.baseAddress, start >= base,
+           case let offset = start - base, offset <= buffer.count - data.count {
+            events.append(.responseBodyAt(id, offset..<offset + data.count))
+        } else {
+            events.append(.responseBody(id, Array(data)))
+        }
         return 0
     }
 

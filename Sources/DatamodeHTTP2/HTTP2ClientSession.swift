@@ -43,6 +43,9 @@ public enum HTTP2ClientEvent: Hashable, Sendable {
     case response(HTTP2StreamID, status: Int, fields: [HTTPField], endStream: Bool)
     /// Response body bytes; they hold the origin's windows until `consumeResponseBody`.
     case responseBody(HTTP2StreamID, [UInt8])
+    /// Response body bytes left where they are: at `range` of the buffer given to `receive(_:bodyInPlace: true)`, so
+    /// valid only while that buffer is (what `responseBody` would have carried, copied). Otherwise as `responseBody`.
+    case responseBodyAt(HTTP2StreamID, Range<Int>)
     /// The response body ended, with its trailers (or none).
     case responseEnd(HTTP2StreamID, trailers: [HTTPField])
     /// The request body queue fell below the low watermark after `sendRequestBody` said stop.
@@ -79,6 +82,8 @@ public final class HTTP2ClientSession {
     public internal(set) var remoteSettingsReceived = false
     var lastLibraryMessage = ""
     var squeeze: StreamWindowSqueeze
+    /// The buffer `receive` is reading, when its caller takes response bodies in place (`responseBodyAt`).
+    var inPlaceBuffer: UnsafeRawBufferPointer?
 
     /// A class, not a struct: the callbacks look a stream up once and change it in place, rather than copying it
     /// out of and back into the dictionary for every field of every response.
@@ -134,8 +139,14 @@ public final class HTTP2ClientSession {
 
     // MARK: - Bytes
 
-    public func receive(_ bytes: UnsafeRawBufferPointer) -> [HTTP2ClientEvent] {
+    /// Reads what the origin sent. `bodyInPlace`: response body bytes are reported where they lie in `bytes`
+    /// (`responseBodyAt`, ranges of `bytes`), not copied (`responseBody`); the caller keeps `bytes` as they are until
+    /// it has handled the events. nghttp2 hands a DATA frame's payload as a pointer into its input; one that does not
+    /// point into `bytes` is copied all the same.
+    public func receive(_ bytes: UnsafeRawBufferPointer, bodyInPlace: Bool = false) -> [HTTP2ClientEvent] {
         guard !isDead, let base = bytes.baseAddress, bytes.count > 0 else { return takeEvents() }
+        if bodyInPlace { inPlaceBuffer = bytes }
+        defer { inPlaceBuffer = nil }
         let rv = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
         if rv < 0 { fail(Int32(truncatingIfNeeded: rv)) }
         return takeEvents()

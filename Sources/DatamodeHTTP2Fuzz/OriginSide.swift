@@ -7,12 +7,15 @@
 ///   `HTTP2OriginStream` relies on when it writes the head back as HTTP/1.1);
 /// - body bytes never pass the response's `content-length`, and a `responseEnd` meets it;
 /// - events in a possible order (no body before the head or after the end; 1xx only before the final head);
-/// - the output is whole frames.
+/// - the output is whole frames;
+/// - with bodies taken in place (`receive(_:bodyInPlace:)`, when the first byte's 0x20 bit is set), every range lies
+///   within the piece it was read from.
 import DatamodeHTTP
 import DatamodeHTTP2
 
 func fuzzOriginSide(_ input: UnsafeBufferPointer<UInt8>, piece: Int) {
     let squeezing = input[0] & 0x40 != 0
+    let inPlace = input[0] & 0x20 != 0
     let configuration = HTTP2ClientConfiguration(initialWindowSize: squeezing ? 1 << 17 : 4096,
                                                  headerLimits: HTTPLimits(requestLine: 256, headerSection: 1024, headerCount: 16),
                                                  requestBodyHighWatermark: 512, requestBodyLowWatermark: 128)
@@ -43,8 +46,9 @@ func fuzzOriginSide(_ input: UnsafeBufferPointer<UInt8>, piece: Int) {
     var offset = 1
     while offset < input.count {
         let end = min(offset + piece, input.count)
-        for event in session.receive(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: input[offset..<end]))) {
-            checker.check(event, session)
+        let bytes = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: input[offset..<end]))
+        for event in session.receive(bytes, bodyInPlace: inPlace) {
+            checker.check(event, session, in: inPlace ? bytes : nil)
         }
         if squeezing { toggleSqueeze(session.squeezeStreamWindows, session.restoreStreamWindows, piece: offset / piece) }
         drain()
@@ -64,7 +68,8 @@ struct OriginChecker {
     var ended: Set<Int32> = []
     var closed: Set<Int32> = []
 
-    mutating func check(_ event: HTTP2ClientEvent, _ session: HTTP2ClientSession) {
+    /// `piece`: the bytes the events were read from with bodies in place (nil: they were copied).
+    mutating func check(_ event: HTTP2ClientEvent, _ session: HTTP2ClientSession, in piece: UnsafeRawBufferPointer? = nil) {
         switch event {
         case .informational(let id, let status, let fields):
             guard methods[id] != nil, finalHead[id] == nil, !closed.contains(id) else { fatalError("1xx out of place on \(id)") }
@@ -87,10 +92,12 @@ struct OriginChecker {
                 ended.insert(id)
             }
         case .responseBody(let id, let bytes):
-            guard let length = finalHead[id], !ended.contains(id), !closed.contains(id) else { fatalError("body out of place on \(id)") }
-            received[id]! += UInt64(bytes.count)
-            if let length, received[id]! > length { fatalError("body past content-length") }
-            session.consumeResponseBody(id, count: bytes.count)
+            body(id, count: bytes.count, session)
+        case .responseBodyAt(let id, let range):
+            guard let piece, range.lowerBound >= 0, range.upperBound <= piece.count else {
+                fatalError("a body in place at \(range), outside the \(piece?.count ?? 0) bytes read")
+            }
+            body(id, count: range.count, session)
         case .responseEnd(let id, let trailers):
             guard let length = finalHead[id], !ended.contains(id), !closed.contains(id) else { fatalError("end out of place on \(id)") }
             if let length, received[id]! != length { fatalError("end before content-length") }
@@ -102,6 +109,13 @@ struct OriginChecker {
              .connectionError:
             break
         }
+    }
+
+    mutating func body(_ id: Int32, count: Int, _ session: HTTP2ClientSession) {
+        guard let length = finalHead[id], !ended.contains(id), !closed.contains(id) else { fatalError("body out of place on \(id)") }
+        received[id]! += UInt64(count)
+        if let length, received[id]! > length { fatalError("body past content-length") }
+        session.consumeResponseBody(id, count: count)
     }
 
     func checkResponseField(_ field: HTTPField) {

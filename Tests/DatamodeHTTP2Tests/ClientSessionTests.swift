@@ -1,5 +1,6 @@
 import CNghttp2
 import DatamodeHTTP
+import DatamodeTestSupport
 @testable import DatamodeHTTP2
 import Testing
 
@@ -142,6 +143,73 @@ import Testing
         #expect(downloaded == download)
         #expect(stopped > 0, "the request queue said stop at its watermark")
         #expect(events.contains(.streamClosed(id, .completed)))
+    }
+
+    static let inPlaceSeed = SeededGenerator.seed(from: "DATAMODE_H2_IN_PLACE_SEED")
+
+    /// `receive(_:bodyInPlace: true)`, what the engine's origin sessions read with (`HTTP2OriginSession.wireReadable`),
+    /// reports the same events as the copying `receive`, each body a range of the bytes read that holds exactly what
+    /// the copy would carry: the same origin bytes, cut into the same random pieces, go to two codecs that made the
+    /// same requests, and a round of random answers (empty, one byte, within and across frames, trailers or not)
+    /// comes out equal, piece by piece.
+    @Test func bodiesTakenInPlaceAreWhatTheCopyWouldCarry() throws {
+        print("DATAMODE_H2_IN_PLACE_SEED=\(Self.inPlaceSeed)")
+        var rng = SeededGenerator(seed: Self.inPlaceSeed)
+        for round in 0..<40 {
+            let copying = try HTTP2ClientSession()
+            let inPlace = try HTTP2ClientSession()
+            let server = try HTTP2ServerSession()
+            var ids: [HTTP2StreamID] = []
+            for n in 0..<Int.random(in: 1...4, using: &rng) {
+                let id = try copying.startRequest(method: "GET", scheme: "https", authority: "a", path: "/\(n)", fields: [],
+                                                  endStream: true)
+                #expect(try inPlace.startRequest(method: "GET", scheme: "https", authority: "a", path: "/\(n)", fields: [],
+                                                 endStream: true) == id)
+                ids.append(id)
+            }
+            // Both codecs wrote the same requests; the server reads one copy and answers into `toClient`.
+            var toServer: [UInt8] = []
+            _ = copying.writeOutput { toServer.append(contentsOf: $0) }
+            _ = inPlace.writeOutput { _ in }
+            let requests = toServer.withUnsafeBytes { server.receive($0) }
+            for case .request(let sid, _, endStream: true) in requests {
+                let size = [0, 1, 16_383, 16_385, Int.random(in: 0...60_000, using: &rng)].randomElement(using: &rng)!
+                try server.sendResponseHead(sid, status: 200, fields: [], endStream: false)
+                let body = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
+                _ = try body.withUnsafeBytes { try server.sendResponseBody(sid, $0) }
+                try server.finishResponse(sid, trailers: Bool.random(using: &rng) ? [HTTPField(name: "x-sum", value: "1")] : [])
+            }
+            var toClient: [UInt8] = []
+            for _ in 0..<64 where server.wantsWrite { _ = server.writeOutput { toClient.append(contentsOf: $0) } }
+            var offset = 0
+            while offset < toClient.count {
+                let end = min(toClient.count, offset + Int.random(in: 1...20_000, using: &rng))
+                let expected = toClient[offset..<end].withUnsafeBytes { copying.receive($0) }
+                let got = toClient[offset..<end].withUnsafeBytes { bytes in
+                    inPlace.receive(bytes, bodyInPlace: true).map { event -> HTTP2ClientEvent in
+                        guard case .responseBodyAt(let id, let range) = event else { return event }
+                        return .responseBody(id, Array(bytes[range]))
+                    }
+                }
+                // Told apart by a short account, not the bodies (they run to 60 KB).
+                let same = got == expected
+                #expect(same, "round \(round), bytes \(offset)..<\(end): \(Self.account(got)) against \(Self.account(expected))")
+                for case .responseBody(let id, let bytes) in expected {
+                    copying.consumeResponseBody(id, count: bytes.count)
+                    inPlace.consumeResponseBody(id, count: bytes.count)
+                }
+                offset = end
+            }
+            #expect(!ids.isEmpty && copying.openStreams == 0 && inPlace.openStreams == 0, "round \(round): streams left open")
+        }
+    }
+
+    /// Events as a line each, a body as its stream, length and a checksum.
+    static func account(_ events: [HTTP2ClientEvent]) -> String {
+        events.map { event in
+            guard case .responseBody(let id, let bytes) = event else { return "\(event)" }
+            return "body(\(id), \(bytes.count) bytes, sum \(bytes.reduce(0) { ($0 &* 31) &+ Int($1) }))"
+        }.joined(separator: "; ")
     }
 
     /// An origin's connection is shared by the exchanges of different clients: an answer nobody reads yet holds its
