@@ -87,6 +87,16 @@ long dm_ssl_ctx_min_tls12(SSL_CTX *ctx) {
     return SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 }
 
+int dm_ssl_ctx_cipher_order(SSL_CTX *ctx, int server) {
+    if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384") != 1)
+        return 0;
+    if (SSL_CTX_set_cipher_list(ctx, "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                                     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:DEFAULT") != 1)
+        return 0;
+    if (server) SSL_CTX_set_options(ctx, SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_PRIORITIZE_CHACHA);
+    return 1;
+}
+
 EVP_PKEY *dm_ec_p256_keygen(void) {
     return EVP_EC_gen("P-256");
 }

@@ -19,6 +19,14 @@ final class TLSClientContext {
         }
         self.context = context
         dm_ssl_ctx_min_tls12(context)
+        // AES-128-GCM, then ChaCha20, then AES-256-GCM, the order Go and BoringSSL use on CPUs with AES instructions
+        // (OpenSSL's own puts AES-256 first): an intercepted download is decrypted from the origin and encrypted for
+        // the client, and AES-256's four more rounds a block were 12% of that crypto (issue 31, callgrind of the HTTPS
+        // 100 KiB row: 514K against 451K instructions a response). Origins that follow the client's order take it.
+        guard dm_ssl_ctx_cipher_order(context, 0) == 1 else {
+            SSL_CTX_free(context)
+            throw EngineError("cannot set the cipher order: \(Self.lastError())")
+        }
         SSL_CTX_set_verify(context, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nil)
         if SSL_CTX_set_default_verify_paths(context) != 1 {
             SSL_CTX_free(context)

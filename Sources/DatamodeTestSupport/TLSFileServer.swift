@@ -20,7 +20,9 @@ public final class TLSFileServer: @unchecked Sendable {
         public var description: String
     }
 
-    public init(directory: String, subjectAltName: String = "DNS:localhost,IP:127.0.0.1") throws {
+    /// `statusPage`: `-www` in place of `-WWW`: every `GET` is answered with s_server's page about the connection
+    /// it came on (its protocol and cipher among it), not a file.
+    public init(directory: String, subjectAltName: String = "DNS:localhost,IP:127.0.0.1", statusPage: Bool = false) throws {
         self.directory = directory
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         certificatePath = directory + "/cert.pem"
@@ -37,7 +39,7 @@ public final class TLSFileServer: @unchecked Sendable {
         process = Process()
         // stdbuf: s_server's stdout is a file here, block-buffered; the ACCEPT line must reach it at once.
         process.executableURL = URL(fileURLWithPath: "/usr/bin/stdbuf")
-        process.arguments = ["-oL", "/usr/bin/openssl", "s_server", "-accept", "127.0.0.1:0", "-cert", certificatePath, "-key", keyPath, "-WWW"]
+        process.arguments = ["-oL", "/usr/bin/openssl", "s_server", "-accept", "127.0.0.1:0", "-cert", certificatePath, "-key", keyPath, statusPage ? "-www" : "-WWW"]
         process.currentDirectoryURL = URL(fileURLWithPath: directory)
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = FileHandle(forWritingAtPath: outputPath)

@@ -37,6 +37,11 @@ int dm_original_destination(int fd, struct sockaddr_storage *out, socklen_t *len
 long dm_ssl_set_sni(SSL *ssl, const char *name);
 /** SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION). */
 long dm_ssl_ctx_min_tls12(SSL_CTX *ctx);
+/** The cipher order of both sides of interception: AES-128-GCM, ChaCha20-Poly1305, AES-256-GCM (TLS 1.3; the same
+    families first for TLS 1.2, then OpenSSL's defaults). `server`: the proxy's order decides, except that a client
+    that lists ChaCha20 first gets it (SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_PRIORITIZE_CHACHA, macros Swift
+    cannot import). 1 on success. */
+int dm_ssl_ctx_cipher_order(SSL_CTX *ctx, int server);
 /** EVP_EC_gen("P-256") (a variadic macro in OpenSSL 3): a new ECDSA P-256 key, NULL on failure. */
 EVP_PKEY *dm_ec_p256_keygen(void);
 /** A new ECDSA P-256 key made through the EC_KEY API, for the key every leaf shares. OpenSSL 3 encodes the public

@@ -22,6 +22,12 @@ final class TLSServerContext {
         self.authority = authority
         self.leaves = LeafCache(authority: authority, clock: clock, capacity: cacheCapacity)
         dm_ssl_ctx_min_tls12(context)
+        // AES-128-GCM first (`TLSClientContext` says why); the proxy's order decides, but for a client that lists
+        // ChaCha20 first (one without AES instructions, as Go and BoringSSL servers also allow).
+        guard dm_ssl_ctx_cipher_order(context, 1) == 1 else {
+            SSL_CTX_free(context)
+            throw EngineError("cannot set the cipher order (server): \(TLSClientContext.lastError())")
+        }
         dm_ssl_ctx_server_session_cache(context, 4096)
         // The session id context makes cached sessions resumable (OpenSSL refuses to resume without one).
         let sessionContext = Array("datamode-proxy".utf8)
