@@ -22,8 +22,12 @@ final class HTTP2OriginStream {
     let session: HTTP2OriginSession
     /// This stream's end of the pair (nil once freed).
     private var end: OpaquePointer?
-    /// The exchange's side (nil once it let go).
-    private weak var upstream: UpstreamConnection?
+    /// The exchange's side (nil once it let go). Not reference-counted: a weak reference gave every
+    /// `UpstreamConnection` of an h2 origin a side table, and each of its retains and releases went the slow way (issue
+    /// 31, perf of the HTTPS 100 KiB row: `incrementSlow`/`doDecrementSlow` ~1% of the proxy's CPU). The connection
+    /// outlives this reference: the worker holds every `UpstreamConnection` until its `close`, and `close` clears it
+    /// first (`upstreamReleased`); the worker closes its connections before its origin sessions.
+    private unowned(unsafe) var upstream: UpstreamConnection?
     /// The stream's id once started.
     private(set) var id: HTTP2StreamID?
 
