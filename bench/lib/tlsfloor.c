@@ -15,6 +15,15 @@
  *
  *   tlsfloor PORT ORIGIN_PORT CERT KEY
  *
+ * TLSFLOOR_READ chooses how records reach OpenSSL (session 38):
+ *   ahead   (default, session 27) the socket read straight into a 256 KiB read-ahead buffer. OpenSSL 3.0 moves what
+ *           follows each record to the front of that buffer on every SSL_read (ssl3_read_n's `clearold`): ~300 KB
+ *           of memmove a 100 KiB answer, so this is not the floor it was taken for;
+ *   record  read-ahead with OpenSSL's own buffer (~17 KiB): a recv a record, little moved;
+ *   staged  the socket read into a buffer of our own (one recv of up to 256 KiB), OpenSSL reading its records from
+ *           it through a BIO without read-ahead (a copy, as libevent's filter does from its evbuffer).
+ * TLSFLOOR_CIPHERS=aes128 puts AES-128-GCM first on both sides, as datamode-proxy does since cbcd068.
+ *
  * Used by hand with the bench's TLS origin and bench/lib/tlsload (see bench/results/2026-12-01-tls-floor-session27.md).
  */
 #define _GNU_SOURCE
@@ -38,6 +47,8 @@ enum { BUFFER = 262144, MAX_FDS = 65536 };
 typedef struct side {
     int fd;
     SSL *ssl;
+    unsigned char *staged;  /* TLSFLOOR_READ=staged: records read from the socket, not yet taken by OpenSSL */
+    size_t stagedStart, stagedEnd;
     BIO *out;          /* the buffering BIO SSL writes into, over the socket */
     struct side *peer;
 } side;
@@ -45,6 +56,35 @@ typedef struct side {
 static side *sides[MAX_FDS];
 static unsigned char buffer[BUFFER];
 static int poller, originPort;
+static enum { READ_AHEAD, READ_RECORD, READ_STAGED } readMode = READ_AHEAD;
+static BIO_METHOD *stagedMethod;
+
+/* TLSFLOOR_READ=staged: OpenSSL's reads served from the side's own buffer, refilled with one recv when empty. */
+static int stagedRead(BIO *bio, char *out, size_t want, size_t *got) {
+    side *s = BIO_get_data(bio);
+    BIO_clear_retry_flags(bio);
+    if (s->stagedStart == s->stagedEnd) {
+        ssize_t n = recv(s->fd, s->staged, BUFFER, 0);
+        if (n <= 0) {
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_read(bio);
+            *got = 0;
+            return 0;
+        }
+        s->stagedStart = 0;
+        s->stagedEnd = (size_t)n;
+    }
+    size_t n = s->stagedEnd - s->stagedStart;
+    if (n > want) n = want;
+    memcpy(out, s->staged + s->stagedStart, n);
+    s->stagedStart += n;
+    *got = n;
+    return 1;
+}
+
+static long stagedControl(BIO *bio, int command, long number, void *pointer) {
+    (void)bio; (void)number; (void)pointer;
+    return command == BIO_CTRL_FLUSH ? 1 : 0;
+}
 static SSL_CTX *serverContext, *clientContext;
 
 static void die(const char *what) {
@@ -68,14 +108,22 @@ static side *makeSide(int fd, SSL_CTX *context) {
     side *s = calloc(1, sizeof *s);
     s->fd = fd;
     s->ssl = SSL_new(context);
-    SSL_set_read_ahead(s->ssl, 1);
-    SSL_set_default_read_buffer_len(s->ssl, BUFFER);
+    if (readMode != READ_STAGED) SSL_set_read_ahead(s->ssl, 1);
+    if (readMode == READ_AHEAD) SSL_set_default_read_buffer_len(s->ssl, BUFFER);
     BIO *socket = BIO_new_socket(fd, BIO_NOCLOSE);
     s->out = BIO_new(BIO_f_buffer());
     BIO_set_write_buffer_size(s->out, BUFFER + 4096);
     BIO_push(s->out, socket);
-    BIO_up_ref(socket);
-    SSL_set0_rbio(s->ssl, socket);
+    if (readMode == READ_STAGED) {
+        s->staged = malloc(BUFFER);
+        BIO *in = BIO_new(stagedMethod);
+        BIO_set_data(in, s);
+        BIO_set_init(in, 1);
+        SSL_set0_rbio(s->ssl, in);
+    } else {
+        BIO_up_ref(socket);
+        SSL_set0_rbio(s->ssl, socket);
+    }
     SSL_set0_wbio(s->ssl, s->out);
     return s;
 }
@@ -89,6 +137,7 @@ static void closeBoth(side *s) {
         sides[x->fd] = NULL;
         SSL_free(x->ssl);
         close(x->fd);
+        free(x->staged);
         free(x);
     }
 }
@@ -189,6 +238,13 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     originPort = atoi(argv[2]);
+    const char *mode = getenv("TLSFLOOR_READ");
+    if (mode && strcmp(mode, "record") == 0) readMode = READ_RECORD;
+    else if (mode && strcmp(mode, "staged") == 0) readMode = READ_STAGED;
+    else if (mode && strcmp(mode, "ahead") != 0) { fprintf(stderr, "TLSFLOOR_READ: ahead, record or staged\n"); return 2; }
+    stagedMethod = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tlsfloor staged");
+    BIO_meth_set_read_ex(stagedMethod, stagedRead);
+    BIO_meth_set_ctrl(stagedMethod, stagedControl);
     serverContext = SSL_CTX_new(TLS_server_method());
     if (SSL_CTX_use_certificate_chain_file(serverContext, argv[3]) != 1) die("certificate");
     if (SSL_CTX_use_PrivateKey_file(serverContext, argv[4], SSL_FILETYPE_PEM) != 1) die("key");
@@ -196,6 +252,13 @@ int main(int argc, char **argv) {
     clientContext = SSL_CTX_new(TLS_client_method());
     SSL_CTX_set_alpn_protos(clientContext, alpn, sizeof alpn - 1);
     SSL_CTX_set_verify(clientContext, SSL_VERIFY_NONE, NULL);
+    const char *ciphers = getenv("TLSFLOOR_CIPHERS");
+    if (ciphers && strcmp(ciphers, "aes128") == 0) {
+        const char *suites = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384";
+        if (SSL_CTX_set_ciphersuites(serverContext, suites) != 1 || SSL_CTX_set_ciphersuites(clientContext, suites) != 1)
+            die("ciphersuites");
+        SSL_CTX_set_options(serverContext, SSL_OP_CIPHER_SERVER_PREFERENCE);
+    }
 
     int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), one = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
