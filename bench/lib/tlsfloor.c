@@ -6,7 +6,7 @@
  * client connection, verification off, ALPN http/1.1). Then every byte is relayed as it is decrypted: no HTTP is
  * parsed, nothing is checked, logged or allocated per exchange. What it spends is the kernel's part (loopback TCP
  * both ways, the copies, the wake-ups), AES-GCM both ways and OpenSSL's record handling, plus one copy each way:
- *   - reads: OpenSSL reads the socket straight into its own buffer (read-ahead, 256 KiB: one recv for a 100 KiB
+ *   - reads (TLSFLOOR_READ=ahead, below; the others change only this): OpenSSL reads the socket straight into its own buffer (read-ahead, 256 KiB: one recv for a 100 KiB
  *     answer) and `SSL_read` copies the plaintext out;
  *   - writes: the records `SSL_write` makes go into a buffering BIO (one copy) flushed with one write after each
  *     read's relay, as a socket BIO would otherwise write every 16 KiB record on its own.
@@ -103,7 +103,7 @@ static void waitFor(int fd, short events) {
     poll(&p, 1, 1000);
 }
 
-/* One side's SSL over its socket: read-ahead into a 256 KiB buffer, writes buffered until flushed. */
+/* One side's SSL over its socket: records read as TLSFLOOR_READ says, writes buffered until flushed. */
 static side *makeSide(int fd, SSL_CTX *context) {
     side *s = calloc(1, sizeof *s);
     s->fd = fd;
@@ -253,7 +253,8 @@ int main(int argc, char **argv) {
     SSL_CTX_set_alpn_protos(clientContext, alpn, sizeof alpn - 1);
     SSL_CTX_set_verify(clientContext, SSL_VERIFY_NONE, NULL);
     const char *ciphers = getenv("TLSFLOOR_CIPHERS");
-    if (ciphers && strcmp(ciphers, "aes128") == 0) {
+    if (ciphers && strcmp(ciphers, "aes128") != 0) { fprintf(stderr, "TLSFLOOR_CIPHERS: aes128 or unset\n"); return 2; }
+    if (ciphers) {
         const char *suites = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384";
         if (SSL_CTX_set_ciphersuites(serverContext, suites) != 1 || SSL_CTX_set_ciphersuites(clientContext, suites) != 1)
             die("ciphersuites");
