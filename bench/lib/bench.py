@@ -48,6 +48,16 @@ NO_PROXY_ENV = {k: v for k, v in os.environ.items()
                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
 
 
+def build_rateload(work):
+    """lib/rateload.c, the fixed-rate (open-loop) client of the 1 KiB latency row."""
+    out = os.path.join(work, "rateload")
+    r = subprocess.run(["cc", "-O2", os.path.join(HERE, "rateload.c"), "-o", out], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError("could not build lib/rateload.c (needs cc): " + r.stderr[-400:])
+    return out
+
+
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -582,6 +592,41 @@ class Bench:
             res = self.interleaved(f"m1-{size}", None,
                                    lambda t, r: self.measure_wrk(t, "absolute.lua", args_for(t), self.a.duration), warm)
             self.results["measurements"][f"small_{size}"] = res
+            if size == "1k" and self.a.fixed_rate > 0:
+                rateload = build_rateload(self.work)
+                res = self.interleaved("m1-1k-rate", None,
+                                       lambda t, r: self.measure_rate(rateload, t, path, absolute, self.a.fixed_rate))
+                self.results["measurements"]["small_1k_rate"] = res
+
+    def measure_rate(self, rateload, t, path, absolute, rate):
+        """1 KiB GETs at a fixed rate (lib/rateload.c, open loop): latency at the same load through every proxy, where
+        wrk's closed loop sends more to the proxy that answers sooner and takes its p99 at a higher rate."""
+        if not t.available or (not t.is_direct and not t.alive()):
+            if t.available:
+                t.available, t.reason = False, "process exited during the run"
+            return {"available": False, "reason": t.reason}
+        port = self.origin_port if t.is_direct else t.port
+        argv = [rateload, "--connect", f"127.0.0.1:{port}", "--path", path if t.is_direct else absolute,
+                "--host", self.origin_hostport(), "-c", str(self.a.connections), "--rate", str(rate),
+                "-d", str(self.a.duration), "--warmup", str(max(1, self.a.warmup))]
+        before = self.snapshot(t)
+        text, client_s, rc = self.run_client(argv, timeout=self.a.duration + 60)
+        after = self.snapshot(t)
+        rec = self.cpu_delta(t, before, after, client_s)
+        line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
+        if rc != 0 or not line:
+            rec.update(available=True, failed=True, reason=f"rateload rc={rc}: {text.strip()[-300:]}")
+            return rec
+        r = json.loads(line[-1][len("BENCH_JSON "):])
+        errors = sum(r["errors"].values())
+        answered = r["answered_all"]
+        rec.update(available=True, rate=rate, requests=r["requests"], errors=errors, errors_detail=r["errors"],
+                   p50_ms=r["lat_p50_us"] / 1000, p90_ms=r["lat_p90_us"] / 1000, p99_ms=r["lat_p99_us"] / 1000,
+                   p999_ms=r["lat_p999_us"] / 1000, max_ms=r["lat_max_us"] / 1000,
+                   cpu_us_per_req=(rec["proxy_cpu_s"] * 1e6 / answered) if answered and not t.is_direct else None)
+        if not t.is_direct and not t.alive():
+            rec["reason"] = "proxy exited during this run"
+        return rec
 
     def m2_download(self):
         res = self.interleaved("m2-100m", None, lambda t, r: self.measure_download(t, False, self.a.downloads))
@@ -1051,6 +1096,8 @@ def main():
     ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     ap.add_argument("--warmup", type=int, default=1, help="seconds of wrk warm-up per target before the rounds (0: none)")
     ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--fixed-rate", type=int, default=20000,
+                    help="requests/s of the 1 KiB fixed-rate latency row (lib/rateload.c; 0: not run)")
     ap.add_argument("--scale-connections", type=int, default=100,
                     help="wrk connections in the scale row (2 workers per proxy, wrk -t2, nothing pinned)")
     ap.add_argument("--downloads", type=int, default=3, help="100 MiB downloads per sample (one connection)")
@@ -1126,7 +1173,7 @@ def main():
     res.update(stamp=stamp, env=env, elapsed_s=elapsed, interrupted=interrupted,
                params={k: getattr(a, k) for k in ("rounds", "duration", "warmup", "connections", "downloads",
                                                     "idle_conns", "targets", "only", "proxy_cpu", "client_cpu",
-                                                    "scale_connections", "all_cpus", "tls_new_connections", "shape_seconds", "latency_samples")},
+                                                    "scale_connections", "all_cpus", "tls_new_connections", "shape_seconds", "latency_samples", "fixed_rate")},
                command=a.command or " ".join(sys.argv), finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, stamp)
