@@ -390,6 +390,7 @@ class Bench:
             "proxy_kernel": kernel_ticks(t.pids()) / procs.CLK_TCK if not t.is_direct else 0.0,
             "origin": cpu_seconds(tree(self.origin.pid)),
             "sys": system_cpu()[0],
+            "steal": system_cpu()[1]["steal"],
             "percpu": per_cpu_busy(),
             "self": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
             "procs": procs.all_process_ticks(),
@@ -408,8 +409,12 @@ class Bench:
         other_proxy_core = min(wall, max(0.0, proxy_core - proxy))
         exclude = before["known"] | after["known"] | self.client_pids
         top = procs.busiest_others(before["procs"], after["procs"], exclude, wall)
+        # Time the hypervisor ran something else on our virtual CPUs (/proc/stat steal, all CPUs): the load here did
+        # not see it as busy, but the proxies lost it (the rows' latencies and rates swing with it).
+        steal = max(0.0, after["steal"] - before["steal"])
         return {"other_top": top, "wall_s": wall, "proxy_cpu_s": proxy, "origin_cpu_s": origin, "client_cpu_s": client_s,
                 "total_cpu_s": total, "other_cpu_s": other, "other_pct": 100 * other / wall if wall else 0,
+                "steal_pct": 100 * steal / wall if wall else 0,
                 "other_on_proxy_core_pct": 100 * other_proxy_core / wall if wall else 0}
 
     def run_client(self, argv, timeout, cpu=None):
@@ -570,7 +575,7 @@ class Bench:
         for k, fmt in (("rps", "{:.0f} req/s"), ("cpu_us_per_req", "{:.1f} us/req"), ("cpu_ms_per_conn", "{:.2f} ms/conn"),
                        ("p99_ms", "p99 {:.2f} ms"),
                        ("mb_s", "{:.0f} MB/s"), ("cpu_s_per_gb", "{:.2f} s/GB"), ("errors", "{} err"),
-                       ("other_pct", "other {:.0f}%"), ("speed_probe_s", "probe {:.3f} s")):
+                       ("other_pct", "other {:.0f}%"), ("steal_pct", "steal {:.0f}%"), ("speed_probe_s", "probe {:.3f} s")):
             if rec.get(k) is not None:
                 bits.append(fmt.format(rec[k]))
         if rec.get("reason"):

@@ -11,6 +11,7 @@ NAMES = {"direct": "direct (wrk → origin)", "datamode-proxy": "**datamode-prox
          "datamode-sessions": "**datamode-proxy** 1,000 constrained sessions, 1,000 rules + 10,000 variants"}
 
 SCALE_ORDER = ["direct", "datamode-proxy-threads2", "haproxy-nbthread2", "nginx-workers2"]
+STEAL_NOTE_PCT = 5   # steal shown in the other-CPU cell from this much on
 BUSY_PCT = 10.0  # other CPU above this (% of one core) marks a measurement as noisy
 
 
@@ -55,8 +56,10 @@ def other_cell(recs):
     if s is None:
         return "—"
     med, lo, hi = s
-    flag = " ⚠" if hi > BUSY_PCT else ""
-    return f"{med:.0f} (max {hi:.0f}){flag}"
+    steal = stat(ok_records(recs), "steal_pct")
+    stolen = steal is not None and steal[2] >= STEAL_NOTE_PCT
+    flag = " ⚠" if hi > BUSY_PCT or (steal is not None and steal[2] > BUSY_PCT) else ""
+    return f"{med:.0f} (max {hi:.0f}{f'; steal max {steal[2]:.0f}' if stolen else ''}){flag}"
 
 
 def targets_in(block):
@@ -337,9 +340,19 @@ def noise_summary(res):
                  f"{mid:.3f} s, {probes[0]:.3f}–{probes[-1]:.3f} over {len(probes)} measurements, so the machine itself "
                  f"ran up to {100 * (probes[-1] / probes[0] - 1):.0f}% slower at one time than at another; per-round "
                  f"values are in the JSON (`speed_probe_s`).")
-    verdict = "quiet" if worst <= BUSY_PCT else "**busy** (rows marked ⚠ had other work running; compare them with care)"
+    steals = sorted((r["steal_pct"], f"{key} / {n} round {r.get('round', 0) + 1}")
+                    for key, block in res["measurements"].items() if isinstance(block, dict)
+                    for n, recs in block.items() if isinstance(recs, list) for r in ok_records(recs)
+                    if r.get("steal_pct") is not None)
+    steal = ""
+    if steals:
+        steal = (f" Hypervisor steal (`/proc/stat`, time our virtual CPUs were runnable and not run, % of one core): "
+                 f"median {steals[len(steals) // 2][0]:.0f}%, at most {steals[-1][0]:.0f}% ({steals[-1][1]}).")
+    busy = worst > BUSY_PCT or (steals and steals[-1][0] > BUSY_PCT)
+    verdict = ("quiet" if not busy else
+               "**busy** (rows marked ⚠ had other work running or CPU stolen; compare them with care)")
     return (f"Other processes' CPU during measurements: at most {worst:.0f}% of one core ({where}); on the proxy's core "
-            f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.{speed}")
+            f"at most {worst_core:.0f}%{busiest}. Machine: {verdict}.{speed}{steal}")
 
 
 def ratio_cell(block, a, b, key):
