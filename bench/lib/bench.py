@@ -417,6 +417,20 @@ class Bench:
                 "steal_pct": 100 * steal / wall if wall else 0,
                 "other_on_proxy_core_pct": 100 * other_proxy_core / wall if wall else 0}
 
+    def run_summary_client(self, t, tool, argv, timeout, cpu=None):
+        """Runs a client that ends with one `BENCH_JSON {...}` line (wrk's Lua, tlsload, rateload), with the CPU of the
+        proxy and of everything else taken around it: (record, summary, before, after). When the client failed or
+        printed no summary, summary is None and the record says why."""
+        before = self.snapshot(t)
+        text, client_s, rc = self.run_client(argv, timeout=timeout, cpu=cpu)
+        after = self.snapshot(t)
+        rec = self.cpu_delta(t, before, after, client_s)
+        line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
+        if rc != 0 or not line:
+            rec.update(available=True, failed=True, reason=f"{tool} rc={rc}: {text.strip()[-300:]}")
+            return rec, None, before, after
+        return rec, json.loads(line[-1][len("BENCH_JSON "):]), before, after
+
     def run_client(self, argv, timeout, cpu=None):
         """Run a client pinned to the client core (or to cpu, a taskset list); returns (stdout, client CPU seconds, rc)."""
         out_path = os.path.join(self.work, "logs", "client.out")
@@ -466,10 +480,7 @@ class Bench:
                 t.available, t.reason = False, "process exited during the run"
             return {"available": False, "reason": t.reason}
         argv = self.wrk(t, script, script_args, duration, connections, threads)
-        before = self.snapshot(t)
-        text, client_s, rc = self.run_client(argv, timeout=duration + 30, cpu=cpu)
-        after = self.snapshot(t)
-        rec = self.cpu_delta(t, before, after, client_s)
+        rec, w, before, after = self.run_summary_client(t, "wrk", argv, timeout=duration + 30, cpu=cpu)
         if cpu is not None:
             # nothing has a core of its own: "other work on the proxy's core" means nothing here
             rec.pop("other_on_proxy_core_pct", None)
@@ -477,11 +488,8 @@ class Bench:
             rec.update(wrk_threads=threads, connections=connections or self.a.connections, cpus=str(cpu),
                        proxy_cores=rec["proxy_cpu_s"] / wall if wall and not t.is_direct else None,
                        client_origin_cores=(rec["client_cpu_s"] + rec["origin_cpu_s"]) / wall if wall else None)
-        line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
-        if rc != 0 or not line:
-            rec.update(available=True, failed=True, reason=f"wrk rc={rc}: {text.strip()[-300:]}")
+        if w is None:
             return rec
-        w = json.loads(line[-1][len("BENCH_JSON "):])
         dur = w["duration_us"] / 1e6
         reqs = w["requests"]
         rec.update(available=True, requests=reqs, rps=reqs / dur if dur else 0, p50_ms=w["lat_p50_us"] / 1000,
@@ -614,15 +622,9 @@ class Bench:
         argv = [rateload, "--connect", f"127.0.0.1:{port}", "--path", path if t.is_direct else absolute,
                 "--host", self.origin_hostport(), "-c", str(self.a.connections), "--rate", str(rate),
                 "-d", str(self.a.duration), "--warmup", str(max(1, self.a.warmup))]
-        before = self.snapshot(t)
-        text, client_s, rc = self.run_client(argv, timeout=self.a.duration + 60)
-        after = self.snapshot(t)
-        rec = self.cpu_delta(t, before, after, client_s)
-        line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
-        if rc != 0 or not line:
-            rec.update(available=True, failed=True, reason=f"rateload rc={rc}: {text.strip()[-300:]}")
+        rec, r, _, _ = self.run_summary_client(t, "rateload", argv, timeout=self.a.duration + 60)
+        if r is None:
             return rec
-        r = json.loads(line[-1][len("BENCH_JSON "):])
         errors = sum(r["errors"].values())
         answered = r["answered_all"]
         rec.update(available=True, rate=rate, requests=r["requests"], errors=errors, errors_detail=r["errors"],

@@ -220,15 +220,9 @@ def measure_tls(b, tlsload, t, size, duration, new_connections, h2=False):
         argv.append("--new-connections")
     if h2:
         argv += ["--h2", "--streams", str(H2_STREAMS)]
-    before = b.snapshot(t)
-    text, client_s, rc = b.run_client(argv, timeout=duration + 60)
-    after = b.snapshot(t)
-    rec = b.cpu_delta(t, before, after, client_s)
-    line = [ln for ln in text.splitlines() if ln.startswith("BENCH_JSON ")]
-    if rc != 0 or not line:
-        rec.update(available=True, failed=True, reason=f"tlsload rc={rc}: {text.strip()[-300:]}")
+    rec, r, _, _ = b.run_summary_client(t, "tlsload", argv, timeout=duration + 60)
+    if r is None:
         return rec
-    r = json.loads(line[-1][len("BENCH_JSON "):])
     dur = r["duration_us"] / 1e6
     reqs, conns_done = r["requests"], r["connections"]
     errors = sum(r["errors"].values())
