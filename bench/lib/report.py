@@ -71,51 +71,45 @@ def label(name):
     return NAMES.get(name, name)
 
 
-def small_table(res, key):
+def per_target_table(res, key, header, cells):
+    """A table with a row per target of measurement `key`: `header` its column names after the first; `cells(recs,
+    ok)` a row's cells from the target's records and the successful ones. Unavailable targets say why."""
     block = res["measurements"].get(key)
     if not block:
         return "_not run_\n"
     tinfo = res.get("targets", {})
-    lines = ["| | requests/s | p50 ms | p99 ms | proxy CPU µs/request | of which kernel | errors | other CPU % of a core |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
     for n in targets_in(block):
         recs = block[n]
         if unavailable(recs):
-            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | | |")
+            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} |" + " |" * (len(header) - 1))
             continue
-        ok = ok_records(recs)
+        lines.append(f"| {label(n)} | " + " | ".join(cells(recs, ok_records(recs))) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def small_table(res, key):
+    def cells(recs, ok):
         errs = sum(r.get("errors", 0) for r in ok)
         reads = sum(r.get("errors_detail", {}).get("read", 0) for r in ok)
         reqs = sum(r.get("requests", 0) for r in ok)
         err_cell = f"{errs:,}"
         if errs and reads == errs and reads >= 0.5 * reqs:
             err_cell += " (reads: closes after every response, no keep-alive)"
-        lines.append(f"| {label(n)} | {fmt(stat(ok, 'rps'))} | {fmt_small(stat(ok, 'p50_ms'), 2)} | "
-                     f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | "
-                     f"{fmt_small(stat(ok, 'kernel_us_per_req'), 1)} | {err_cell} | {other_cell(recs)} |")
-    return "\n".join(lines) + "\n"
+        return [fmt(stat(ok, 'rps')), fmt_small(stat(ok, 'p50_ms'), 2), fmt_small(stat(ok, 'p99_ms'), 2),
+                fmt_small(stat(ok, 'cpu_us_per_req'), 1), fmt_small(stat(ok, 'kernel_us_per_req'), 1), err_cell,
+                other_cell(recs)]
+    return per_target_table(res, key, ["requests/s", "p50 ms", "p99 ms", "proxy CPU µs/request", "of which kernel",
+                                       "errors", "other CPU % of a core"], cells)
 
 
 def rate_table(res, key):
     """The fixed-rate 1 KiB row (lib/rateload.c): latency percentiles at the same request rate through each proxy."""
-    block = res["measurements"].get(key)
-    if not block:
-        return "_not run_\n"
-    tinfo = res.get("targets", {})
-    lines = ["| | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | proxy CPU µs/request | errors | other CPU % of a core |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for n in targets_in(block):
-        recs = block[n]
-        if unavailable(recs):
-            lines.append(f"| {label(n)} | not available: {reason_of(recs, tinfo.get(n))} | | | | | | | |")
-            continue
-        ok = ok_records(recs)
-        errs = sum(r.get("errors", 0) for r in ok)
-        lines.append(f"| {label(n)} | {fmt_small(stat(ok, 'p50_ms'), 2)} | {fmt_small(stat(ok, 'p90_ms'), 2)} | "
-                     f"{fmt_small(stat(ok, 'p99_ms'), 2)} | {fmt_small(stat(ok, 'p999_ms'), 2)} | "
-                     f"{fmt_small(stat(ok, 'max_ms'), 2)} | {fmt_small(stat(ok, 'cpu_us_per_req'), 1)} | {errs:,} | "
-                     f"{other_cell(recs)} |")
-    return "\n".join(lines) + "\n"
+    def cells(recs, ok):
+        return [fmt_small(stat(ok, k), 2) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")] + [
+            fmt_small(stat(ok, 'cpu_us_per_req'), 1), f"{sum(r.get('errors', 0) for r in ok):,}", other_cell(recs)]
+    return per_target_table(res, key, ["p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "proxy CPU µs/request",
+                                       "errors", "other CPU % of a core"], cells)
 
 
 def direct_mb_s(block):
