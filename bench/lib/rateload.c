@@ -152,8 +152,9 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "rateload: unknown argument %s\n", a); return 2; }
         i++;
     }
-    if (!connect_to || !path || rate <= 0 || conns <= 0 || duration <= 0 || warmup < 0) {
-        fprintf(stderr, "usage: rateload --connect HOST:PORT --path PATH [--host HOST] [-c N] --rate R [-d S] [--warmup S]\n");
+    if (!connect_to || !path || !(rate > 0 && rate <= 1e7) || conns <= 0 || conns > 10000 || duration <= 0 || warmup < 0) {
+        fprintf(stderr, "usage: rateload --connect HOST:PORT --path PATH [--host HOST] [-c N (1-10000)] --rate R (up to 1e7/s) "
+                        "[-d S] [--warmup S]\n");
         return 2;
     }
     char addr_s[64];
