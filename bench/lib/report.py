@@ -504,7 +504,8 @@ def markdown(res, png):
             "wrk keeps every connection busy, so a proxy that answers sooner is sent more and its p99 is taken at a higher "
             "rate, with the client's core nearer saturation. Here (`lib/rateload.c`, open loop) request k is due at "
             "k/rate on connection k mod C whatever came back, and its latency counts from when it was due (no coordinated "
-            "omission): the same load through every proxy.", "",
+            "omission): the same load through every proxy. Errors: requests a proxy could not take at that rate (more "
+            "than 4,096 due on one connection, or unanswered 2 s after the end).", "",
             rate_table(res, "small_1k_rate"),
             "## 2. 100 MiB download", "",
             f"{p.get('downloads')} sequential downloads of the 100 MiB file per round (curl, one connection when the proxy keeps it alive); "
