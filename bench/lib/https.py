@@ -261,12 +261,9 @@ def measure(b):
     for r in range(b.a.rounds):
         for key, size, new in runs:
             for t in order:
-                probe = b.speed_probe()
-                rec = measure_tls(b, tlsload, t, size, b.a.duration, new is True, h2=new == "h2")
-                rec["round"] = r
-                rec["speed_probe_s"] = probe
+                rec = b.measured(key, t, r, lambda: measure_tls(b, tlsload, t, size, b.a.duration, new is True,
+                                                                h2=new == "h2"))
                 blocks[key][t.name].append(rec)
-                b.progress(key, t, rec)
                 if rec.get("first_error") and rec.get("errors"):
                     log(f"  first error: {rec['first_error'][:200]}")
     for key, _, _ in runs:

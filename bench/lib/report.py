@@ -342,6 +342,13 @@ def noise_summary(res):
     if steals:
         steal = (f" Hypervisor steal (`/proc/stat`, time our virtual CPUs were runnable and not run, % of one core): "
                  f"median {steals[len(steals) // 2][0]:.0f}%, at most {steals[-1][0]:.0f}% ({steals[-1][1]}).")
+        p = res.get("params", {})
+        retaken = [r["retaken_for_steal"] for block in res["measurements"].values() if isinstance(block, dict)
+                   for recs in block.values() if isinstance(recs, list) for r in recs if r.get("retaken_for_steal")]
+        if "steal_limit" in p:
+            steal += (f" A measurement with more than {p['steal_limit']:g}% stolen was taken again, up to "
+                      f"{p.get('steal_retries')} times: {len(retaken)} were, {sum(len(x) for x in retaken)} attempts "
+                      f"discarded (their steal is in the JSON, `retaken_for_steal`).")
     busy = worst > BUSY_PCT or (steals and steals[-1][0] > BUSY_PCT)
     verdict = ("quiet" if not busy else
                "**busy** (rows marked ⚠ had other work running or CPU stolen; compare them with care)")
