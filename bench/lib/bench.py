@@ -384,13 +384,14 @@ class Bench:
     # ------------------------------------------------------------ sampling
 
     def snapshot(self, t):
+        busy, columns = system_cpu()
         return {
             "t": time.time(),
             "proxy": cpu_seconds(t.pids()) if not t.is_direct else 0.0,
             "proxy_kernel": kernel_ticks(t.pids()) / procs.CLK_TCK if not t.is_direct else 0.0,
             "origin": cpu_seconds(tree(self.origin.pid)),
-            "sys": system_cpu()[0],
-            "steal": system_cpu()[1]["steal"],
+            "sys": busy,
+            "steal": columns["steal"],
             "percpu": per_cpu_busy(),
             "self": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
             "procs": procs.all_process_ticks(),
@@ -416,6 +417,14 @@ class Bench:
                 "total_cpu_s": total, "other_cpu_s": other, "other_pct": 100 * other / wall if wall else 0,
                 "steal_pct": 100 * steal / wall if wall else 0,
                 "other_on_proxy_core_pct": 100 * other_proxy_core / wall if wall else 0}
+
+    def gone(self, t):
+        """True when target t cannot be measured: never available, or its process exited (then marked so, with why)."""
+        if not t.available or (not t.is_direct and not t.alive()):
+            if t.available:
+                t.available, t.reason = False, "process exited during the run"
+            return True
+        return False
 
     def run_summary_client(self, t, tool, argv, timeout, cpu=None):
         """Runs a client that ends with one `BENCH_JSON {...}` line (wrk's Lua, tlsload, rateload), with the CPU of the
@@ -475,9 +484,7 @@ class Bench:
     def measure_wrk(self, t, script, script_args, duration, connections=None, threads=1, cpu=None):
         """cpu: None = the usual split (wrk on the client core, proxy pinned to its core); a taskset list =
         wrk runs there and nothing is pinned to one core (the scale row: no per-core figures)."""
-        if not t.available or (not t.is_direct and not t.alive()):
-            if t.available:
-                t.available, t.reason = False, "process exited during the run"
+        if self.gone(t):
             return {"available": False, "reason": t.reason}
         argv = self.wrk(t, script, script_args, duration, connections, threads)
         rec, w, before, after = self.run_summary_client(t, "wrk", argv, timeout=duration + 30, cpu=cpu)
@@ -631,9 +638,7 @@ class Bench:
     def measure_rate(self, rateload, t, path, absolute, rate):
         """1 KiB GETs at a fixed rate (lib/rateload.c, open loop): latency at the same load through every proxy, where
         wrk's closed loop sends more to the proxy that answers sooner and takes its p99 at a higher rate."""
-        if not t.available or (not t.is_direct and not t.alive()):
-            if t.available:
-                t.available, t.reason = False, "process exited during the run"
+        if self.gone(t):
             return {"available": False, "reason": t.reason}
         port = self.origin_port if t.is_direct else t.port
         argv = [rateload, "--connect", f"127.0.0.1:{port}", "--path", path if t.is_direct else absolute,

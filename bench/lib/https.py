@@ -206,9 +206,7 @@ H2_STREAMS = 10
 def measure_tls(b, tlsload, t, size, duration, new_connections, h2=False):
     if h2 and t.name == "squid-bump":
         return {"available": False, "reason": "Squid ssl_bump does not speak HTTP/2 to clients"}
-    if not t.available or (not t.is_direct and not t.alive()):
-        if t.available:
-            t.available, t.reason = False, "process exited during the run"
+    if b.gone(t):
         return {"available": False, "reason": t.reason}
     conns = b.a.tls_new_connections if new_connections else b.a.connections
     argv = [tlsload, "--connect", f"127.0.0.1:{t.port}", "--target", f"127.0.0.1:{b.origin_tls_port}",
