@@ -98,7 +98,7 @@ static void readable(conn_t *c) {
         if (!c->busy) {
             char sink[256];
             ssize_t n = recv(c->fd, sink, sizeof sink, 0);
-            if (n == 0 || (n < 0 && errno != EAGAIN)) { fprintf(stderr, "rateload: connection closed while idle\n"); exit(2); }
+            if (n == 0 || (n < 0 && errno != EAGAIN)) { fprintf(stderr, "rateload: the server closed a connection between answers (no keep-alive?)\n"); exit(2); }
             if (n > 0) { fprintf(stderr, "rateload: bytes nobody asked for\n"); exit(2); }
             return;
         }
@@ -106,7 +106,7 @@ static void readable(conn_t *c) {
         if (c->need >= 0) room = sizeof c->buf; /* the body is counted, not kept */
         ssize_t n = recv(c->fd, c->need >= 0 ? c->buf : c->buf + c->have, room, 0);
         if (n < 0 && errno == EAGAIN) return;
-        if (n <= 0) { fprintf(stderr, "rateload: connection lost: %s\n", n < 0 ? strerror(errno) : "closed"); exit(2); }
+        if (n <= 0) { fprintf(stderr, "rateload: the connection ended before an answer was whole: %s\n", n < 0 ? strerror(errno) : "closed by the server"); exit(2); }
         bytes_in += n;
         if (c->need < 0) {
             c->have += (size_t)n;
