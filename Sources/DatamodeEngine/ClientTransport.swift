@@ -129,9 +129,9 @@ final class ClientTransport {
     @inline(__always)
     func flush(whole: Bool = false) {
         if isPlain {
-            writer.flush(bev, output: output, whole: whole)
+            writer.flush(bev, fd: fd, output: output, whole: whole)
         } else if let socketBev, !socketHandedOff {
-            writer.flush(socketBev, output: socketOutput!, whole: whole)
+            writer.flush(socketBev, fd: fd, output: socketOutput!, whole: whole)
         }
     }
 
@@ -197,7 +197,7 @@ final class ClientTransport {
             tlsSocketReadable(socketBev, socketInput)
             return
         }
-        switch reader.readReady(fd: fd, into: input, scratch: worker.readScratch) {
+        switch reader.readReady(into: input, scratch: worker.readScratch) {
         case .read: callbacks.read(bev, owner)
         case .nothing: holdReadingIfFull()  // a spurious wake-up, or no room (then hold rather than spin)
         case .end: callbacks.event(bev, Int16(BEV_EVENT_EOF | BEV_EVENT_READING), owner)
@@ -214,7 +214,7 @@ final class ClientTransport {
     /// plain input does. EOF and errors go to libevent_openssl's event callback, as libevent's read path reports them.
     private func tlsSocketReadable(_ socketBev: OpaquePointer, _ socketInput: OpaquePointer) {
         wrapFilterCallbacks(socketBev)  // libevent_openssl sets new ones when the handshake completes
-        switch reader.readReady(fd: fd, into: socketInput, scratch: worker.readScratch) {
+        switch reader.readReady(into: socketInput, scratch: worker.readScratch) {
         case .read(let n):
             let buffered = evbuffer_get_length(socketInput)
             if n == SocketReader.readSize && buffered < Flow.highWater {
@@ -404,7 +404,7 @@ final class ClientTransport {
         }
         guard !socketHandedOff, let socketOutput else { return }
         writer.drained(socketBev, output: socketOutput)
-        writer.flush(socketBev, output: socketOutput)
+        writer.flush(socketBev, fd: fd, output: socketOutput)
     }
 
     /// The protocol the client and the proxy agreed on in the handshake (ALPN, RFC 7301): `h2`, `http/1.1`, or nil.

@@ -61,7 +61,8 @@ struct SpeculativeWriter {
     /// relayed), so it is written now whatever its size. Through libevent's path a 100 KiB answer cost an
     /// epoll_ctl pair, a loop round and a writev: 35.7 against 28.6 µs of proxy CPU a request in issue 31's rig
     /// (wrk, 50 connections, 100 KiB), nearly all of it kernel time; 40.3 against 34.8 in the bench (2026-11-30-1549).
-    mutating func flush(_ bev: OpaquePointer, output: OpaquePointer, whole: Bool = false) {
+    /// `fd`: `bev`'s socket (-1 when it has none yet), as its owner keeps it.
+    mutating func flush(_ bev: OpaquePointer, fd: Int32, output: OpaquePointer, whole: Bool = false) {
         guard !waiting else { return }
         let pending = evbuffer_get_length(output)
         guard pending > 0 else {
@@ -72,7 +73,6 @@ struct SpeculativeWriter {
             startWaiting(bev)
             return
         }
-        let fd = bufferevent_getfd(bev)
         if fd >= 0 {
             // A socket bufferevent keeps the front of its output frozen except inside its own write; do the
             // same as it does around evbuffer_write_atmost.

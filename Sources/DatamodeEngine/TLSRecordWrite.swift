@@ -19,6 +19,8 @@ struct TLSRecordWriter {
     private let socket: OpaquePointer
     /// Its output: the records.
     private let records: OpaquePointer
+    /// Its socket.
+    private let fd: Int32
     private var writer = SpeculativeWriter()
 
     /// Takes over writing the socket under `filter` (its handshake is over); nil when it has none.
@@ -26,6 +28,7 @@ struct TLSRecordWriter {
         guard let socket = bufferevent_get_underlying(filter) else { return nil }
         self.socket = socket
         records = bufferevent_get_output(socket)
+        fd = bufferevent_getfd(socket)
         writer.limit = SpeculativeWriter.tlsRecordsLimit
         bufferevent_disable(socket, Int16(EV_WRITE))
     }
@@ -38,6 +41,6 @@ struct TLSRecordWriter {
             return
         }
         writer.drained(socket, output: records)
-        writer.flush(socket, output: records)
+        writer.flush(socket, fd: fd, output: records)
     }
 }

@@ -53,7 +53,7 @@ final class TLSSocketFeed {
     /// The socket is readable (`tlsSocketFeedReadableCallback`).
     func readable() {
         guard !held else { return }
-        switch reader.readReady(fd: fd, into: socketInput, scratch: scratch) {
+        switch reader.readReady(into: socketInput, scratch: scratch) {
         case .read(let n):
             if n == SocketReader.readSize {
                 BulkRead.readAvailable(fd: fd, into: socketInput, budget: Self.readBudget - n)

@@ -275,7 +275,8 @@ final class UpstreamConnection {
 
     /// Not TLS, not a stream: the socket carries the payload itself (splice needs that).
     var isPlainTCP: Bool { ssl == nil && originStream == nil }
-    var socket: Int32 { bufferevent_getfd(bev) }
+    /// The socket: the reader's while it reads it (plain TCP, connected), else the bufferevent's.
+    var socket: Int32 { reader.isActive ? reader.fd : bufferevent_getfd(bev) }
 
     /// The splice relay took over this socket: libevent must not read or write it any more.
     func suspendIO() {
@@ -311,7 +312,7 @@ final class UpstreamConnection {
     /// The plain socket is readable (`upstreamSocketReadableCallback`): one read, reported through the bufferevent
     /// callbacks as libevent's read path would (bytes: the read callback; EOF or an error: the event callback).
     func socketReadable() {
-        switch reader.readReady(fd: socket, into: input, scratch: worker.readScratch) {
+        switch reader.readReady(into: input, scratch: worker.readScratch) {
         case .read: upstreamReadCallback(bev, context(self))
         case .nothing: holdReadingIfFull()
         case .end: upstreamEventCallback(bev, Int16(BEV_EVENT_EOF | BEV_EVENT_READING), context(self))
@@ -587,7 +588,7 @@ final class UpstreamConnection {
     /// Writes what is queued for the origin, once connected (plain TCP; TLS writes through libevent).
     func flushPendingWrites() {
         if isPlainTCP, state == .busy || state == .idle || state == .flushing {
-            writer.flush(bev, output: output)
+            writer.flush(bev, fd: socket, output: output)
             if state == .flushing && evbuffer_get_length(output) == 0 { close(); return }
         } else if records != nil, state == .busy || state == .idle || state == .flushing {
             records!.flush(plaintext: output)  // the records the filter made of it (`TLSRecordWriter`)

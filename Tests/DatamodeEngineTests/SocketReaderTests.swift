@@ -73,7 +73,7 @@ import Glibc
         }
 
         func readReady() -> SocketReader.Outcome {
-            reader.readReady(fd: ours, into: input, scratch: scratch)
+            reader.readReady(into: input, scratch: scratch)
         }
 
         var inputBytes: [UInt8] {

@@ -31,7 +31,7 @@ import Glibc
             evbuffer_freeze(output, 1)
         }
 
-        func flush(whole: Bool) { writer.flush(bev, output: output, whole: whole) }
+        func flush(whole: Bool) { writer.flush(bev, fd: pair.ours, output: output, whole: whole) }
 
         /// Reads `count` bytes at the peer, running the event loop (libevent's own writes) in between; the write
         /// callback's part (`drained`) is played once the output is empty.
