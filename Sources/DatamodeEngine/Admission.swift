@@ -108,6 +108,8 @@ struct Admission {
     var framing: BodyFraming?
     /// The client connection may carry another request after this one (before the response has its say).
     var keepAlive: Bool
+    /// The options of the request's `Connection` fields, read once here for the exchange too.
+    var connectionTokens: ConnectionOptions
     /// The request's absolute URL, once its target was understood.
     var url: String?
     /// The user the request authenticated as (its CONNECT's, inside an intercepted tunnel).
@@ -151,7 +153,8 @@ struct Admission {
         let tokens = head.connectionTokens
         // A client that half-closed still gets every request it sent before answered (pipelining, SPEC §6).
         let keepAlive = head.version == .http11 ? !tokens.contains("close") : tokens.contains("keep-alive")
-        var admission = Admission(verdict: .refuse(.badRequest, detail: nil, close: true), keepAlive: keepAlive)
+        var admission = Admission(verdict: .refuse(.badRequest, detail: nil, close: true), keepAlive: keepAlive,
+                                  connectionTokens: tokens)
         judge(&admission, head, source: source, client: client, clientText: clientText, settings: settings,
               budgets: budgets, intercepts: intercepts, now: now, wallNow: nowNanoseconds ?? now * 1_000_000_000)
         return admission

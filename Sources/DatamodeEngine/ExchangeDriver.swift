@@ -111,7 +111,7 @@ final class ExchangeDriver {
     /// Records what admission learned and carries its verdict out.
     private func proceed(_ admission: Admission, _ head: RequestHead) {
         let settings = worker.settings
-        connectionTokens = head.connectionTokens
+        connectionTokens = admission.connectionTokens
         guard let framing = admission.framing else {
             // Ambiguous framing: refused and closed before anything else is looked at (RFC 9112 §6.3).
             exchange.outcome = .error
