@@ -158,6 +158,9 @@ final class UpstreamConnection {
         carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
         // Plain TCP: writes are speculative (EV_WRITE off), `SocketReader` reads; TLS and pairs keep libevent's paths.
         if isPlainTCP {
+            // `SocketReader` reads no further than `Flow.highWater` and `ReadHold` holds it there: libevent's read
+            // watermark would only add its callback to every change of the input (as `ClientTransport.configure`).
+            bufferevent_setwatermark(bev, Int16(EV_READ), 0, 0)
             writer.takeOverOutputCallback(bev)
             reader.start(base: worker.base, fd: socket, callback: upstreamSocketReadableCallback, owner: context(self))
             reader.setReading(true, bev: bev)
@@ -333,7 +336,7 @@ final class UpstreamConnection {
 
     func detach() {
         owner = nil
-        if readsInStreamSteps { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater) }
+        if readsInStreamSteps && !reader.isActive { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater) }
         readsInStreamSteps = false
     }
 
@@ -341,7 +344,7 @@ final class UpstreamConnection {
     /// output keeps as little (a head needs room for all of it). Plain TCP reads keep `Flow.highWater`.
     func responseBodyStarts(forStream: Bool) {
         readsInStreamSteps = forStream
-        if forStream { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.streamHighWater) }
+        if forStream && !reader.isActive { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.streamHighWater) }
     }
 
     /// Queues the request head (sent as soon as the connection is up) and starts the response timer in its
