@@ -266,9 +266,12 @@ final class HTTP1Session: ClientSession {
         armTimer(0)
     }
 
-    func clientTimerFired() {
-        guard timer?.fired() == true else { return }
+    /// The timer's event fired: false when the timer was not due (it was armed again for later, `LazyTimer`) and
+    /// nothing changed.
+    func clientTimerFired() -> Bool {
+        guard timer?.fired() == true else { return false }
         apply(machine.timerFired(outputBacklog: unsentOutput))
+        return true
     }
 
     /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
