@@ -157,7 +157,7 @@ final class DeferralIntake {
         guard case .readingBody = phase else { return }  // committing: the commit reports any failure
         switch result {
         case .success:
-            driver.session.readMoreIfPending()
+            driver.session.transport.readMoreIfPending()
             readable()
         case .failure(let error):
             driver.worker.logger.info("upload not deferred", metadata: ["url": "\(driver.exchange.url)", "error": "\(error)"])

@@ -151,15 +151,15 @@ final class HTTP1Session: ClientSession {
         case .readingHead:
             processInput()
         case .forwarding:
-            readMoreIfPending()
+            transport.readMoreIfPending()
             machine.exchange?.pumpRequestBody()
         case .drainingRefusedBody:
             machine.exchange?.discardRequestBody()
         case .storing:
-            readMoreIfPending()
+            transport.readMoreIfPending()
             machine.exchange?.intake?.readable()
         case .tunnel:
-            readMoreIfPending()
+            transport.readMoreIfPending()
             machine.exchange?.tunnel?.pump(fromClient: true)
         case .openingInterception:
             if let driver = machine.exchange { clientHelloReadable(driver) }
@@ -273,10 +273,6 @@ final class HTTP1Session: ClientSession {
         apply(machine.timerFired(outputBacklog: unsentOutput))
         return true
     }
-
-    /// Bulk request bodies and tunnels: after a full 4 KiB libevent read, take the rest in one readv.
-    @inline(__always)
-    func readMoreIfPending() { transport.readMoreIfPending() }
 
     // MARK: reading requests
 
