@@ -105,10 +105,8 @@ final class ClientTransport {
         if isStream { return }
         bufferevent_setcb(bev, callbacks.read, callbacks.write, callbacks.event, owner)
         // Read high watermark: a client cannot make us buffer more than this while we are busy with its
-        // previous request (pipelining) or while the upstream is slower than the client (request bodies). A plain
-        // socket's `SocketReader` reads no further than it and `ReadHold` holds it there; libevent's watermark would
-        // only add its callback to every change of the input (~40 instructions each, a dozen a plain exchange).
-        if !isPlain { bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater) }
+        // previous request (pipelining) or while the upstream is slower than the client (request bodies).
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Flow.lowWater, 0)
         bufferevent_set_max_single_read(bev, Flow.maxSingleIO)
         bufferevent_set_max_single_write(bev, Flow.maxSingleIO)
@@ -116,7 +114,8 @@ final class ClientTransport {
             // EV_WRITE stays off: writes are speculative (see SpeculativeWriter). EV_READ too: `SocketReader` reads.
             bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
             writer.takeOverOutputCallback(bev)
-            reader.start(base: worker.base, fd: fd, callback: clientSocketReadableCallback, owner: context(self))
+            reader.start(base: worker.base, bev: bev, fd: fd, callback: clientSocketReadableCallback,
+                         owner: context(self))
             reader.setReading(true, bev: bev)
         } else {
             bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))

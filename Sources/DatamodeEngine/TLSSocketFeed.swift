@@ -43,7 +43,8 @@ final class TLSSocketFeed {
         self.fd = fd
         scratch = worker.readScratch
         bufferevent_disable(socketBev, Int16(EV_READ))
-        reader.start(base: worker.base, fd: fd, callback: tlsSocketFeedReadableCallback, owner: context(self))
+        reader.start(base: worker.base, bev: socketBev, fd: fd, callback: tlsSocketFeedReadableCallback,
+                     owner: context(self))
         reader.setReading(true, bev: socketBev)
         // Records that came with the end of the handshake may wait in the input already (the filter takes them once its
         // owner turns its reading on).

@@ -158,11 +158,8 @@ final class UpstreamConnection {
         carryOut(responseTimer.connected(pending: evbuffer_get_length(output)))
         // Plain TCP: writes are speculative (EV_WRITE off), `SocketReader` reads; TLS and pairs keep libevent's paths.
         if isPlainTCP {
-            // `SocketReader` reads no further than `Flow.highWater` and `ReadHold` holds it there: libevent's read
-            // watermark would only add its callback to every change of the input (as `ClientTransport.configure`).
-            bufferevent_setwatermark(bev, Int16(EV_READ), 0, 0)
             writer.takeOverOutputCallback(bev)
-            reader.start(base: worker.base, fd: socket, callback: upstreamSocketReadableCallback, owner: context(self))
+            reader.start(base: worker.base, bev: bev, fd: socket, callback: upstreamSocketReadableCallback, owner: context(self))
             reader.setReading(true, bev: bev)
         } else {
             bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
@@ -278,7 +275,6 @@ final class UpstreamConnection {
 
     /// Not TLS, not a stream: the socket carries the payload itself (splice needs that).
     var isPlainTCP: Bool { ssl == nil && originStream == nil }
-    /// The socket: the reader's while it reads it (plain TCP, connected), else the bufferevent's.
     var socket: Int32 { reader.isActive ? reader.fd : bufferevent_getfd(bev) }
 
     /// The splice relay took over this socket: libevent must not read or write it any more.

@@ -40,7 +40,7 @@ import Glibc
             ours = accepted
             _ = fcntl(ours, F_SETFL, fcntl(ours, F_GETFL) | O_NONBLOCK)
             // The reader's event is made and added, as an owner does; the test calls `readReady` itself.
-            reader.start(base: base, fd: ours, callback: { _, _, _ in }, owner: scratch)
+            reader.start(base: base, bev: nil, fd: ours, callback: { _, _, _ in }, owner: scratch)
             let unused = bufferevent_socket_new(base, -1, 0)!
             reader.setReading(true, bev: unused)
             bufferevent_free(unused)
