@@ -25,6 +25,10 @@ final class HTTP2OriginSession {
     private var queuedFlush: QueuedFlush?
     /// Reads the wire's socket for its TLS filter (`TLSSocketFeed`), handed over with the wire.
     private var feed: TLSSocketFeed?
+    /// Writes the wire's TLS records at once after each flush (`TLSRecordWriter`), as an HTTP/1.1 TLS origin's are:
+    /// through libevent's write path every WINDOW_UPDATE and request cost an `epoll_ctl` pair, a loop round and a
+    /// `writev` (strace, HTTPS 100 KiB at 50 connections: 0.44 of each a request).
+    private var records: TLSRecordWriter?
     /// No new stream: GOAWAY went either way, or the connection failed. It closes once its streams are done.
     private(set) var closing = false
     /// The lowest last stream of the origin's GOAWAYs (RFC 9113 §6.8: a stream above it was not processed).
@@ -62,6 +66,7 @@ final class HTTP2OriginSession {
         self.feed = feed
         bufferevent_setcb(wire, http2OriginReadCallback, http2OriginWriteCallback, http2OriginEventCallback, context(self))
         bufferevent_enable(wire, Int16(EV_READ | EV_WRITE))
+        records = TLSRecordWriter(filter: wire)
         timer = dm_timer_new(worker.base, http2OriginTimerCallback, context(self))
         queuedFlush = QueuedFlush(base: worker.base, callback: http2OriginFlushCallback, owner: context(self))
         worker.metrics.http2OriginConnectionOpened()
@@ -263,6 +268,7 @@ final class HTTP2OriginSession {
             handle(events)
             if released { return }
         }
+        records?.flush(plaintext: output)
         // nghttp2 ended the session on its own, without a callback: a header block it cannot decompress makes it send
         // GOAWAY COMPRESSION_ERROR and ignore all further input (RFC 9113 §4.3). No stream on it will hear anything
         // more, and new ones must not join it: they fail now, as when the wire is lost.
