@@ -158,4 +158,23 @@ import Glibc
         #expect(errno == ECONNRESET)
         #expect(!pair.reader.isReading)
     }
+
+    /// The bufferevent over a socket the reader reads keeps no libevent read watermark (its callback would run on every
+    /// add to and drain of the input for nothing: the reader bounds the input itself), and the reader's fd is the
+    /// socket's while it reads it, -1 once stopped.
+    @Test func theReadersBuffereventKeepsNoReadWatermarkAndItsFdIsTheSockets() throws {
+        let pair = try Pair()
+        let bev = try #require(bufferevent_socket_new(pair.base, pair.ours, 0))
+        defer { bufferevent_free(bev) }
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Flow.highWater)
+        var reader = SocketReader()
+        #expect(reader.fd == -1)
+        reader.start(base: pair.base, bev: bev, fd: pair.ours, callback: { _, _, _ in }, owner: pair.scratch)
+        var low = 0, high = 0
+        #expect(bufferevent_getwatermark(bev, Int16(EV_READ), &low, &high) == 0)
+        #expect(high == 0)
+        #expect(reader.fd == pair.ours)
+        reader.stop()
+        #expect(reader.fd == -1)
+    }
 }
