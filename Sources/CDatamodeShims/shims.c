@@ -301,3 +301,17 @@ void dm_socket_output_watch(struct bufferevent *bev, int on) {
         evbuffer_remove_cb(output, dm_socket_output_added, bev);
     }
 }
+
+#include <sys/syscall.h>
+
+ssize_t dm_recv(int fd, void *buffer, size_t length, int flags) {
+    return syscall(SYS_recvfrom, fd, buffer, length, flags, NULL, NULL);
+}
+
+ssize_t dm_send(int fd, const void *buffer, size_t length, int flags) {
+    return syscall(SYS_sendto, fd, buffer, length, flags, NULL, 0);
+}
+
+ssize_t dm_sendmsg(int fd, const struct msghdr *message, int flags) {
+    return syscall(SYS_sendmsg, fd, message, flags);
+}

@@ -85,7 +85,7 @@ struct SocketReader {
         let fd = event_get_fd(event)
         let want = min(Self.readSize, Flow.highWater - evbuffer_get_length(input))
         guard want > 0 else { return .nothing }
-        let n = recv(fd, scratch, want, 0)
+        let n = dm_recv(fd, scratch, want, 0)
         if n > 0 {
             evbuffer_unfreeze(input, 0)
             evbuffer_add(input, scratch, n)

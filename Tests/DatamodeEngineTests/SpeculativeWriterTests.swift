@@ -142,4 +142,61 @@ import Glibc
             #expect(writing.queued == 0 && !writing.writer.waiting)
         }
     }
+
+    /// Queues `bytes` as chains of their own, `cut` at the given offsets (a head written, then a body moved in).
+    static func queueChains(_ writing: Writing, _ bytes: [UInt8], cut: [Int]) {
+        var start = 0
+        for end in cut + [bytes.count] {
+            let piece = evbuffer_new()!
+            evbuffer_add(piece, Array(bytes[start..<end]), end - start)
+            evbuffer_unfreeze(writing.output, 1)
+            evbuffer_add_buffer(writing.output, piece)
+            evbuffer_freeze(writing.output, 1)
+            evbuffer_free(piece)
+            start = end
+        }
+    }
+
+    /// A small output over several chains (`gatherLimit`) is copied into one buffer and sent whole, and one over the
+    /// limit goes in one sendmsg: every byte, in order, the chains' boundaries nowhere in the stream.
+    @Test func smallOutputsOverSeveralChainsAreSentWholeAndInOrder() throws {
+        let writing = try Writing()
+        writing.writer.takeOverOutputCallback(writing.bev)
+        for (size, cut) in [(1_279, [211]), (SpeculativeWriter.gatherLimit, [1, 2, 4_000]), (9_000, [300, 4_096])] {
+            let bytes = Self.answer(size)
+            Self.queueChains(writing, bytes, cut: cut)
+            #expect(evbuffer_peek(writing.output, -1, nil, nil, 0) == Int32(cut.count + 1))
+            writing.flush(whole: false)
+            #expect(writing.queued == 0, "written in the callback")
+            #expect(writing.receive(bytes.count) == bytes)
+        }
+    }
+
+    /// Gathered, a send the socket takes only part of (or none of) drains exactly what it took: the rest goes out
+    /// after, in order.
+    @Test func aGatheredSendTheSocketTakesPartOfLosesNothing() throws {
+        let writing = try Writing()
+        var small: Int32 = 4096
+        setsockopt(writing.pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        setsockopt(writing.pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        // Fill the socket until it takes nothing more, then queue a small output over three chains.
+        let filler = Self.answer(64 * 1024)
+        writing.queue(filler)
+        writing.flush(whole: true)
+        #expect(writing.writer.waiting)
+        let small3 = Array(Self.answer(3_000).reversed())
+        Self.queueChains(writing, small3, cut: [100, 2_000])
+        #expect(writing.receive(filler.count + small3.count) == filler + small3)
+        #expect(writing.queued == 0 && !writing.writer.waiting)
+        // And a gathered send made while the peer's window is nearly full.
+        let big = Self.answer(40 * 1024)
+        writing.queue(big)
+        writing.flush(whole: true)
+        let tail = Self.answer(2_500)
+        Self.queueChains(writing, tail, cut: [7, 1_500])
+        writing.writer.drained(writing.bev, output: writing.output)
+        writing.flush(whole: false)
+        #expect(writing.receive(big.count + tail.count) == big + tail)
+        #expect(writing.queued == 0)
+    }
 }
