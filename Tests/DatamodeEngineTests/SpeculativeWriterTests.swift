@@ -47,6 +47,13 @@ import Glibc
             return received
         }
 
+        /// Small socket buffers on both sides: with the peer not reading, a send soon takes only part.
+        func shrinkSocketBuffers() {
+            var small: Int32 = 4096
+            setsockopt(pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+            setsockopt(pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        }
+
         deinit { bufferevent_free(bev) }
     }
 
@@ -75,10 +82,8 @@ import Glibc
 
     @Test func aWholeOutputTheSocketCannotTakeWaitsForWritabilityAndLosesNothing() throws {
         let writing = try Writing()
-        // Small socket buffers on both sides, and the peer not reading: the first send takes only part.
-        var small: Int32 = 4096
-        setsockopt(writing.pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        setsockopt(writing.pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        // The peer not reading: the first send takes only part.
+        writing.shrinkSocketBuffers()
         let bytes = Self.answer(256 * 1024)
         writing.queue(bytes)
         writing.flush(whole: true)
@@ -99,9 +104,7 @@ import Glibc
     @Test func withoutLibeventsOutputCallbackBytesAddedAfterTheOutputEmptiedStillGoOut() throws {
         let writing = try Writing()
         writing.writer.takeOverOutputCallback(writing.bev)
-        var small: Int32 = 4096
-        setsockopt(writing.pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        setsockopt(writing.pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        writing.shrinkSocketBuffers()
         let first = Self.answer(128 * 1024), second = Array(Self.answer(96 * 1024 + 7).reversed())
         writing.queue(first)
         writing.flush(whole: true)
@@ -176,9 +179,7 @@ import Glibc
     /// after, in order.
     @Test func aGatheredSendTheSocketTakesPartOfLosesNothing() throws {
         let writing = try Writing()
-        var small: Int32 = 4096
-        setsockopt(writing.pair.ours, SOL_SOCKET, SO_SNDBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        setsockopt(writing.pair.peer, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        writing.shrinkSocketBuffers()
         // Fill the socket until it takes nothing more, then queue a small output over three chains.
         let filler = Self.answer(64 * 1024)
         writing.queue(filler)
