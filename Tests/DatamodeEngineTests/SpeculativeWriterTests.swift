@@ -200,4 +200,27 @@ import Glibc
         #expect(writing.receive(big.count + tail.count) == big + tail)
         #expect(writing.queued == 0)
     }
+
+    /// A send to a peer that reset the connection fails without a SIGPIPE (the raw system call keeps `MSG_NOSIGNAL`;
+    /// a signal would end this whole test process) and drains nothing: the bytes stay queued and the writer waits, so
+    /// libevent's own write reports the error. Gathered or not.
+    @Test func aSendToAResetPeerFailsQuietlyAndDrainsNothing() throws {
+        for cut in [[Int](), [300]] {
+            let writing = try Writing()
+            writing.pair.resetPeer()
+            usleep(20_000)
+            // The first send after the RST may still be taken; keep sending until the socket reports the reset.
+            let bytes = Self.answer(1_000)
+            var failed = false
+            for _ in 0..<20 where !failed {
+                Self.queueChains(writing, bytes, cut: cut)
+                let before = writing.queued
+                writing.flush(whole: false)
+                failed = writing.queued == before
+                if !failed { usleep(5_000) }
+            }
+            #expect(failed, "a reset connection's send drained what it could not send")
+            #expect(writing.writer.waiting)
+        }
+    }
 }
